@@ -1,0 +1,64 @@
+"""The whole data flow in one call: scenario -> workload -> strategy -> engine -> timeline -> metrics."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from simulator.costs.collectives import CollectiveModel
+from simulator.costs.compute import ComputeModel
+from simulator.engine.engine import simulate_program
+from simulator.hardware.cluster import Cluster
+from simulator.hardware.placement import Placement
+from simulator.hardware.topology import cluster_spec
+from simulator.metrics.metrics import Metrics, compute_metrics
+from simulator.scenario.loader import load_scenario
+from simulator.scenario.schema import Scenario
+from simulator.strategy import build_program
+from simulator.strategy.program import Program
+from simulator.timeline.timeline import Timeline
+from simulator.workload.transformer import Workload, build_workload
+
+__all__ = ["Result", "load_scenario", "simulate"]
+
+
+@dataclass
+class Result:
+    scenario: Scenario
+    workload: Workload
+    program: Program
+    timeline: Timeline
+    cluster: Cluster
+    placement: Placement
+    metrics: Metrics
+
+
+def placement_for(s: Scenario) -> Placement:
+    p = s.parallelism
+    shard = p.fsdp.hybrid_shard_size if p.fsdp and p.fsdp.hybrid_shard_size else None
+    return Placement(p.tensor_parallel, p.context_parallel, p.data_parallel, p.pipeline_parallel, shard)
+
+
+def simulate(scenario: Scenario | str, cluster: Cluster | None = None) -> Result:
+    """Simulate one training iteration. ``scenario`` is a :class:`Scenario` or a path to a YAML file."""
+    t0 = time.perf_counter()
+    s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    cluster = cluster or Cluster(cluster_spec(s), s.cluster.num_nodes)
+    workload = build_workload(s)
+    program = build_program(s, workload, cluster.gpu)
+    placement = placement_for(s)
+    comm = CollectiveModel(cluster, placement, s.parallelism.collective_algorithm)
+    compute = ComputeModel(cluster.gpu, s.training.precision)
+    durations: dict[int, float] = {}  # tasks share their ops tuples (all layers alike): cost each tuple once
+
+    def compute_time(task) -> float:
+        key = id(task.ops)
+        if key not in durations:
+            durations[key] = compute.ops_time_s(task.ops)
+        return durations[key]
+
+    timeline = simulate_program(program, compute_time, lambda t: comm.phases(t.kind, t.group, t.bytes))
+    metrics = compute_metrics(s, timeline, placement, cluster.gpu.peak_flops(s.training.precision))
+    metrics.params_billion = workload.total_params / 1e9
+    metrics.wall_s = time.perf_counter() - t0
+    return Result(s, workload, program, timeline, cluster, placement, metrics)

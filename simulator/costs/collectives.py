@@ -1,0 +1,216 @@
+"""Collective communication on the cluster graph: ring, tree and hierarchical algorithms, alpha-beta per step.
+
+Every collective is turned into *phases*. A phase has a latency (steps x (slowest hop's link latencies + the
+collective's per-step software cost)) and a *demand*: for each link class, the seconds that class must spend
+moving this collective's bytes at full bandwidth. All groups of the same kind run the collective at once (all
+DP groups reduce together), so the demand adds every group's traffic on every link before taking, per class,
+the busiest link: shared NICs, PCIe switches and oversubscribed spines slow the collective down. The engine
+then shares link classes between collectives that overlap in time.
+
+Closed forms these reduce to (tests check them): ring all-reduce moves 2(n-1)/n x S per rank in 2(n-1) steps,
+reduce-scatter and all-gather (n-1)/n x S in n-1 steps (Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan
+2009; NCCL docs "Performance reported by NCCL tests", busbw = algbw x 2(n-1)/n).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from simulator.hardware.cluster import Cluster
+from simulator.hardware.placement import Placement
+
+LinkClass = tuple[str, str]
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
+
+
+@dataclass(frozen=True)
+class Phase:
+    latency_s: float
+    demand_s: dict[LinkClass, float] = field(hash=False)  # seconds of exclusive use per link class
+
+    @property
+    def duration_s(self) -> float:
+        """Time when nothing else shares the links."""
+        return self.latency_s + max(self.demand_s.values(), default=0.0)
+
+
+def ring_steps(op: str, n: int) -> int:
+    """Steps of the ring algorithm: 2(n-1) for all-reduce (reduce-scatter + all-gather), n-1 otherwise."""
+    if n <= 1:
+        return 0
+    return 2 * (n - 1) if op == "all_reduce" else n - 1
+
+
+def ring_bytes_per_rank(op: str, n: int, size_bytes: float) -> float:
+    """Bytes each rank sends: 2(n-1)/n S (all-reduce), (n-1)/n S (all-gather, reduce-scatter, all-to-all),
+    S (broadcast, send/recv). ``size_bytes`` is the full (unsharded) buffer."""
+    if n <= 1:
+        return 0.0
+    if op == "all_reduce":
+        return 2 * (n - 1) / n * size_bytes
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n * size_bytes
+    return size_bytes
+
+
+@dataclass
+class _Pattern:
+    """Per-link load of one unit of data per step on every hop, plus the slowest hop's latency."""
+
+    unit_demand_s: dict[LinkClass, float]  # seconds per byte-per-hop, busiest link of each class
+    hop_latency_s: float
+
+
+class CollectiveModel:
+    """Costs collectives of named groups (``dp``, ``tp``, ...) on a cluster; patterns and phases are cached."""
+
+    def __init__(self, cluster: Cluster, placement: Placement, algorithm: str = "auto"):
+        self.cluster = cluster
+        self.placement = placement
+        self.algorithm = algorithm
+        self.step_latency_s = cluster.spec.collective_step_latency_us * 1e-6
+        self._patterns: dict[tuple, _Pattern] = {}
+        self._phases: dict[tuple, tuple[Phase, ...]] = {}
+
+    # -- public ---------------------------------------------------------------------------------------------
+    def phases(self, op: str, group: str, size_bytes: float) -> tuple[Phase, ...]:
+        key = (op, group, size_bytes)
+        if key not in self._phases:
+            self._phases[key] = self._cost(op, group, size_bytes)
+        return self._phases[key]
+
+    def standalone_time_s(self, op: str, group: str, size_bytes: float) -> float:
+        return sum(p.duration_s for p in self.phases(op, group, size_bytes))
+
+    # -- algorithms -----------------------------------------------------------------------------------------
+    def _cost(self, op: str, group: str, size_bytes: float) -> tuple[Phase, ...]:
+        groups = self.placement.groups(group)
+        n = len(groups[0])
+        if n <= 1 or size_bytes <= 0:
+            return ()
+        if op == "send_recv":
+            return (self._scaled(self._pattern("pairs", groups), 1, size_bytes),)
+        if op == "all_to_all":
+            return (self._scaled(self._pattern("all_pairs", groups), n - 1, size_bytes / n),)
+        ring = (self._scaled(self._pattern("ring", groups), ring_steps(op, n), size_bytes / n),)
+        if op == "broadcast":
+            ring = (self._scaled(self._pattern("ring", groups), n - 1, size_bytes / (n - 1)),)
+        if op != "all_reduce" or self.algorithm == "ring":
+            return ring
+        candidates = {"ring": ring}
+        if self._spans_nodes(groups[0]):
+            candidates["tree"] = (self._tree(groups, size_bytes),)
+            candidates["hierarchical"] = self._hierarchical(group, groups, size_bytes)
+        if self.algorithm in candidates:
+            return candidates[self.algorithm]
+        auto = {k: v for k, v in candidates.items() if k != "hierarchical"}  # NCCL chooses ring or tree
+        return min(auto.values(), key=lambda ph: sum(p.duration_s for p in ph))
+
+    def _scaled(self, pattern: _Pattern, steps: int, chunk_bytes: float) -> Phase:
+        demand = {c: steps * chunk_bytes * s for c, s in pattern.unit_demand_s.items()}
+        return Phase(steps * (pattern.hop_latency_s + self.step_latency_s), demand)
+
+    def _tree(self, groups, size_bytes: float) -> Phase:
+        """NCCL double binary tree across nodes, chain inside each node; pipelined, so the bandwidth term is
+        the busiest link and the latency term 2 x (tree depth + chain length) steps (Sanders et al. 2009)."""
+        pattern = self._pattern("tree", groups)
+        gpn = self.cluster.gpus_per_node
+        nodes = len({g // gpn for g in groups[0]})
+        per_node = len(groups[0]) // nodes
+        depth = max(1, (nodes - 1).bit_length()) + per_node - 1
+        demand = {c: size_bytes * s for c, s in pattern.unit_demand_s.items()}
+        return Phase(2 * depth * (pattern.hop_latency_s + self.step_latency_s), demand)
+
+    def _hierarchical(self, group: str, groups, size_bytes: float) -> tuple[Phase, ...]:
+        """Reduce-scatter inside each node, all-reduce across nodes per local rank, all-gather inside the node."""
+        gpn = self.cluster.gpus_per_node
+        intra = tuple(
+            tuple(g for g in grp if g // gpn == node)
+            for grp in groups
+            for node in sorted({x // gpn for x in grp})
+        )
+        k = len(intra[0])
+        inter = tuple(tuple(grp[i::k]) for grp in groups for i in range(k))
+        out = []
+        if k > 1:
+            out.append(self._scaled(self._pattern("ring", intra), k - 1, size_bytes / k))
+        m = len(inter[0])
+        out.append(self._scaled(self._pattern("ring", inter), 2 * (m - 1), size_bytes / k / m))
+        if k > 1:
+            out.append(self._scaled(self._pattern("ring", intra), k - 1, size_bytes / k))
+        return tuple(out)
+
+    def _spans_nodes(self, grp) -> bool:
+        gpn = self.cluster.gpus_per_node
+        return len({g // gpn for g in grp}) > 1
+
+    # -- link loads on the graph ----------------------------------------------------------------------------
+    def _pattern(self, kind: str, groups) -> _Pattern:
+        key = (kind, groups)
+        if key not in self._patterns:
+            self._patterns[key] = self._loads(self._hops(kind, groups))
+        return self._patterns[key]
+
+    def _hops(self, kind: str, groups) -> list[tuple[int, int, float]]:
+        """(src GPU, dst GPU, share of the per-step chunk) for every hop of every group."""
+        hops: list[tuple[int, int, float]] = []
+        gpn, nics = self.cluster.gpus_per_node, self.cluster.spec.node.nics
+        for grp in groups:
+            by_node: dict[int, list[int]] = defaultdict(list)
+            for g in sorted(grp):
+                by_node[g // gpn].append(g)
+            segs = list(by_node.values())
+            if kind == "pairs":  # send/recv: rank i -> rank i+1 of the group (pipeline neighbours)
+                hops += [(a, b, 1.0) for a, b in zip(grp[:-1], grp[1:], strict=False)]
+            elif kind == "all_pairs":
+                hops += [(a, b, 1.0) for a in grp for b in grp if a != b]
+            elif kind == "ring":
+                # NCCL runs one ring per NIC rail. Ring c enters and leaves every node on the same rail: it
+                # crosses even nodes from GPU off to GPU off-1 and odd nodes back from off-1 to off.
+                k = len(segs[0])
+                channels = min(k, nics) if len(segs) > 1 else 1
+                for c in range(channels):
+                    off = c * k // channels
+                    order = []
+                    for j, seg in enumerate(segs):
+                        rot = seg[off:] + seg[:off]
+                        order += rot if j % 2 == 0 else rot[::-1]
+                    hops += [(order[i], order[(i + 1) % len(order)], 1 / channels) for i in range(len(order))]
+            elif kind == "tree":
+                k = len(segs[0])
+                channels = min(k, nics)
+                for c in range(channels):
+                    off = c * k // channels
+                    chains = [seg[off:] + seg[:off] for seg in segs]
+                    for ch in chains:  # reduce up the chain and broadcast back down
+                        for a, b in zip(ch[:-1], ch[1:], strict=False):
+                            hops += [(b, a, 1 / channels), (a, b, 1 / channels)]
+                    leaders = [ch[0] for ch in chains]
+                    for t in range(2):  # two mirrored binary trees, each with half the data
+                        order = leaders if t == 0 else leaders[::-1]
+                        for i in range(1, len(order)):
+                            parent, child = order[(i - 1) // 2], order[i]
+                            hops += [(child, parent, 0.5 / channels), (parent, child, 0.5 / channels)]
+            else:
+                raise ValueError(kind)
+        return hops
+
+    def _loads(self, hops) -> _Pattern:
+        cl = self.cluster
+        load: dict = defaultdict(float)
+        worst_latency = 0.0
+        for a, b, share in hops:
+            links, latency = cl.route(a, b)
+            if latency > worst_latency:
+                worst_latency = latency
+            for link in links:
+                load[link] += share
+        per_class: dict[LinkClass, float] = {}
+        for link, units in load.items():
+            s = units / cl.link_info(link).bandwidth_Bps
+            c = cl.link_class(link)
+            if s > per_class.get(c, 0.0):
+                per_class[c] = s
+        return _Pattern(per_class, worst_latency)

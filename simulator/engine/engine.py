@@ -1,0 +1,71 @@
+"""Replays a program: one SimPy process per (rank, stream), tasks in order, each waiting for its dependencies.
+
+The engine knows tasks, streams and dependencies, nothing of ZeRO or pipelines. It asks two cost functions
+how long a compute task takes and which phases (latency + link demand) a collective has, and lets
+:class:`FluidNetwork` share links between collectives that overlap.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+import simpy
+
+from simulator.engine.network import FluidNetwork
+from simulator.strategy.program import Program, Task
+from simulator.timeline.timeline import Timeline
+
+
+class DeadlockError(RuntimeError):
+    pass
+
+
+def simulate_program(
+    program: Program,
+    compute_time_s: Callable[[Task], float],
+    collective_phases: Callable[[Task], Sequence],
+) -> Timeline:
+    env = simpy.Environment()
+    net = FluidNetwork(env)
+    tasks = program.tasks
+    done = [env.event() for _ in tasks]
+    timeline = Timeline(program, len(tasks))
+    streams: dict[tuple[int, str], list[Task]] = defaultdict(list)
+    for t in tasks:
+        streams[(t.rank, t.stream)].append(t)
+
+    def run_stream(queue: list[Task]):
+        for t in queue:
+            free_at = env.now
+            pending = [done[d] for d in t.deps if not done[d].triggered]
+            if len(pending) == 1:
+                yield pending[0]
+            elif pending:
+                yield env.all_of(pending)
+            blocker = -1
+            if env.now > free_at:  # the stream sat idle: remember which dependency held it
+                blocker = max(t.deps, key=lambda d: timeline.end[d])
+            start = env.now
+            if t.is_collective:
+                for phase in collective_phases(t):
+                    if phase.latency_s > 0:
+                        yield env.timeout(phase.latency_s)
+                    if phase.demand_s:
+                        yield net.transfer(phase.demand_s)
+            else:
+                yield env.timeout(compute_time_s(t))
+            timeline.record(t.id, free_at, start, env.now, blocker)
+            done[t.id].succeed()
+
+    for queue in streams.values():
+        env.process(run_stream(queue))
+    env.run()
+    stuck = [t for t in tasks if not done[t.id].triggered]
+    if stuck:
+        t = stuck[0]
+        raise DeadlockError(
+            f"{len(stuck)} tasks never ran; first: '{t.name}' on {t.stream} waiting for {t.deps}"
+        )
+    timeline.events = next(env._eid)  # SimPy numbers every scheduled event; the next number is the count
+    return timeline

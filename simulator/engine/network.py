@@ -1,0 +1,113 @@
+"""Bandwidth sharing between transfers that overlap in time (a fluid model, as in SimGrid / ASTRA-sim's
+analytical network).
+
+A transfer's demand is, per link class, the seconds it needs that class alone. Running transfers get rates by
+weighted max-min fairness (progressive filling): all raise their speed, relative to running alone, at the same
+pace until a link class is full; transfers crossing a full class stop rising, the others go on. Two equal
+transfers on one NIC therefore each take twice as long; a transfer on other links is not slowed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from functools import partial
+
+import simpy
+
+_EPS = 1e-12
+
+
+class _Transfer:
+    __slots__ = ("demand", "alone_s", "event", "remaining", "rate")
+
+    def __init__(self, demand: dict, alone_s: float, event: simpy.Event):
+        self.demand = demand
+        self.alone_s = alone_s
+        self.event = event
+        self.remaining = 1.0  # fraction of the transfer still to move
+        self.rate = 0.0  # fraction per second
+
+
+class FluidNetwork:
+    def __init__(self, env: simpy.Environment):
+        self.env = env
+        self.active: list[_Transfer] = []
+        self._last = 0.0
+        self._generation = 0
+
+    def transfer(self, demand: dict) -> simpy.Event:
+        """An event that fires when ``demand`` (link class -> seconds alone) has been served."""
+        event = self.env.event()
+        alone = max(demand.values(), default=0.0)
+        if alone <= 0:
+            return event.succeed()
+        self._advance()
+        self.active.append(_Transfer(demand, alone, event))
+        self._reschedule()
+        return event
+
+    def _advance(self) -> None:
+        dt = self.env.now - self._last
+        if dt > 0:
+            for tr in self.active:
+                tr.remaining -= tr.rate * dt
+        self._last = self.env.now
+
+    def _reschedule(self) -> None:
+        allocate_rates(self.active)
+        dt = min(tr.remaining / tr.rate for tr in self.active)
+        self._generation += 1
+        timer = self.env.timeout(max(dt, 0.0))
+        timer.callbacks.append(partial(self._on_timer, self._generation))
+
+    def _on_timer(self, generation: int, _event) -> None:
+        if generation != self._generation:  # superseded by a later start or finish
+            return
+        self._advance()
+        still = []
+        for tr in self.active:
+            if tr.remaining <= 1e-9:
+                tr.event.succeed()
+            else:
+                still.append(tr)
+        self.active = still
+        if still:
+            self._reschedule()
+
+
+def allocate_rates(transfers: list[_Transfer]) -> None:
+    """Weighted max-min fair rates by progressive filling; each link class has capacity 1 (s per s)."""
+    if len(transfers) == 1:
+        transfers[0].rate = 1.0 / transfers[0].alone_s
+        return
+    users: dict = defaultdict(list)
+    for j, tr in enumerate(transfers):
+        for link, d in tr.demand.items():
+            users[link].append((j, d / tr.alone_s))  # capacity used at full (stand-alone) speed
+    cap = dict.fromkeys(users, 1.0)
+    level = 0.0
+    speed = [0.0] * len(transfers)
+    unfrozen = set(range(len(transfers)))
+    while unfrozen:
+        step = 1.0 - level
+        load = {}
+        for link, js in users.items():
+            w = sum(x for j, x in js if j in unfrozen)
+            if w > 0:
+                load[link] = w
+                step = min(step, cap[link] / w)
+        level += step
+        full = set()
+        for link, w in load.items():
+            cap[link] -= step * w
+            if cap[link] <= _EPS:
+                full.add(link)
+        if level >= 1.0 - _EPS:
+            frozen = set(unfrozen)
+        else:
+            frozen = {j for link in full for j, _ in users[link] if j in unfrozen}
+        for j in frozen:
+            speed[j] = level
+        unfrozen -= frozen
+    for j, tr in enumerate(transfers):
+        tr.rate = speed[j] / tr.alone_s

@@ -1,0 +1,213 @@
+"""The cluster as a networkx graph: GPUs, NVSwitch, PCIe switches, CPUs, host memory, NVMe, NICs, leaf and
+spine switches. Every edge is a full-duplex link with a per-direction bandwidth, a latency and a kind.
+
+Routing asks the graph (``networkx.shortest_path`` weighted by seconds per byte), never a hard-coded
+"intra-node = X GB/s" table. Because every node is wired alike, paths inside a node are computed once on node 0
+and renamed, and fabric paths once per pair of leaf switches: a 3,072-GPU job routes in milliseconds.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache, cached_property
+
+import networkx as nx
+
+from simulator.hardware.gpus import GPU, get_gpu
+from simulator.hardware.topology import TopologySpec
+
+LinkKey = tuple[int, str, str]  # (node or -1 for fabric, from, to), directed
+
+_GROUP_PREFIX = re.compile(r"^[ng]\d+\.")
+
+
+@dataclass(frozen=True)
+class LinkInfo:
+    kind: str  # nvlink | pcie | infiniband | ethernet | nvme | memory | cpu
+    bandwidth_Bps: float  # effective, per direction (nominal x efficiency)
+    latency_s: float
+
+
+class Cluster:
+    """A built cluster: ``graph`` plus GPU indexing and cached routing."""
+
+    def __init__(self, spec: TopologySpec, num_nodes: int):
+        self.spec = spec
+        self.num_nodes = num_nodes
+        self.gpus_per_node = spec.node.gpus
+        self.gpu: GPU = get_gpu(spec.node.gpu)
+        self.graph = build_graph(spec, num_nodes, self.gpu)
+
+    # -- naming -------------------------------------------------------------------------------------------
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    def gpu_name(self, index: int) -> str:
+        return f"n{index // self.gpus_per_node}.gpu{index % self.gpus_per_node}"
+
+    def node_of(self, index: int) -> int:
+        return index // self.gpus_per_node
+
+    # -- routing ------------------------------------------------------------------------------------------
+    # A link key is (node, from, to) with node-local names for links inside node ``node``, and
+    # (-1, from, to) with global names for fabric links (NIC -> leaf -> spine). Node-local paths come from
+    # node 0's subgraph, fabric paths from the switch subgraph, both by networkx shortest path.
+
+    def route(self, a: int, b: int) -> tuple[tuple[LinkKey, ...], float]:
+        """Directed links from GPU ``a`` to GPU ``b`` and the sum of their latencies.
+
+        Across nodes each GPU uses its nearest NIC (GPUDirect RDMA through its PCIe switch); the fabric path
+        between the two NICs comes from the switch graph (same rail: one leaf; otherwise through the spine).
+        """
+        na, nb = divmod(a, self.gpus_per_node)[0], divmod(b, self.gpus_per_node)[0]
+        la, lb = a % self.gpus_per_node, b % self.gpus_per_node
+        if na == nb:
+            links, lat = self._in_node(f"gpu{la}", f"gpu{lb}")
+            return tuple((na, u, v) for u, v in links), lat
+        nic_a, nic_b = self.nearest_nic[la], self.nearest_nic[lb]
+        src, lat_a = self._in_node(f"gpu{la}", f"nic{nic_a}")
+        dst, lat_b = self._in_node(f"nic{nic_b}", f"gpu{lb}")
+        mid, lat_f = self._fabric(f"n{na}.nic{nic_a}", f"n{nb}.nic{nic_b}")
+        return (*((na, u, v) for u, v in src), *mid, *((nb, u, v) for u, v in dst)), lat_a + lat_f + lat_b
+
+    def link_info(self, key: LinkKey) -> LinkInfo:
+        node, u, v = key
+        if node >= 0:
+            return self._local_info(u, v)
+        return self.graph.edges[u, v]["info"]
+
+    @staticmethod
+    def link_class(key: LinkKey) -> tuple[str, str]:
+        """Node-independent name of a link: the link gpu3 -> nvswitch of node 17 is ``(gpu3, nvswitch)``.
+
+        Nodes are wired alike and ranks that behave alike load them alike, so contention is tracked per class.
+        """
+        node, u, v = key
+        if node >= 0:
+            return (u, v)
+        return (_GROUP_PREFIX.sub("", u), _GROUP_PREFIX.sub("", v))
+
+    @cached_property
+    def nearest_nic(self) -> list[int]:
+        """For each local GPU, the NIC reached with the least seconds per byte; ties go to NIC i for GPU i
+        (as NCCL pairs GPU i with NIC i on DGX systems) so equidistant NICs share the load."""
+        nics = self.spec.node.nics
+        out = []
+        for i in range(self.gpus_per_node):
+            d = nx.single_source_dijkstra_path_length(self._node0_graph, f"n0.gpu{i}", weight="cost")
+            best = min(d[f"n0.nic{k}"] for k in range(nics))
+            near = [k for k in range(nics) if d[f"n0.nic{k}"] <= best * (1 + 1e-9)]
+            out.append(min(near, key=lambda k, i=i: (k - i * nics // self.gpus_per_node) % nics))
+        return out
+
+    @cache  # noqa: B019 - one cluster, a handful of local pairs
+    def _in_node(self, a_local: str, b_local: str) -> tuple[tuple[tuple[str, str], ...], float]:
+        path = nx.shortest_path(self._node0_graph, f"n0.{a_local}", f"n0.{b_local}", weight="cost")
+        links = tuple((u[3:], v[3:]) for u, v in zip(path[:-1], path[1:], strict=False))
+        return links, sum(self._local_info(u, v).latency_s for u, v in links)
+
+    @cache  # noqa: B019
+    def _local_info(self, u: str, v: str) -> LinkInfo:
+        return self.graph.edges[f"n0.{u}", f"n0.{v}"]["info"]
+
+    @cached_property
+    def _node0_graph(self) -> nx.Graph:
+        return self.graph.subgraph([n for n in self.graph if n.startswith("n0.")])
+
+    def _fabric(self, nic_a: str, nic_b: str) -> tuple[tuple[LinkKey, ...], float]:
+        leaf_a, leaf_b = self.graph.nodes[nic_a]["leaf"], self.graph.nodes[nic_b]["leaf"]
+        mid, lat = self._switch_path(leaf_a, leaf_b)
+        up, down = self.graph.edges[nic_a, leaf_a]["info"], self.graph.edges[nic_b, leaf_b]["info"]
+        return ((-1, nic_a, leaf_a), *mid, (-1, leaf_b, nic_b)), lat + up.latency_s + down.latency_s
+
+    @cache  # noqa: B019
+    def _switch_path(self, leaf_a: str, leaf_b: str) -> tuple[tuple[LinkKey, ...], float]:
+        path = nx.shortest_path(self._switch_graph, leaf_a, leaf_b, weight="cost")
+        links = tuple((-1, u, v) for u, v in zip(path[:-1], path[1:], strict=False))
+        return links, sum(self.graph.edges[u, v]["info"].latency_s for _, u, v in links)
+
+    @cached_property
+    def _switch_graph(self) -> nx.Graph:
+        return self.graph.subgraph(
+            [n for n, d in self.graph.nodes(data=True) if d["kind"] in ("leaf", "spine")]
+        )
+
+
+def build_graph(spec: TopologySpec, num_nodes: int, gpu: GPU) -> nx.Graph:
+    """Wire ``num_nodes`` identical nodes into a (rail-optimized) two-level fat tree."""
+    n, eff = spec.node, spec.efficiency
+    g = nx.Graph()
+
+    def link(u: str, v: str, kind: str, GBps: float, latency_us: float) -> None:
+        bw = GBps * 1e9 * getattr(eff, kind)
+        g.add_edge(u, v, info=LinkInfo(kind, bw, latency_us * 1e-6), cost=1.0 / bw + latency_us * 1e-12)
+
+    nvlink_GBps = n.nvlink_bandwidth_GBps or gpu.nvlink_bandwidth_GBps
+    pcie_GBps = n.pcie_bandwidth_GBps or gpu.pcie_bandwidth_GBps
+    nic_GBps = n.nic_bandwidth_gbps / 8
+    ports_per_leaf = (
+        n.nics * spec.fabric.nodes_per_leaf if not spec.fabric.rail_optimized else spec.fabric.nodes_per_leaf
+    )
+    num_groups = -(-num_nodes // spec.fabric.nodes_per_leaf)
+    num_leaves = num_groups * (n.nics if spec.fabric.rail_optimized else 1)
+
+    for k in range(num_nodes):
+        p = f"n{k}."
+        for c in range(n.cpus):
+            g.add_node(p + f"cpu{c}", kind="cpu")
+            link(p + f"cpu{c}", p + "hostmem", "memory", n.host_memory_bandwidth_GBps / n.cpus, 0.1)
+            if c:
+                link(p + "cpu0", p + f"cpu{c}", "memory", n.cpu_interconnect_GBps, 0.3)
+        g.nodes[p + "hostmem"]["kind"] = "hostmem"
+        for s in range(n.pcie_switches):
+            g.add_node(p + f"pcie{s}", kind="pcie_switch")
+            link(
+                p + f"pcie{s}",
+                p + f"cpu{s * n.cpus // n.pcie_switches}",
+                "pcie",
+                pcie_GBps,
+                n.pcie_latency_us,
+            )
+        if n.intra_node == "nvswitch":
+            g.add_node(p + "nvswitch", kind="nvswitch")
+        for i in range(n.gpus):
+            g.add_node(p + f"gpu{i}", kind="gpu", node=k, local=i)
+            link(
+                p + f"gpu{i}",
+                p + f"pcie{i * n.pcie_switches // n.gpus}",
+                "pcie",
+                pcie_GBps,
+                n.pcie_latency_us,
+            )
+            if n.intra_node == "nvswitch":
+                link(p + f"gpu{i}", p + "nvswitch", "nvlink", nvlink_GBps, n.nvlink_latency_us)
+        for i in range(n.nics):
+            leaf = k // spec.fabric.nodes_per_leaf
+            leaf_name = f"g{leaf}.leaf{i}" if spec.fabric.rail_optimized else f"g{leaf}.leaf"
+            g.add_node(p + f"nic{i}", kind="nic", leaf=leaf_name)
+            g.add_node(leaf_name, kind="leaf")
+            link(
+                p + f"nic{i}",
+                p + f"pcie{i * n.pcie_switches // n.nics}",
+                "pcie",
+                pcie_GBps,
+                n.pcie_latency_us,
+            )
+            link(p + f"nic{i}", leaf_name, n.nic_kind, nic_GBps, n.nic_latency_us)
+        for d in range(n.nvme_drives):
+            g.add_node(p + f"nvme{d}", kind="nvme")
+            link(
+                p + f"nvme{d}",
+                p + f"pcie{d * n.pcie_switches // max(n.nvme_drives, 1)}",
+                "nvme",
+                n.nvme_bandwidth_GBps,
+                20.0,
+            )
+    if num_leaves > 1:
+        g.add_node("spine", kind="spine")
+        uplink_GBps = ports_per_leaf * nic_GBps / spec.fabric.oversubscription
+        for leaf in [v for v, d in g.nodes(data=True) if d["kind"] == "leaf"]:
+            link(leaf, "spine", n.nic_kind, uplink_GBps, spec.fabric.switch_latency_us)
+    return g

@@ -1,0 +1,67 @@
+"""The GPU catalogue: one YAML data file per GPU in ``gpus/``, with the sources of its numbers."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+from simulator.errors import ScenarioError
+
+_GPU_DIR = Path(__file__).parent / "gpus"
+
+
+class GemmProfile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    max_efficiency: float
+    k_half: float
+    tiles: tuple[tuple[int, int, float], ...]  # (tile_m, tile_n, relative efficiency of that tile shape)
+
+
+class GPU(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    display_name: str
+    peak_tflops: dict[str, float]
+    hbm_gib: float
+    hbm_bandwidth_GBps: float
+    sm_count: int
+    nvlink_bandwidth_GBps: float
+    pcie_bandwidth_GBps: float
+    gemm: GemmProfile
+    memory_efficiency: float
+    flash_attention_efficiency: float
+    kernel_launch_s: float
+    sources: str
+
+    def peak_flops(self, dtype: str) -> float:
+        """Peak dense FLOP/s for ``dtype``; a clear error if this GPU has no such tensor-core mode."""
+        if dtype not in self.peak_tflops:
+            raise ScenarioError(
+                f"training.precision: {self.name} has no {dtype} peak (it supports {', '.join(self.peak_tflops)})"
+            )
+        return self.peak_tflops[dtype] * 1e12
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self.hbm_gib * 2**30
+
+    @property
+    def hbm_bytes_per_s(self) -> float:
+        return self.hbm_bandwidth_GBps * 1e9
+
+
+@cache
+def gpu_catalogue() -> dict[str, GPU]:
+    return {
+        p.stem: GPU.model_validate(yaml.safe_load(p.read_text())) for p in sorted(_GPU_DIR.glob("*.yaml"))
+    }
+
+
+def get_gpu(name: str, field: str = "cluster.gpu") -> GPU:
+    catalogue = gpu_catalogue()
+    if name not in catalogue:
+        raise ScenarioError(f"{field}: unknown GPU '{name}'; available: {', '.join(catalogue)}")
+    return catalogue[name]

@@ -1,0 +1,59 @@
+"""Which GPU runs which rank, and the communication groups that result.
+
+Ranks fill GPUs in order (node-major) and the rank grid is ``pp x dp x cp x tp`` with tensor parallelism
+innermost, as Megatron-LM's default ``tp-cp-ep-dp-pp`` order: TP groups stay inside a node. For HSDP the
+data-parallel axis splits into ``dp_replicate x dp_shard`` with the shard group innermost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+
+AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # outermost -> innermost
+
+
+@dataclass(frozen=True)
+class Placement:
+    tp: int = 1
+    cp: int = 1
+    dp: int = 1
+    pp: int = 1
+    dp_shard: int | None = None  # HSDP shard-group size; None = the whole dp axis
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        shard = self.dp_shard or self.dp
+        return {
+            "pp": self.pp,
+            "dp_replicate": self.dp // shard,
+            "dp_shard": shard,
+            "cp": self.cp,
+            "tp": self.tp,
+        }
+
+    @cache  # noqa: B019 - placements are few and immutable
+    def groups(self, kind: str) -> tuple[tuple[int, ...], ...]:
+        """All groups of ``kind`` (``tp``, ``cp``, ``pp``, ``dp``, ``dp_shard``, ``dp_replicate``, or a
+        ``+``-joined combination such as ``dp+cp``), each a tuple of global GPU indices."""
+        names = [
+            a for part in kind.split("+") for a in (("dp_replicate", "dp_shard") if part == "dp" else (part,))
+        ]
+        for a in names:
+            if a not in AXES:
+                raise ValueError(f"unknown group kind {kind!r}")
+        sizes = self.sizes
+        grid = np.arange(self.world_size).reshape([sizes[a] for a in AXES])
+        keep = [AXES.index(a) for a in AXES if a not in names]
+        vary = [AXES.index(a) for a in AXES if a in names]
+        arr = grid.transpose(keep + vary).reshape(-1, int(np.prod([sizes[AXES[i]] for i in vary])))
+        return tuple(tuple(int(x) for x in row) for row in arr)
+
+    def group_size(self, kind: str) -> int:
+        return len(self.groups(kind)[0])

@@ -1,0 +1,176 @@
+"""Topology files (``topologies/*.yaml``): what one node holds and how nodes are wired, plus the checks
+that need the topology (GPU count, derived data-parallel degree)."""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+
+from simulator.errors import ScenarioError
+from simulator.hardware.gpus import GPU, get_gpu
+from simulator.scenario.schema import ClusterConfig, Scenario
+
+TOPOLOGY_DIR = Path(
+    os.environ.get("CLUSTERSIM_TOPOLOGIES", Path(__file__).resolve().parents[2] / "topologies")
+)
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class NodeSpec(_Spec):
+    gpus: PositiveInt
+    gpu: str
+    intra_node: Literal["nvswitch", "pcie"]
+    nvlink_bandwidth_GBps: float | None = Field(
+        None, description="Per GPU per direction; default from the GPU."
+    )
+    nvlink_latency_us: float = 0.7
+    pcie_switches: PositiveInt = 1
+    pcie_bandwidth_GBps: float | None = Field(
+        None, description="Per link per direction; default from the GPU."
+    )
+    pcie_latency_us: float = 1.0
+    cpus: PositiveInt = 2
+    cpu_interconnect_GBps: float = 64.0
+    host_memory_gib: float = 1024
+    host_memory_bandwidth_GBps: float = 200
+    nics: PositiveInt = 1
+    nic_bandwidth_gbps: float = 200
+    nic_kind: Literal["infiniband", "ethernet"] = "infiniband"
+    nic_latency_us: float = 2.0
+    nvme_drives: int = 0
+    nvme_bandwidth_GBps: float = 3.5
+
+
+class FabricSpec(_Spec):
+    nodes_per_leaf: PositiveInt = 32
+    rail_optimized: bool = True
+    oversubscription: float = Field(1.0, ge=1)
+    switch_latency_us: float = 0.5
+
+
+class LinkEfficiency(_Spec):
+    """Fraction of nominal bandwidth that NCCL reaches on each link kind (measured bus bandwidth / nominal)."""
+
+    nvlink: float = 0.8
+    pcie: float = 0.8
+    infiniband: float = 0.95
+    ethernet: float = 0.9
+    nvme: float = 0.9
+    memory: float = 0.8
+
+
+class TopologySpec(_Spec):
+    name: str
+    description: str = ""
+    sources: str = ""
+    node: NodeSpec
+    fabric: FabricSpec = FabricSpec()
+    efficiency: LinkEfficiency = LinkEfficiency()
+    collective_step_latency_us: float = Field(
+        5.0, description="Software cost of one step of a ring/tree collective (NCCL kernel + protocol)."
+    )
+
+
+def available_topologies() -> list[str]:
+    return sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml"))
+
+
+@cache
+def load_topology(name: str) -> TopologySpec:
+    path = Path(name)
+    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
+        path = TOPOLOGY_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ScenarioError(
+            f"cluster.topology: unknown topology '{name}'; available: {', '.join(available_topologies())}"
+        )
+    try:
+        return TopologySpec.model_validate(yaml.safe_load(path.read_text()))
+    except (ValidationError, yaml.YAMLError) as e:
+        raise ScenarioError(
+            f"topology file {path}: {str(e).splitlines()[0]} {str(e).splitlines()[1:3]}"
+        ) from None
+
+
+def apply_overrides(spec: TopologySpec, cfg: ClusterConfig) -> TopologySpec:
+    """The topology with the scenario's what-if overrides (GPU type, GPUs/NICs per node, NIC speed)."""
+    node: dict = {}
+    if cfg.gpu:
+        get_gpu(cfg.gpu)  # validates the name
+        node["gpu"] = cfg.gpu
+    if cfg.gpus_per_node:
+        if cfg.gpus_per_node > spec.node.gpus:
+            raise ScenarioError(
+                f"cluster.gpus_per_node ({cfg.gpus_per_node}) exceeds the {spec.node.gpus} GPUs of a "
+                f"'{spec.name}' node"
+            )
+        node["gpus"] = cfg.gpus_per_node
+    if cfg.nics_per_node:
+        node["nics"] = cfg.nics_per_node
+    if cfg.nic_bandwidth_gbps:
+        node["nic_bandwidth_gbps"] = cfg.nic_bandwidth_gbps
+    fabric = {"oversubscription": cfg.oversubscription} if cfg.oversubscription else {}
+    return spec.model_copy(
+        update={
+            "node": spec.node.model_copy(update=node),
+            "fabric": spec.fabric.model_copy(update=fabric),
+        }
+    )
+
+
+def cluster_spec(scenario: Scenario) -> TopologySpec:
+    return apply_overrides(load_topology(scenario.cluster.topology), scenario.cluster)
+
+
+def cluster_gpu(scenario: Scenario) -> GPU:
+    return get_gpu(cluster_spec(scenario).node.gpu)
+
+
+def resolve_cluster_degrees(scenario: Scenario) -> Scenario:
+    """Derive data_parallel from the GPU count, or check the product of all degrees against it."""
+    spec = cluster_spec(scenario)
+    gpu = get_gpu(spec.node.gpu)
+    gpu.peak_flops(scenario.training.precision)  # errors if the GPU lacks this precision
+    n_gpus = spec.node.gpus * scenario.cluster.num_nodes
+    p = scenario.parallelism
+    names = ["tensor_parallel", "pipeline_parallel", "context_parallel"]
+    degrees = [p.tensor_parallel, p.pipeline_parallel, p.context_parallel]
+    shown = list(zip(names, degrees, strict=True))
+    model_parallel = p.tensor_parallel * p.pipeline_parallel * p.context_parallel
+    gpu_text = f"{n_gpus} GPUs ({scenario.cluster.num_nodes} nodes x {spec.node.gpus})"
+    if p.data_parallel is None:
+        if n_gpus % model_parallel:
+            prod = " x ".join(f"{n}({d})" for n, d in shown)
+            raise ScenarioError(
+                f"parallelism: {prod} = {model_parallel} does not divide the cluster's {gpu_text}"
+            )
+        dp, derived = n_gpus // model_parallel, f" (data_parallel derived from {gpu_text})"
+    elif model_parallel * p.data_parallel != n_gpus:
+        prod = " x ".join(f"{n}({d})" for n, d in [*shown, ("data_parallel", p.data_parallel)])
+        raise ScenarioError(
+            f"parallelism: {prod} = {model_parallel * p.data_parallel}, but the cluster has {gpu_text}"
+        )
+    else:
+        dp, derived = p.data_parallel, ""
+    t = scenario.training
+    if t.global_batch_size % (t.micro_batch_size * dp):
+        raise ScenarioError(
+            f"training.global_batch_size ({t.global_batch_size}) is not divisible by micro_batch_size "
+            f"({t.micro_batch_size}) x data_parallel ({dp}) = {t.micro_batch_size * dp}{derived}"
+        )
+    hs = p.fsdp.hybrid_shard_size if p.fsdp else None
+    if hs and dp % hs:
+        raise ScenarioError(
+            f"parallelism.fsdp.hybrid_shard_size ({hs}) does not divide data_parallel ({dp}){derived}"
+        )
+    if p.data_parallel is None:
+        return scenario.model_copy(update={"parallelism": p.model_copy(update={"data_parallel": dp})})
+    return scenario

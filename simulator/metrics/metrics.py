@@ -1,0 +1,154 @@
+"""Everything a run reports, derived from the timeline (not assumed by a formula).
+
+FLOP conventions
+  * model FLOPs (MFU): the FLOPs of forward + backward the model needs, counted per operation from the
+    workload (2mnk per GEMM; attention counted in full, s^2, as Megatron-LM's MFU formula does); backward = 2 x
+    forward. For a standard GPT this equals 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) (Megatron-Core).
+  * hardware FLOPs (HFU): model FLOPs plus the forward work re-run by activation recomputation.
+  * ``tflops_per_gpu_narayanan_eq3``: 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) / (time x GPUs), the convention of
+    Narayanan et al. SC21 Eq. 3 (it counts a full recompute pass whatever the recompute mode).
+Breakdown: each moment of the compute stream is booked to forward, backward or optimizer: a running task to its
+own phase, an idle gap to the phase of the dependency it waited for (an exposed gradient all-reduce counts as
+backward, a ZeRO-3 forward all-gather as forward), as DeepSpeed's and Megatron's timers measure them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+from simulator.costs.collectives import ring_bytes_per_rank
+from simulator.hardware.placement import Placement
+from simulator.scenario.schema import Scenario
+from simulator.strategy.program import COMPUTE
+from simulator.timeline.timeline import Timeline, intersection_length, length, union
+
+
+@dataclass
+class Metrics:
+    iteration_time_s: float
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    samples_per_s: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    hfu: float
+    tflops_per_gpu_narayanan_eq3: float
+    bubble_fraction: float
+    breakdown: dict[str, float]
+    comm: dict[str, float]
+    comm_by_collective: dict[str, dict[str, float]]
+    memory_gib: dict[str, float]
+    oom: bool
+    events: int
+    wall_s: float = 0.0
+    gpus: int = 0
+    strategy: str = ""
+    params_billion: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return _plain(asdict(self))
+
+
+def _plain(x):
+    """numpy scalars -> Python numbers, recursively, so the dict serialises as JSON."""
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_plain(v) for v in x]
+    if hasattr(x, "item"):
+        return x.item()
+    return x
+
+
+def narayanan_eq3_flops(s: Scenario) -> float:
+    """Narayanan et al. SC21 Eq. 3: FLOPs per iteration with full recompute, 96 B s l h^2 (1 + s/6h + V/16lh)."""
+    m = s.model
+    B, sq, L, h, V = s.training.global_batch_size, m.seq_length, m.num_layers, m.hidden_size, m.vocab_size
+    return 96 * B * sq * L * h * h * (1 + sq / (6 * h) + V / (16 * L * h))
+
+
+def compute_metrics(s: Scenario, timeline: Timeline, placement: Placement, peak_flops: float) -> Metrics:
+    program = timeline.program
+    tasks = program.tasks
+    T = timeline.makespan_s
+    gpus = placement.world_size
+    tokens = s.training.global_batch_size * s.model.seq_length
+
+    # FLOPs per GPU from what the representative ranks executed, weighted by how many real ranks each stands for
+    model_flops = hw_flops = 0.0
+    for t in tasks:
+        if t.stream != COMPUTE or t.kind == "optimizer":
+            continue
+        f = sum(op.model_flops for op in t.ops) * program.ranks[t.rank].count
+        hw_flops += f
+        if t.kind != "recompute":
+            model_flops += f
+    model_flops /= gpus
+    hw_flops /= gpus
+
+    breakdown: dict[str, float] = defaultdict(float)
+    bubble = 0.0
+    compute_ids = [t.id for t in tasks if t.stream == COMPUTE and t.rank == 0]
+    for i in compute_ids:
+        t = tasks[i]
+        breakdown[t.phase] += timeline.end[i] - timeline.start[i]
+        gap = timeline.start[i] - timeline.free[i]
+        b = int(timeline.blocker[i])
+        if gap > 0:
+            holder = tasks[b] if b >= 0 else t
+            breakdown[holder.phase] += gap
+            if b >= 0 and holder.stream == COMPUTE and holder.rank != t.rank:
+                bubble += gap
+    last_compute = max((timeline.end[i] for i in compute_ids), default=0.0)
+    if last_compute < T:  # trailing communication (e.g. ZeRO-1/2 parameter all-gather after the step)
+        last = max((t for t in tasks if t.rank == 0), key=lambda t: timeline.end[t.id])
+        breakdown[last.phase] += T - last_compute
+
+    compute_u = union(timeline.intervals(lambda t: t.rank == 0 and t.stream == COMPUTE))
+    comm_u = union(timeline.intervals(lambda t: t.rank == 0 and t.is_collective))
+    overlapped = intersection_length(compute_u, comm_u)
+    by_coll: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    bytes_per_gpu = 0.0
+    for t in tasks:
+        if not t.is_collective or t.rank != 0:
+            continue
+        key = f"{t.kind}:{t.group}"
+        n = placement.group_size(t.group)
+        sent = ring_bytes_per_rank(t.kind, n, t.bytes)
+        bytes_per_gpu += sent
+        d = by_coll[key]
+        d["count"] += 1
+        d["time_s"] += timeline.end[t.id] - timeline.start[t.id]
+        d["bytes_sent_per_gpu"] += sent
+        own = [(timeline.start[t.id], timeline.end[t.id])]
+        d["exposed_s"] += length(own) - intersection_length(own, compute_u)
+
+    mem = max((r.memory for r in program.ranks), key=lambda m: m.peak)
+    return Metrics(
+        iteration_time_s=T,
+        tokens_per_s=tokens / T,
+        tokens_per_s_per_gpu=tokens / T / gpus,
+        samples_per_s=s.training.global_batch_size / T,
+        model_tflops_per_gpu=model_flops / T / 1e12,
+        hardware_tflops_per_gpu=hw_flops / T / 1e12,
+        mfu=model_flops / T / peak_flops,
+        hfu=hw_flops / T / peak_flops,
+        tflops_per_gpu_narayanan_eq3=narayanan_eq3_flops(s) / T / gpus / 1e12,
+        bubble_fraction=bubble / T if T else 0.0,
+        breakdown={f"{k}_s": breakdown.get(k, 0.0) for k in ("forward", "backward", "optimizer")},
+        comm={
+            "exposed_s": length(comm_u) - overlapped,
+            "overlapped_s": overlapped,
+            "total_s": length(comm_u),
+            "bytes_per_gpu": bytes_per_gpu,
+        },
+        comm_by_collective={k: dict(v) for k, v in sorted(by_coll.items())},
+        memory_gib=mem.gib(),
+        oom=mem.oom,
+        events=timeline.events,
+        gpus=gpus,
+        strategy=program.strategy,
+    )

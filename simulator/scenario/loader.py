@@ -1,0 +1,80 @@
+"""YAML file -> validated :class:`Scenario`, with one readable line per problem and no tracebacks."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from simulator.errors import ScenarioError
+from simulator.scenario.schema import Scenario
+
+
+def load_scenario(source: str | Path | dict, base_dir: Path | None = None) -> Scenario:
+    """Load a scenario from a YAML path or an already-parsed dict, validate it and resolve derived values.
+
+    Raises :class:`ScenarioError` with a message naming the field and the arithmetic.
+    """
+    if isinstance(source, dict):
+        data, label = source, "scenario"
+    else:
+        path = Path(source)
+        label = str(path)
+        if not path.is_file():
+            raise ScenarioError(f"{label}: file not found")
+        base_dir = base_dir or path.parent
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ScenarioError(f"{label}: YAML syntax error{where}: {problem}") from None
+        if not isinstance(data, dict):
+            raise ScenarioError(f"{label}: expected a mapping with model, cluster, training, parallelism")
+        data.setdefault("name", path.stem)
+    try:
+        scenario = Scenario.model_validate(data, context={"base_dir": base_dir})
+    except ValidationError as e:
+        raise ScenarioError("\n".join(format_validation_error(err) for err in e.errors())) from None
+    except ValueError as e:  # raised by the preset / hf_config expansion before field validation
+        raise ScenarioError(f"model: {e}") from None
+    # Imported here: the cluster check needs the topology files (hardware step).
+    from simulator.hardware.topology import resolve_cluster_degrees
+
+    return resolve_cluster_degrees(scenario)
+
+
+def format_validation_error(err: dict) -> str:
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"]
+    if err["type"] == "value_error":  # our validators write complete sentences that name their fields
+        msg = msg.removeprefix("Value error, ")
+        return (
+            msg if not loc or msg.split(" ")[0].rstrip(":").startswith(loc.split(".")[0]) else f"{loc}: {msg}"
+        )
+    if err["type"] == "extra_forbidden":
+        section = _section_of(err["loc"][:-1])
+        key = str(err["loc"][-1])
+        hint = difflib.get_close_matches(key, section, n=1) if section else []
+        return f"{loc}: unknown key" + (f" (did you mean '{hint[0]}'?)" if hint else "")
+    if err["type"] == "missing":
+        return f"{loc}: required field is missing"
+    return f"{loc}: {msg} (got {err.get('input')!r})"
+
+
+def _section_of(loc: tuple) -> list[str]:
+    """Field names of the model at ``loc``, for did-you-mean hints."""
+    model = Scenario
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return []
+        ann = field.annotation
+        candidates = [a for a in getattr(ann, "__args__", (ann,)) if hasattr(a, "model_fields")]
+        if not candidates:
+            return []
+        model = candidates[0]
+    return list(model.model_fields)

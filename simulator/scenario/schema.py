@@ -1,0 +1,183 @@
+"""The scenario: what the user asked for, validated once.
+
+Four sections, as in Calculon's model / system / execution split and in the vocabulary of Megatron-LM and
+DeepSpeed: ``model``, ``cluster``, ``training``, ``parallelism``. Checks that need only the scenario itself live
+here (divisibility, batch arithmetic); checks that need the topology file (GPU count) live in ``loader.py``.
+Every message names the field and shows the arithmetic.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, model_validator
+
+from simulator.scenario.presets import expand_model_section
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Section):
+    """A decoder-only transformer, in Megatron-LM's argument names."""
+
+    name: str = Field("custom", description="Preset name or a label for reports.")
+    num_layers: PositiveInt
+    hidden_size: PositiveInt
+    num_attention_heads: PositiveInt
+    num_query_groups: PositiveInt | None = Field(
+        None, description="Key/value heads (grouped-query attention). Default: num_attention_heads."
+    )
+    ffn_hidden_size: PositiveInt | None = Field(
+        None,
+        description="MLP width. Default: 4 x hidden_size (gelu), 8/3 x hidden_size rounded up to 64 (swiglu).",
+    )
+    activation: Literal["gelu", "swiglu", "relu", "squared-relu"] = "gelu"
+    seq_length: PositiveInt
+    vocab_size: PositiveInt
+    tied_embeddings: bool = Field(
+        True, description="Share input embedding and output layer (Megatron default)."
+    )
+    attention: Literal["standard", "flash"] = Field(
+        "standard",
+        description="standard = unfused QK^T, softmax, dropout, context; flash = one fused kernel.",
+    )
+    position_embedding: Literal["learned", "rope", "alibi"] = "learned"
+    normalization: Literal["layernorm", "rmsnorm"] = "layernorm"
+    add_bias_linear: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand(cls, data, info: ValidationInfo):
+        return expand_model_section(data, (info.context or {}).get("base_dir"))
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        a, g = self.num_attention_heads, self.query_groups
+        if self.hidden_size % a:
+            raise ValueError(
+                f"model.hidden_size ({self.hidden_size}) is not divisible by num_attention_heads ({a})"
+            )
+        if a % g:
+            raise ValueError(f"model.num_attention_heads ({a}) is not divisible by num_query_groups ({g})")
+        return self
+
+    @property
+    def query_groups(self) -> int:
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def ffn_size(self) -> int:
+        if self.ffn_hidden_size:
+            return self.ffn_hidden_size
+        if self.activation == "swiglu":  # Llama convention: 2/3 of 4h, rounded up to a multiple of 64
+            return -(-int(8 * self.hidden_size / 3) // 64) * 64
+        return 4 * self.hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+class ClusterConfig(_Section):
+    """Which topology file, how many nodes, and what-if overrides of its hardware."""
+
+    topology: str = Field(..., description="Name of a file in topologies/ (without .yaml) or a path to one.")
+    num_nodes: PositiveInt = 1
+    gpus_per_node: PositiveInt | None = Field(None, description="Use only this many GPUs of each node.")
+    gpu: str | None = Field(None, description="Replace the topology's GPU with another from the catalogue.")
+    nics_per_node: PositiveInt | None = None
+    nic_bandwidth_gbps: float | None = Field(None, gt=0, description="Per NIC, gigabits per second.")
+    oversubscription: float | None = Field(None, ge=1, description="Leaf-to-spine oversubscription ratio.")
+
+
+class TrainingConfig(_Section):
+    global_batch_size: PositiveInt
+    micro_batch_size: PositiveInt = 1
+    precision: Literal["fp16", "bf16", "fp32"] = "bf16"
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    activation_recompute: Literal["none", "selective", "full"] = "none"
+
+
+class ZeroConfig(_Section):
+    """DeepSpeed ``zero_optimization`` knobs, DeepSpeed's names and defaults (elements, not bytes)."""
+
+    reduce_bucket_size: float = Field(5e8, gt=0)
+    allgather_bucket_size: float = Field(5e8, gt=0)
+    overlap_comm: bool | None = Field(
+        None, description="Default: False for stage 1-2, True for stage 3 (DeepSpeed)."
+    )
+    stage3_prefetch_bucket_size: float = Field(5e7, ge=0)
+    stage3_max_live_parameters: float = Field(1e9, gt=0)
+    stage3_param_persistence_threshold: float = Field(1e5, ge=0)
+
+
+class FsdpConfig(_Section):
+    """PyTorch FSDP2 ``fully_shard`` per transformer block; hybrid_shard_size makes it HSDP."""
+
+    reshard_after_forward: bool = True
+    hybrid_shard_size: PositiveInt | None = Field(
+        None, description="Shard within groups of this many ranks and replicate across them (HSDP)."
+    )
+    backward_prefetch: bool = True
+
+
+class DdpConfig(_Section):
+    """PyTorch DistributedDataParallel gradient buckets (also used for ZeRO stage 0)."""
+
+    bucket_cap_mb: float = Field(25.0, gt=0)
+    overlap_grad_reduce: bool = True
+
+
+class ParallelismConfig(_Section):
+    tensor_parallel: PositiveInt = 1
+    pipeline_parallel: PositiveInt = 1
+    context_parallel: PositiveInt = 1
+    data_parallel: PositiveInt | None = Field(
+        None, description="Default: GPUs / (tensor x pipeline x context)."
+    )
+    sequence_parallel: bool = False
+    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "pipedream-2bw", "zb-h1"] = "1f1b"
+    virtual_pipeline_stages: PositiveInt = 1
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    zero: ZeroConfig = ZeroConfig()
+    fsdp: FsdpConfig | None = None
+    ddp: DdpConfig = DdpConfig()
+    collective_algorithm: Literal["auto", "ring", "tree", "hierarchical"] = "auto"
+
+
+class Scenario(_Section):
+    name: str = "scenario"
+    model: ModelConfig
+    cluster: ClusterConfig
+    training: TrainingConfig
+    parallelism: ParallelismConfig = ParallelismConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> Scenario:
+        m, p, t = self.model, self.parallelism, self.training
+        tp = p.tensor_parallel
+        if m.num_attention_heads % tp:
+            raise ValueError(
+                f"model.num_attention_heads ({m.num_attention_heads}) is not divisible by tensor_parallel ({tp})"
+            )
+        if m.query_groups % tp and tp % m.query_groups:
+            raise ValueError(
+                f"model.num_query_groups ({m.query_groups}) and tensor_parallel ({tp}) do not divide"
+            )
+        if m.ffn_size % tp:
+            raise ValueError(
+                f"model.ffn_hidden_size ({m.ffn_size}) is not divisible by tensor_parallel ({tp})"
+            )
+        if p.fsdp is not None and p.zero_stage:
+            raise ValueError(
+                f"parallelism: choose either fsdp (PyTorch) or zero_stage (DeepSpeed), not both "
+                f"(zero_stage = {p.zero_stage})"
+            )
+        return self
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        dp = self.parallelism.data_parallel or 1
+        return self.training.global_batch_size // (self.training.micro_batch_size * dp)

@@ -1,0 +1,120 @@
+"""Pieces every data-parallel strategy shares: the model as a list of units (embedding, layers, head) in
+forward order, activation-recompute handling, and the optimizer step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.scenario.schema import Scenario
+from simulator.strategy.program import COMPUTE, Program
+from simulator.workload.memory import activation_bytes_per_layer, head_activation_bytes, state_bytes_per_param
+from simulator.workload.transformer import Block, Workload, memory_op
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A block as the strategy sees it: a name, its work, and the parameters its gradients cover."""
+
+    index: int
+    name: str
+    block: Block
+    params: int
+    is_layer: bool
+
+
+def units(w: Workload) -> list[Unit]:
+    """Embedding, transformer layers, output head, in forward order. With tied embeddings the output layer's
+    weight is the embedding's, so the head unit only owns the final norm."""
+    m, t = w.scenario.model, w.scenario.parallelism.tensor_parallel
+    head_params = w.head.params - (m.vocab_size * m.hidden_size // t if m.tied_embeddings else 0)
+    out = [Unit(0, "embedding", w.embedding, w.embedding.params, False)]
+    out += [Unit(i + 1, f"layer {i}", w.layer, w.layer.params, True) for i in range(w.num_layers)]
+    out.append(Unit(w.num_layers + 1, "head", w.head, head_params, False))
+    return out
+
+
+def add_forward(p: Program, u: Unit, mb: int, deps=(), rank: int = 0) -> int:
+    return p.add(
+        rank, COMPUTE, "forward", "forward", f"{u.name} forward", deps, ops=u.block.forward, microbatch=mb
+    )
+
+
+def add_backward(p: Program, s: Scenario, u: Unit, mb: int, deps=(), rank: int = 0) -> int:
+    """Backward of one unit, preceded by its recomputation when activation recompute asks for it."""
+    mode = s.training.activation_recompute
+    if u.is_layer and mode == "full":
+        rid = p.add(
+            rank,
+            COMPUTE,
+            "recompute",
+            "backward",
+            f"{u.name} recompute",
+            deps,
+            ops=u.block.forward,
+            microbatch=mb,
+        )
+        deps = (rid,)
+    elif u.is_layer and mode == "selective" and u.block.recompute_selective:
+        rid = p.add(
+            rank,
+            COMPUTE,
+            "recompute",
+            "backward",
+            f"{u.name} recompute (attention)",
+            deps,
+            ops=u.block.recompute_selective,
+            microbatch=mb,
+        )
+        deps = (rid,)
+    return p.add(
+        rank, COMPUTE, "backward", "backward", f"{u.name} backward", deps, ops=u.block.backward, microbatch=mb
+    )
+
+
+# Bytes an optimizer step streams per parameter: Adam reads and writes fp32 master weight, momentum and
+# variance (24), reads the fp32 gradient (4) and writes the 16-bit weight (2) = 30; fp32 training skips the copy.
+_OPTIMIZER_BYTES = {("adam", True): 30, ("adam", False): 28, ("sgd", True): 18, ("sgd", False): 12}
+
+
+def add_optimizer(p: Program, s: Scenario, params: float, deps=(), rank: int = 0) -> int:
+    opt = "sgd" if s.training.optimizer == "sgd" else "adam"
+    per_param = _OPTIMIZER_BYTES[(opt, s.training.precision != "fp32")]
+    op = memory_op(f"{s.training.optimizer} step ({params / 1e6:.1f}M params)", params * per_param)
+    return p.add(rank, COMPUTE, "optimizer", "optimizer", "optimizer step", deps, ops=(op,))
+
+
+def grad_bytes(s: Scenario) -> int:
+    """Bytes per gradient element on the wire: the training precision (DeepSpeed and PyTorch reduce in it)."""
+    return state_bytes_per_param(s.training.precision, s.training.optimizer)[1]
+
+
+def weight_bytes(s: Scenario) -> int:
+    return state_bytes_per_param(s.training.precision, s.training.optimizer)[0]
+
+
+def buckets(sizes: list[tuple[int, float]], cap: float) -> list[tuple[list[int], float]]:
+    """Group consecutive (unit index, bytes) into buckets of at least ``cap`` bytes, as gradients become ready.
+    A unit larger than the cap forms its own bucket (PyTorch DDP and DeepSpeed never split a tensor)."""
+    out: list[tuple[list[int], float]] = []
+    cur: list[int] = []
+    total = 0.0
+    for idx, nbytes in sizes:
+        cur.append(idx)
+        total += nbytes
+        if total >= cap:
+            out.append((cur, total))
+            cur, total = [], 0.0
+    if cur:
+        out.append((cur, total))
+    return out
+
+
+def activation_memory(s: Scenario, layers: int, in_flight: int = 1, has_head: bool = True) -> float:
+    """Activations held at the peak: ``layers`` layers' worth for each microbatch in flight, the output layer's
+    logits, and with full recompute the one layer being recomputed (its full activations, Korthikanti Sec. 5)."""
+    total = layers * activation_bytes_per_layer(s) * in_flight
+    if has_head:
+        total += head_activation_bytes(s)
+    if s.training.activation_recompute == "full":
+        total += activation_bytes_per_layer(s, recompute="none")
+    return total

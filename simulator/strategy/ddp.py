@@ -1,0 +1,71 @@
+"""PyTorch DistributedDataParallel (and DeepSpeed ZeRO stage 0, and a single GPU).
+
+Gradients are all-reduced in buckets of ``bucket_cap_mb`` as backward produces them, on a separate stream,
+overlapping the rest of backward (Li et al. VLDB 2020, "PyTorch Distributed", Sec. 3.2). With gradient
+accumulation only the last microbatch reduces (``no_sync``). The optimizer step waits for every bucket.
+"""
+
+from __future__ import annotations
+
+from simulator.hardware.gpus import GPU
+from simulator.scenario.schema import Scenario
+from simulator.strategy.common import (
+    activation_memory,
+    add_backward,
+    add_forward,
+    add_optimizer,
+    buckets,
+    grad_bytes,
+    units,
+)
+from simulator.strategy.program import Program, RankClass
+from simulator.workload.memory import MemoryBreakdown, state_bytes_per_param, zero_model_state_bytes
+from simulator.workload.transformer import Workload
+
+
+def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
+    dp, gas = s.parallelism.data_parallel, s.gradient_accumulation_steps
+    cfg = s.parallelism.ddp
+    p = Program("single-gpu" if dp == 1 else "ddp")
+    us = units(w)
+    gb = grad_bytes(s)
+    reductions: list[int] = []
+    for mb in range(gas):
+        for u in us:
+            add_forward(p, u, mb)
+        last = mb == gas - 1 and dp > 1
+        plan = (
+            buckets([(u.index, u.params * gb) for u in reversed(us)], cfg.bucket_cap_mb * 2**20)
+            if last
+            else []
+        )
+        closes = {b[0][-1]: b for b in plan}  # unit index that completes each bucket
+        bwd = None
+        for u in reversed(us):
+            bwd = add_backward(p, s, u, mb)
+            if u.index in closes and cfg.overlap_grad_reduce:
+                reductions.append(_all_reduce(p, closes[u.index], bwd))
+        if last and not cfg.overlap_grad_reduce:
+            reductions += [_all_reduce(p, b, bwd) for b in plan]
+    add_optimizer(p, s, w.params_per_rank, reductions)
+
+    w_b, g_b, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
+    params, grads, opt = zero_model_state_bytes(w.params_per_rank, dp, 0, k_b, w_b, g_b)
+    buffers = 2 * cfg.bucket_cap_mb * 2**20 if dp > 1 else 0.0  # buckets in flight
+    mem = MemoryBreakdown(params, grads, opt, activation_memory(s, w.num_layers), buffers, gpu.hbm_bytes)
+    p.ranks.append(RankClass(f"all {dp} data-parallel ranks", dp, mem))
+    return p
+
+
+def _all_reduce(p: Program, bucket: tuple[list[int], float], after: int) -> int:
+    idx, nbytes = bucket
+    return p.add(
+        0,
+        "comm.dp",
+        "all_reduce",
+        "backward",
+        f"grad all-reduce (units {idx[-1]}..{idx[0]})",
+        (after,),
+        group="dp",
+        bytes=nbytes,
+    )

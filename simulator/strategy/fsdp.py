@@ -1,0 +1,52 @@
+"""PyTorch FSDP2 (``fully_shard`` on every transformer block) and HSDP (``hybrid_shard_size``).
+
+Forward all-gathers each block on the all-gather stream, one block ahead (implicit prefetch, PyTorch "FSDP
+Notes: prefetch nuances"); with ``reshard_after_forward`` the block is freed and re-gathered in backward (with
+``backward_prefetch`` one block ahead). Gradients are reduce-scattered per block on their own stream and, for
+HSDP, all-reduced across replicas. Gradient accumulation reduces every microbatch (FSDP2's default).
+"""
+
+from __future__ import annotations
+
+from simulator.hardware.gpus import GPU
+from simulator.scenario.schema import Scenario
+from simulator.strategy.common import activation_memory, grad_bytes, units, weight_bytes
+from simulator.strategy.program import Program, RankClass
+from simulator.strategy.sharded import ShardingPlan, add_sharded_iteration
+from simulator.workload.memory import MemoryBreakdown, state_bytes_per_param, zero_model_state_bytes
+from simulator.workload.transformer import Workload
+
+
+def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
+    cfg = s.parallelism.fsdp
+    dp = s.parallelism.data_parallel
+    shard = cfg.hybrid_shard_size or dp
+    hybrid = shard < dp
+    p = Program("hsdp" if hybrid else "fsdp2")
+    us = units(w)
+    wb, gb = weight_bytes(s), grad_bytes(s)
+    plan = ShardingPlan(
+        gather_group="dp_shard" if hybrid else "dp",
+        replicate_group="dp_replicate" if hybrid else None,
+        shard_size=shard,
+        prefetch_depth=2 if cfg.backward_prefetch else 1,
+        regather_backward=cfg.reshard_after_forward,
+        reduce_every_microbatch=True,
+        overlap_reduce=True,
+        weight_bytes=wb,
+        grad_bytes=gb,
+    )
+    head_params = w.head.params
+    add_sharded_iteration(p, s, us, plan, lambda u: head_params if u.name == "head" else u.params)
+
+    w_b, g_b, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
+    params, grads, opt = zero_model_state_bytes(w.params_per_rank, shard, 3, k_b, w_b, g_b)
+    block = w.layer.params
+    if cfg.reshard_after_forward:
+        buffers = 2 * block * wb + block * gb  # current + prefetched block, one block's unsharded gradients
+    else:
+        buffers = w.params_per_rank * wb + block * gb  # every block stays unsharded from forward to backward
+    mem = MemoryBreakdown(params, grads, opt, activation_memory(s, w.num_layers), buffers, gpu.hbm_bytes)
+    label = f"all {dp} ranks ({dp // shard} replicas x {shard} shards)" if hybrid else f"all {dp} ranks"
+    p.ranks.append(RankClass(label, dp, mem))
+    return p

@@ -1,0 +1,57 @@
+"""What a strategy produces and the engine replays: per-rank ordered tasks on named streams, with dependencies.
+
+A task is either compute (a tuple of :class:`~simulator.workload.transformer.Op`) or one collective on a named
+group (``dp``, ``dp_shard``, ``tp``...). Tasks of one (rank, stream) run in order; a task starts when the
+previous task of its stream has finished and all its dependencies have. Nothing here knows about SimPy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from simulator.workload.memory import MemoryBreakdown
+from simulator.workload.transformer import Op
+
+COMPUTE = "compute"
+
+
+@dataclass(slots=True)
+class Task:
+    id: int
+    rank: int
+    stream: str
+    kind: str  # forward | backward | recompute | optimizer | all_reduce | all_gather | reduce_scatter | ...
+    phase: str  # forward | backward | optimizer: where its time is booked in the breakdown
+    name: str
+    deps: tuple[int, ...] = ()
+    ops: tuple[Op, ...] = ()
+    group: str | None = None  # collectives only
+    bytes: float = 0.0  # collectives: the full (unsharded) buffer, as NCCL's "size"
+    microbatch: int = -1
+
+    @property
+    def is_collective(self) -> bool:
+        return self.group is not None
+
+
+@dataclass
+class RankClass:
+    """One simulated rank standing for ``count`` real ranks that behave identically."""
+
+    label: str
+    count: int
+    memory: MemoryBreakdown
+
+
+@dataclass
+class Program:
+    strategy: str
+    tasks: list[Task] = field(default_factory=list)
+    ranks: list[RankClass] = field(default_factory=list)
+
+    def add(self, rank: int, stream: str, kind: str, phase: str, name: str, deps=(), **kw) -> int:
+        task = Task(
+            len(self.tasks), rank, stream, kind, phase, name, tuple(d for d in deps if d is not None), **kw
+        )
+        self.tasks.append(task)
+        return task.id

@@ -1,0 +1,111 @@
+"""DeepSpeed ZeRO stages 1, 2 and 3 (Rajbhandari et al. SC20), with DeepSpeed's knobs and defaults.
+
+* Stage 1 partitions optimizer states: gradients are reduce-scattered in ``reduce_bucket_size`` buckets at the
+  gradient-accumulation boundary, each rank steps its 1/N, and updated weights are all-gathered in
+  ``allgather_bucket_size`` buckets. Volume 2 Psi, as DDP.
+* Stage 2 also partitions gradients, so every microbatch reduces its gradients (DeepSpeed's
+  ``stage_1_and_2.py`` reduces in the backward hooks).
+* Stage 3 partitions weights too: every unit is all-gathered before its forward and again before its backward,
+  gradients are reduce-scattered per unit. Volume 3 Psi = 1.5 x DDP.
+``overlap_comm`` (default off for stages 1-2, on for 3) decides whether backward waits for each reduction.
+"""
+
+from __future__ import annotations
+
+from simulator.hardware.gpus import GPU
+from simulator.scenario.schema import Scenario
+from simulator.strategy.common import (
+    Unit,
+    activation_memory,
+    add_backward,
+    add_forward,
+    add_optimizer,
+    buckets,
+    grad_bytes,
+    units,
+    weight_bytes,
+)
+from simulator.strategy.program import Program, RankClass
+from simulator.strategy.sharded import ShardingPlan, add_sharded_iteration
+from simulator.workload.memory import MemoryBreakdown, state_bytes_per_param, zero_model_state_bytes
+from simulator.workload.transformer import Workload
+
+
+def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
+    stage = s.parallelism.zero_stage
+    p = Program(f"zero-{stage}")
+    us = units(w)
+    cfg = s.parallelism.zero
+    dp = s.parallelism.data_parallel
+    overlap = cfg.overlap_comm if cfg.overlap_comm is not None else stage == 3
+    wb, gb = weight_bytes(s), grad_bytes(s)
+    if stage == 3:
+        biggest = max(u.params for u in us)
+        depth = 1 + min(
+            int(cfg.stage3_prefetch_bucket_size // biggest), int(cfg.stage3_max_live_parameters // biggest)
+        )
+        plan = ShardingPlan("dp", None, dp, max(1, depth), True, True, overlap, wb, gb)
+        add_sharded_iteration(p, s, us, plan, lambda u: _gather_params(w, u))
+        live = min(cfg.stage3_max_live_parameters, (1 + depth) * biggest)
+        buffers = live * wb + cfg.reduce_bucket_size * gb
+    else:
+        _stage_1_2(p, s, w, us, overlap)
+        buffers = cfg.reduce_bucket_size * gb + cfg.allgather_bucket_size * wb
+    w_b, g_b, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
+    params, grads, opt = zero_model_state_bytes(w.params_per_rank, dp, stage, k_b, w_b, g_b)
+    mem = MemoryBreakdown(params, grads, opt, activation_memory(s, w.num_layers), buffers, gpu.hbm_bytes)
+    p.ranks.append(RankClass(f"all {dp} data-parallel ranks", dp, mem))
+    return p
+
+
+def _gather_params(w: Workload, u: Unit) -> int:
+    """The head computes logits with the full output weight even when it is tied to the embedding."""
+    return w.head.params if u.name == "head" else u.params
+
+
+def _stage_1_2(p: Program, s: Scenario, w: Workload, us: list[Unit], overlap: bool) -> None:
+    stage, cfg, gas = s.parallelism.zero_stage, s.parallelism.zero, s.gradient_accumulation_steps
+    dp = s.parallelism.data_parallel
+    gb, wb = grad_bytes(s), weight_bytes(s)
+    reductions: list[int] = []
+    for mb in range(gas):
+        for u in us:
+            add_forward(p, u, mb)
+        reduce = dp > 1 and (stage == 2 or mb == gas - 1)
+        plan = (
+            buckets([(u.index, u.params * gb) for u in reversed(us)], cfg.reduce_bucket_size * gb)
+            if reduce
+            else []
+        )
+        closes = {b[0][-1]: b for b in plan}
+        blocking = None
+        for u in reversed(us):
+            bwd = add_backward(p, s, u, mb, (blocking,))
+            blocking = None
+            if u.index in closes:
+                idx, nbytes = closes[u.index]
+                rid = p.add(
+                    0,
+                    "comm.dp",
+                    "reduce_scatter",
+                    "backward",
+                    f"grad reduce-scatter (units {idx[-1]}..{idx[0]})",
+                    (bwd,),
+                    group="dp",
+                    bytes=nbytes,
+                )
+                reductions.append(rid)
+                blocking = None if overlap else rid
+    opt = add_optimizer(p, s, w.params_per_rank / dp, reductions)
+    if dp > 1:
+        for idx, nbytes in buckets([(u.index, u.params * wb) for u in us], cfg.allgather_bucket_size * wb):
+            p.add(
+                0,
+                "comm.dp",
+                "all_gather",
+                "optimizer",
+                f"param all-gather (units {idx[0]}..{idx[-1]})",
+                (opt,),
+                group="dp",
+                bytes=nbytes,
+            )

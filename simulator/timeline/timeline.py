@@ -1,0 +1,68 @@
+"""Every task of a simulated iteration with its start and end, plus interval arithmetic for the metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from simulator.strategy.program import Program, Task
+
+
+class Timeline:
+    """Arrays indexed by task id: when its stream was free for it, when it started, when it ended, and which
+    dependency (if any) kept the stream idle."""
+
+    def __init__(self, program: Program, n: int):
+        self.program = program
+        self.free = np.zeros(n)
+        self.start = np.zeros(n)
+        self.end = np.zeros(n)
+        self.blocker = np.full(n, -1, dtype=np.int64)
+        self.events = 0
+
+    def record(self, task_id: int, free_at: float, start: float, end: float, blocker: int) -> None:
+        self.free[task_id], self.start[task_id], self.end[task_id] = free_at, start, end
+        self.blocker[task_id] = blocker
+
+    @property
+    def tasks(self) -> list[Task]:
+        return self.program.tasks
+
+    @property
+    def makespan_s(self) -> float:
+        return float(self.end.max()) if len(self.end) else 0.0
+
+    def intervals(self, select) -> list[tuple[float, float]]:
+        return [(self.start[t.id], self.end[t.id]) for t in self.tasks if select(t)]
+
+
+def union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def length(intervals: Iterable[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def intersection_length(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> float:
+    """Total overlap of two sorted, disjoint interval lists."""
+    i = j = 0
+    total = 0.0
+    while i < len(xs) and j < len(ys):
+        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        if b > a:
+            total += b - a
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total

@@ -1,0 +1,108 @@
+"""Per-GPU memory: model states (ZeRO paper) and activations (Korthikanti et al. 2022), in bytes.
+
+Pure functions; each cites its source. Strategies combine them into a :class:`MemoryBreakdown`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from simulator.scenario.schema import Scenario
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    buffers: float
+    capacity: float
+
+    @property
+    def peak(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+
+    @property
+    def oom(self) -> bool:
+        return self.peak > self.capacity
+
+    def gib(self) -> dict[str, float]:
+        out = {k: v / 2**30 for k, v in asdict(self).items()}
+        out["peak"] = self.peak / 2**30
+        return out
+
+
+def state_bytes_per_param(precision: str, optimizer: str) -> tuple[int, int, int]:
+    """(weight, gradient, optimizer-state) bytes per parameter.
+
+    Mixed precision with Adam: 2 + 2 + K, K = 12 (fp32 master weights, momentum, variance), ZeRO paper
+    (Rajbhandari et al. SC20) Sec. 3.1. fp32 training keeps no master copy: 4 + 4 + 8. SGD with momentum
+    keeps K = 4 + 4 (mixed) or 4 (fp32).
+    """
+    if precision == "fp32":
+        return 4, 4, 8 if optimizer in ("adam", "adamw") else 4
+    return 2, 2, 12 if optimizer in ("adam", "adamw") else 8
+
+
+def zero_model_state_bytes(
+    psi: float, n: int, stage: int, k: int = 12, w: int = 2, g: int = 2
+) -> tuple[float, float, float]:
+    """(params, grads, optimizer) bytes per GPU for ZeRO stage 0..3 over ``n`` data-parallel ranks.
+
+    DDP (2 + 2 + K) Psi; ZeRO-1 2Psi + 2Psi + K Psi/N; ZeRO-2 2Psi + (2 + K) Psi/N; ZeRO-3 (2 + 2 + K) Psi/N
+    (Rajbhandari et al. SC20, Fig. 1 and Sec. 5).
+    """
+    return (
+        w * psi / (n if stage >= 3 else 1),
+        g * psi / (n if stage >= 2 else 1),
+        k * psi / (n if stage >= 1 else 1),
+    )
+
+
+def activation_bytes_per_layer(s: Scenario, recompute: str | None = None) -> float:
+    """Activations one transformer layer stores for one microbatch on one GPU.
+
+    Korthikanti et al. 2022 Sec. 4 (16-bit activations, 1-byte dropout masks), generalised to grouped-query
+    attention, gated MLPs and FlashAttention. For a standard GPT layer it reduces exactly to:
+      no parallelism            s b h (34 + 5 a s / h)
+      tensor parallel           s b h (10 + 24/t + 5 a s / (h t))
+      tensor + sequence par.    s b h / t (34 + 5 a s / h)
+      + selective recompute     34 s b h / t   (attention scores, softmax and dropout are recomputed)
+      full recompute            2 s b h        (only the layer input; / t with sequence parallelism)
+    """
+    m, p, tr = s.model, s.parallelism, s.training
+    sq, b, h, a = (
+        m.seq_length // p.context_parallel,
+        s.training.micro_batch_size,
+        m.hidden_size,
+        m.num_attention_heads,
+    )
+    t = p.tensor_parallel
+    sp = t if p.sequence_parallel else 1
+    sbh = sq * b * h
+    mode = recompute or tr.activation_recompute
+    if mode == "full":
+        return 2 * sbh / sp
+    kv = m.query_groups * m.head_dim / h  # K and V width relative to h (1 without GQA)
+    f_up = (2 if m.activation == "swiglu" else 1) * m.ffn_size / h
+    f = m.ffn_size / h
+    replicated = sbh * (
+        2 + 1 + 2 + 1 + 4
+    )  # QKV input, attention dropout mask, MLP input, MLP dropout mask, 2 norms
+    sharded = sbh * (
+        2 + 2 * kv + 2 * kv + 2 + 2 * f_up + 2 * f
+    )  # Q, K, V, projection input, MLP up out, act out
+    if m.attention == "standard" and mode != "selective":
+        sharded += 5 * a * sq * sq * b  # softmax output, dropout mask, dropout output
+    if m.attention == "flash":
+        sharded += 2 * sbh + 4 * sq * b * a  # attention output kept by the kernel + fp32 log-sum-exp
+    return replicated / sp + sharded / t
+
+
+def head_activation_bytes(s: Scenario) -> float:
+    """Output layer: final layernorm input and the fp32 logits kept for the cross-entropy backward
+    (Korthikanti et al. Sec. 4.3 count 4 s b h / t + 4 s b v / t for the last stage)."""
+    m, p = s.model, s.parallelism
+    sq, b, t = m.seq_length // p.context_parallel, s.training.micro_batch_size, p.tensor_parallel
+    return 4 * sq * b * m.hidden_size / t + 4 * sq * b * m.vocab_size / t

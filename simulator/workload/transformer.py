@@ -1,0 +1,234 @@
+"""The model as per-layer operations: FLOPs and bytes moved for one microbatch on one tensor-parallel rank.
+
+Shapes follow Megatron-LM's GPT layer (Narayanan et al. SC21 Sec. 3.2; Korthikanti et al. 2022 Sec. 4):
+layernorm -> QKV projection -> attention (QK^T, softmax, dropout, context; or one FlashAttention kernel) ->
+output projection -> bias-dropout-add -> layernorm -> MLP up -> activation -> MLP down -> bias-dropout-add.
+With tensor parallelism ``t`` the projections are column/row parallel (heads and MLP width split by t); with
+sequence parallelism the layernorm / dropout work is split by t too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from simulator.scenario.schema import Scenario
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel. ``flops`` are executed FLOPs (what takes time); ``model_flops`` the FLOPs the model needs
+    (full causal attention counted, as in Megatron's MFU formula)."""
+
+    name: str
+    kind: str  # gemm | memory | flash_attention
+    flops: float = 0.0
+    bytes: float = 0.0
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    batch: int = 1
+    model_flops: float = 0.0
+
+
+def gemm(name: str, m: int, n: int, k: int, batch: int = 1, elem_bytes: int = 2) -> Op:
+    """A (batched) matrix multiply C[m,n] = A[m,k] B[k,n]: 2mnk FLOPs, reads A and B, writes C."""
+    flops = 2.0 * m * n * k * batch
+    return Op(name, "gemm", flops, elem_bytes * batch * (m * k + k * n + m * n), m, n, k, batch, flops)
+
+
+def memory_op(name: str, nbytes: float) -> Op:
+    return Op(name, "memory", 0.0, float(nbytes))
+
+
+def gemm_backward(op: Op) -> tuple[Op, Op]:
+    """dX = dY W^T (m x k, reduce over n) and dW = X^T dY (k x n, reduce over m): each as many FLOPs as forward."""
+    return (
+        gemm(f"{op.name} dgrad", op.m, op.k, op.n, op.batch),
+        gemm(f"{op.name} wgrad", op.k, op.n, op.m, op.batch),
+    )
+
+
+@dataclass(frozen=True)
+class Block:
+    """Work of one block (a transformer layer, the embedding, or the output head) for one microbatch."""
+
+    name: str
+    forward: tuple[Op, ...]
+    backward: tuple[Op, ...]
+    recompute_selective: tuple[Op, ...]  # forward ops re-run by selective recompute (attention core)
+    params: int  # parameters held by one tensor-parallel rank
+
+    @property
+    def forward_model_flops(self) -> float:
+        return sum(op.model_flops for op in self.forward)
+
+
+@dataclass(frozen=True)
+class Workload:
+    scenario: Scenario
+    layer: Block  # all transformer layers are alike
+    embedding: Block
+    head: Block  # final norm, logits, cross-entropy loss
+
+    @property
+    def num_layers(self) -> int:
+        return self.scenario.model.num_layers
+
+    @cached_property
+    def params_per_rank(self) -> int:
+        """Parameters on one tensor-parallel rank (whole model, all pipeline stages)."""
+        m, t = self.scenario.model, self.scenario.parallelism.tensor_parallel
+        head = self.head.params - (m.vocab_size * m.hidden_size // t if m.tied_embeddings else 0)
+        return self.num_layers * self.layer.params + self.embedding.params + head
+
+    @cached_property
+    def total_params(self) -> int:
+        return parameter_count(self.scenario)
+
+    @cached_property
+    def model_flops_per_microbatch(self) -> float:
+        """Forward + backward model FLOPs of one microbatch on the whole model (all TP ranks): 3 x forward."""
+        t = self.scenario.parallelism.tensor_parallel
+        fwd = self.num_layers * self.layer.forward_model_flops + self.head.forward_model_flops
+        return 3.0 * fwd * t
+
+
+def parameter_count(s: Scenario) -> int:
+    """Exact parameter count of the model described by the scenario (whole model)."""
+    m = s.model
+    h, f, g, d, v = m.hidden_size, m.ffn_size, m.query_groups, m.head_dim, m.vocab_size
+    bias = 1 if m.add_bias_linear else 0
+    norm = 2 * h if m.normalization == "layernorm" else h
+    f_up = 2 * f if m.activation == "swiglu" else f
+    qkv_out = h + 2 * g * d
+    layer = h * qkv_out + h * h + h * f_up + f * h + bias * (qkv_out + h + f_up + h) + 2 * norm
+    embed = v * h + (m.seq_length * h if m.position_embedding == "learned" else 0)
+    head = 0 if m.tied_embeddings else v * h
+    return m.num_layers * layer + embed + head + norm
+
+
+def build_workload(s: Scenario) -> Workload:
+    m, p, tr = s.model, s.parallelism, s.training
+    b, t = tr.micro_batch_size, p.tensor_parallel
+    seq = m.seq_length // p.context_parallel
+    h, a, g, d, f, v = (
+        m.hidden_size,
+        m.num_attention_heads,
+        m.query_groups,
+        m.head_dim,
+        m.ffn_size,
+        m.vocab_size,
+    )
+    e = 4 if tr.precision == "fp32" else 2  # bytes per activation element
+    tokens = b * seq
+    sp = t if p.sequence_parallel else 1  # layernorm / dropout work is split only with sequence parallelism
+    heads = a // t
+    kv_heads = max(g // t, 1)
+    f_up = 2 * f if m.activation == "swiglu" else f
+    bias = 1 if m.add_bias_linear else 0
+    norm_params = 2 * h if m.normalization == "layernorm" else h
+
+    def norm(name: str) -> Op:  # read x, write y, plus fp32 statistics
+        return memory_op(name, 2 * e * tokens * h / sp + 8 * tokens / sp)
+
+    def bias_dropout_add(name: str) -> Op:  # read x and residual, write y, write 1-byte mask
+        return memory_op(name, (3 * e + 1) * tokens * h / sp)
+
+    qkv = gemm("qkv projection", tokens, (heads + 2 * kv_heads) * d, h)
+    proj = gemm("attention output projection", tokens, h, heads * d)
+    up = gemm("mlp up projection", tokens, f_up // t, h)
+    down = gemm("mlp down projection", tokens, h, f // t)
+    act_elems = tokens * f // t
+    act = memory_op(f"{m.activation}", e * act_elems * (3 if m.activation == "swiglu" else 2))
+
+    if m.attention == "flash":
+        full = 4.0 * b * heads * seq * seq * d  # QK^T and PV; causal masking skips half of it
+        attn_fwd = (
+            Op(
+                "flash attention",
+                "flash_attention",
+                full / 2,
+                e * tokens * (heads + 2 * kv_heads + heads) * d,
+                model_flops=full,
+            ),
+        )
+        attn_bwd = (
+            Op(
+                "flash attention backward",
+                "flash_attention",
+                2.5 * full / 2,
+                e * tokens * 2 * (heads + 2 * kv_heads + heads) * d,
+                model_flops=2 * full,
+            ),
+        )
+    else:
+        probs = b * heads * seq * seq
+        scores = gemm("attention scores QK^T", seq, seq, d, batch=b * heads)
+        context = gemm("attention context PV", seq, d, seq, batch=b * heads)
+        softmax = memory_op("scaled masked softmax", 2 * e * probs)
+        dropout = memory_op("attention dropout", (2 * e + 1) * probs)
+        attn_fwd = (scores, softmax, dropout, context)
+        attn_bwd = (
+            *gemm_backward(context),
+            memory_op("attention dropout backward", (2 * e + 1) * probs),
+            memory_op("softmax backward", 3 * e * probs),
+            *gemm_backward(scores),
+        )
+
+    fwd = (
+        norm("input layernorm"),
+        qkv,
+        *attn_fwd,
+        proj,
+        bias_dropout_add("attention bias-dropout-add"),
+        norm("post-attention layernorm"),
+        up,
+        act,
+        down,
+        bias_dropout_add("mlp bias-dropout-add"),
+    )
+    bwd = (
+        memory_op("mlp bias-dropout-add backward", 2 * e * tokens * h / sp),
+        *gemm_backward(down),
+        memory_op(f"{m.activation} backward", e * act_elems * (5 if m.activation == "swiglu" else 3)),
+        *gemm_backward(up),
+        memory_op("post-attention layernorm backward", 3 * e * tokens * h / sp),
+        memory_op("attention bias-dropout-add backward", 2 * e * tokens * h / sp),
+        *gemm_backward(proj),
+        *attn_bwd,
+        *gemm_backward(qkv),
+        memory_op("input layernorm backward", 3 * e * tokens * h / sp),
+    )
+    layer_params = (
+        h * (heads + 2 * kv_heads) * d
+        + heads * d * h
+        + h * f_up // t
+        + f // t * h
+        + bias * ((heads + 2 * kv_heads) * d + h + f_up // t + h)
+        + 2 * norm_params
+    )
+    layer = Block("transformer layer", fwd, bwd, attn_fwd if m.attention == "standard" else (), layer_params)
+
+    pos = m.position_embedding == "learned"
+    embed_params = v * h // t + (m.seq_length * h if pos else 0)
+    embedding = Block(
+        "embedding",
+        (memory_op("embedding lookup", e * tokens * h * (3 if pos else 2)),),
+        (memory_op("embedding backward (scatter-add into fp32 grad)", (e + 8) * tokens * h),),
+        (),
+        embed_params,
+    )
+    logits = gemm("logits", tokens, v // t, h)
+    head = Block(
+        "output head",
+        (norm("final layernorm"), logits, memory_op("cross-entropy loss (fp32)", tokens * v // t * (e + 8))),
+        (
+            memory_op("cross-entropy backward", tokens * v // t * (4 + e)),
+            *gemm_backward(logits),
+            memory_op("final layernorm backward", 3 * e * tokens * h / sp),
+        ),
+        (),
+        v * h // t + norm_params,
+    )
+    return Workload(s, layer, embedding, head)
