@@ -65,8 +65,10 @@ class FluidNetwork:
             return
         self._advance()
         still = []
+        # done, or so close that its finish time is indistinguishable from now in floating point
+        horizon = 1e-12 * max(1.0, self.env.now)
         for tr in self.active:
-            if tr.remaining <= 1e-9:
+            if tr.remaining <= 1e-9 or tr.remaining / tr.rate <= horizon:
                 tr.event.succeed()
             else:
                 still.append(tr)

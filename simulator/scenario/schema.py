@@ -156,7 +156,7 @@ class Scenario(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> Scenario:
-        m, p, t = self.model, self.parallelism, self.training
+        m, p = self.model, self.parallelism
         tp = p.tensor_parallel
         if m.num_attention_heads % tp:
             raise ValueError(

@@ -1,0 +1,159 @@
+"""The command line: tables, JSON, traces, schema, and one clear message with exit code 2 for bad input."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from simulator.cli import app
+
+runner = CliRunner()
+
+GOOD = """
+name: tiny
+model: {num_layers: 2, hidden_size: 512, num_attention_heads: 8, seq_length: 512, vocab_size: 1000}
+cluster: {topology: dgx-a100, num_nodes: 1}
+training: {global_batch_size: 16, micro_batch_size: 2, precision: bf16}
+parallelism: {zero_stage: 1}
+"""
+
+
+def write(tmp_path, text, name="s.yaml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def test_run_json_has_the_documented_keys(tmp_path):
+    r = runner.invoke(app, ["run", write(tmp_path, GOOD), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    for key in [
+        "iteration_time_s",
+        "tokens_per_s",
+        "tokens_per_s_per_gpu",
+        "samples_per_s",
+        "model_tflops_per_gpu",
+        "mfu",
+        "hfu",
+        "bubble_fraction",
+        "oom",
+        "events",
+        "wall_s",
+    ]:
+        assert key in d
+    assert set(d["breakdown"]) == {"forward_s", "backward_s", "optimizer_s"}
+    assert {"exposed_s", "overlapped_s"} <= set(d["comm"])
+    assert {"params", "grads", "optimizer", "activations", "buffers", "peak", "capacity"} == set(
+        d["memory_gib"]
+    )
+    b = d["breakdown"]
+    assert b["forward_s"] + b["backward_s"] + b["optimizer_s"] == pytest.approx(
+        d["iteration_time_s"], rel=1e-9
+    )
+
+
+def test_run_table_and_trace(tmp_path):
+    trace = tmp_path / "t.json"
+    r = runner.invoke(app, ["run", write(tmp_path, GOOD), "--trace", str(trace)])
+    assert r.exit_code == 0 and "Iteration time" in r.output
+    events = json.loads(trace.read_text())["traceEvents"]
+    complete = [e for e in events if e["ph"] == "X"]
+    assert complete and all({"name", "ts", "dur", "pid", "tid"} <= set(e) for e in complete)
+    assert {e["pid"] for e in events if e["name"] == "process_name"} == {0}
+
+
+def test_compare_side_by_side(tmp_path):
+    a = write(tmp_path, GOOD, "a.yaml")
+    b = write(tmp_path, GOOD.replace("zero_stage: 1", "zero_stage: 3"), "b.yaml")
+    r = runner.invoke(app, ["compare", a, b, "--json"])
+    assert r.exit_code == 0
+    assert [x["strategy"] for x in json.loads(r.output)] == ["zero-1", "zero-3"]
+
+
+def test_schema_is_json_schema():
+    r = runner.invoke(app, ["schema"])
+    schema = json.loads(r.output)
+    assert {"model", "cluster", "training", "parallelism"} <= set(schema["properties"])
+
+
+BASE = """model: {preset: gpt3-175b}
+training: {global_batch_size: 1536, micro_batch_size: 4, precision: fp16}
+"""
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        (
+            BASE
+            + "cluster: {topology: dgx-a100, num_nodes: 192}\nparallelism: {tensor_parallel: 8, pipeline_parallel: 12, data_parallel: 10}\n",
+            "parallelism: tensor_parallel(8) x pipeline_parallel(12) x context_parallel(1) x data_parallel(10) = 960, but the cluster has 1536 GPUs",
+        ),
+        (
+            BASE + "cluster: {topology: dgx-a100, num_nodes: 2}\nparallelism: {tensor_parallel: 5}\n",
+            "model.num_attention_heads (96) is not divisible by tensor_parallel (5)",
+        ),
+        (
+            BASE + "cluster: {topology: dgx-z900}\n",
+            "cluster.topology: unknown topology 'dgx-z900'; available: dgx-a100, dgx-h100",
+        ),
+        (BASE + "cluster: {topology: dgx-a100, num_nodes: 2\n", "YAML syntax error at line 4"),
+        (
+            BASE + "cluster: {topology: dgx-a100}\nparallelism: {zero_stage: 4}\n",
+            "parallelism.zero_stage: Input should be 0, 1, 2 or 3",
+        ),
+        (
+            BASE + "cluster: {topology: dgx-a100}\nparallelism: {tensor_paralel: 2}\n",
+            "did you mean 'tensor_parallel'",
+        ),
+        (
+            BASE + "cluster: {topology: dgx-a100, num_nodes: 5}\n",
+            "training.global_batch_size (1536) is not divisible by micro_batch_size (4) x data_parallel (40) = 160",
+        ),
+        (
+            "model: {preset: gpt-9}\ncluster: {topology: dgx-a100}\ntraining: {global_batch_size: 8}\n",
+            "unknown model preset 'gpt-9'",
+        ),
+        (BASE.replace("fp16", "bf16") + "cluster: {topology: dgx2-v100}\n", "v100-sxm-32gb has no bf16 peak"),
+        (BASE + "cluster: {topology: dgx-a100, gpu: b300}\n", "cluster.gpu: unknown GPU 'b300'"),
+    ],
+)
+def test_bad_input_gives_one_message_and_exit_code_2(tmp_path, text, message):
+    r = runner.invoke(app, ["run", write(tmp_path, text)])
+    assert r.exit_code == 2
+    assert message in " ".join(r.output.split())
+    assert "Traceback" not in r.output
+
+
+def test_missing_file(tmp_path):
+    r = runner.invoke(app, ["run", str(tmp_path / "nope.yaml")])
+    assert r.exit_code == 2 and "file not found" in r.output
+
+
+def test_hugging_face_config(tmp_path):
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "num_hidden_layers": 32,
+                "hidden_size": 4096,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "intermediate_size": 14336,
+                "max_position_embeddings": 8192,
+                "vocab_size": 128256,
+                "hidden_act": "silu",
+                "rms_norm_eps": 1e-5,
+                "rope_theta": 500000.0,
+                "tie_word_embeddings": False,
+            }
+        )
+    )
+    text = (
+        "model: {hf_config: config.json, seq_length: 2048}\ncluster: {topology: dgx-h100}\n"
+        "training: {global_batch_size: 16}\nparallelism: {fsdp: {}}\n"
+    )
+    r = runner.invoke(app, ["run", write(tmp_path, text), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["params_billion"] == pytest.approx(8.03, abs=0.01)

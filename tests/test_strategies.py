@@ -1,0 +1,151 @@
+"""Strategies against closed forms: single-GPU sums, DDP on an ideal network, ZeRO volumes and memory, FSDP."""
+
+import pytest
+
+from simulator import simulate
+from simulator.costs.compute import ComputeModel
+from simulator.workload.memory import zero_model_state_bytes
+from tests.conftest import GPT_SMALL, ideal_network_cluster, make
+
+UNTIED = {**GPT_SMALL, "tied_embeddings": False}
+
+
+def test_one_gpu_iteration_equals_the_sum_of_its_operation_costs():
+    s = make(
+        cluster={"gpus_per_node": 1},
+        training={"global_batch_size": 4, "micro_batch_size": 2, "activation_recompute": "full"},
+    )
+    r = simulate(s)
+    cm = ComputeModel(r.cluster.gpu, "bf16")
+    expected = sum(cm.ops_time_s(t.ops) for t in r.program.tasks)
+    assert r.metrics.iteration_time_s == pytest.approx(expected, rel=1e-12)
+    # two microbatches, each: 6 units forward, 6 backward, 4 layer recomputes; one optimizer step
+    assert len(r.program.tasks) == 2 * (6 + 6 + 4) + 1
+
+
+def test_ddp_on_an_infinitely_fast_network_equals_the_single_gpu_time():
+    single = make(cluster={"gpus_per_node": 1}, training={"global_batch_size": 2})
+    ddp = make(cluster={"num_nodes": 2}, training={"global_batch_size": 32})
+    t1 = simulate(single).metrics.iteration_time_s
+    r = simulate(ddp, cluster=ideal_network_cluster(ddp))
+    assert r.program.strategy == "ddp"
+    assert r.metrics.iteration_time_s == pytest.approx(t1, rel=1e-12)
+
+
+def test_ddp_bucket_all_reduces_overlap_backward_on_a_fast_network():
+    m = simulate(
+        make(model={**GPT_SMALL, "num_layers": 16}, training={"global_batch_size": 64, "micro_batch_size": 8})
+    ).metrics
+    assert m.comm["overlapped_s"] > 2 * m.comm["exposed_s"]
+
+
+def test_zero3_moves_one_and_a_half_times_the_bytes_of_ddp():
+    ddp = simulate(make(model=UNTIED)).metrics.comm["bytes_per_gpu"]
+    z3 = simulate(make(model=UNTIED, parallelism={"zero_stage": 3})).metrics.comm["bytes_per_gpu"]
+    assert z3 / ddp == pytest.approx(1.5, rel=1e-12)
+
+
+def test_zero1_and_zero2_move_the_same_bytes_as_ddp_without_accumulation():
+    ddp = simulate(make(model=UNTIED)).metrics.comm["bytes_per_gpu"]
+    for stage in (1, 2):
+        z = simulate(make(model=UNTIED, parallelism={"zero_stage": stage})).metrics.comm["bytes_per_gpu"]
+        assert z == pytest.approx(ddp, rel=1e-12)
+
+
+def test_zero2_reduces_gradients_every_microbatch_zero1_only_at_the_boundary():
+    kw = {"model": UNTIED, "training": {"global_batch_size": 32}}  # 8 GPUs x 1 x 4 microbatches
+    z1 = simulate(make(**kw, parallelism={"zero_stage": 1})).metrics.comm_by_collective["reduce_scatter:dp"]
+    z2 = simulate(make(**kw, parallelism={"zero_stage": 2})).metrics.comm_by_collective["reduce_scatter:dp"]
+    assert z2["bytes_sent_per_gpu"] == pytest.approx(4 * z1["bytes_sent_per_gpu"], rel=1e-12)
+
+
+def test_zero_paper_model_state_memory_for_7_5b_parameters_on_64_gpus():
+    """Rajbhandari et al. SC20, Figure 1: 120 GB, 31.4 GB, 16.6 GB and 1.9 GB per device."""
+    psi, n = 7.5e9, 64
+    totals = [sum(zero_model_state_bytes(psi, n, stage)) / 1e9 for stage in range(4)]
+    assert totals == pytest.approx([120, 31.4, 16.6, 1.875], abs=0.05)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_simulated_model_state_memory_follows_the_zero_formulas(stage):
+    r = simulate(make(model=UNTIED, parallelism={"zero_stage": stage}))
+    psi, n = r.workload.params_per_rank, 8
+    mem = r.program.ranks[0].memory
+    assert (mem.params, mem.grads, mem.optimizer) == pytest.approx(zero_model_state_bytes(psi, n, stage))
+
+
+def test_fsdp_memory_shards_all_model_states_like_zero3():
+    r = simulate(make(model=UNTIED, parallelism={"fsdp": {}}))
+    mem = r.program.ranks[0].memory
+    assert (mem.params, mem.grads, mem.optimizer) == pytest.approx(
+        zero_model_state_bytes(r.workload.params_per_rank, 8, 3)
+    )
+
+
+def test_fsdp_prefetch_hides_all_gathers_when_compute_is_long_and_exposes_them_on_a_slow_network():
+    model = {**UNTIED, "num_layers": 16, "hidden_size": 2048}
+    train = {"global_batch_size": 64, "micro_batch_size": 4}
+    fast = simulate(
+        make(model=model, training=train, cluster={"num_nodes": 2}, parallelism={"fsdp": {}})
+    ).metrics
+    slow = simulate(
+        make(
+            model=model,
+            training=train,
+            cluster={"num_nodes": 2, "nic_bandwidth_gbps": 1},
+            parallelism={"fsdp": {}},
+        )
+    ).metrics
+    ag_fast = fast.comm_by_collective["all_gather:dp"]
+    assert ag_fast["exposed_s"] < 0.1 * ag_fast["time_s"]
+    assert slow.comm["exposed_s"] > 0.5 * slow.iteration_time_s
+
+
+def test_hsdp_reduce_scatters_inside_the_shard_group_and_all_reduces_across_replicas():
+    r = simulate(
+        make(
+            cluster={"num_nodes": 2},
+            training={"global_batch_size": 16},
+            parallelism={"fsdp": {"hybrid_shard_size": 8}},
+        )
+    )
+    keys = set(r.metrics.comm_by_collective)
+    assert {"all_gather:dp_shard", "reduce_scatter:dp_shard", "all_reduce:dp_replicate"} <= keys
+    assert r.program.strategy == "hsdp"
+
+
+def test_without_overlap_comm_zero2_backward_waits_for_each_reduction():
+    kw = {
+        "model": {**UNTIED, "num_layers": 8},
+        "cluster": {"num_nodes": 2, "nic_bandwidth_gbps": 10},
+        "training": {"global_batch_size": 16},
+    }
+    sync = simulate(make(**kw, parallelism={"zero_stage": 2, "zero": {"reduce_bucket_size": 1e6}})).metrics
+    over = simulate(
+        make(**kw, parallelism={"zero_stage": 2, "zero": {"reduce_bucket_size": 1e6, "overlap_comm": True}})
+    ).metrics
+    assert over.iteration_time_s < sync.iteration_time_s
+    assert sync.comm["overlapped_s"] < 0.05 * sync.comm["total_s"]
+
+
+def test_the_same_input_gives_the_same_output_twice():
+    s = make(cluster={"num_nodes": 2}, training={"global_batch_size": 32}, parallelism={"zero_stage": 3})
+    a, b = simulate(s).metrics.to_dict(), simulate(s).metrics.to_dict()
+    a.pop("wall_s"), b.pop("wall_s")
+    assert a == b
+
+
+def test_out_of_memory_verdict_against_the_gpu_capacity():
+    big = {
+        "num_layers": 48,
+        "hidden_size": 8192,
+        "num_attention_heads": 64,
+        "seq_length": 2048,
+        "vocab_size": 51200,
+    }
+    ddp = simulate(make(model=big)).metrics
+    z3 = simulate(
+        make(model=big, parallelism={"zero_stage": 3}, training={"activation_recompute": "full"})
+    ).metrics
+    assert ddp.oom and ddp.memory_gib["peak"] > 80
+    assert not z3.oom

@@ -1,0 +1,109 @@
+"""Parameter counts, FLOPs and activation memory against the papers' formulas."""
+
+import pytest
+
+from simulator.costs.compute import ComputeModel, gemm_efficiency
+from simulator.hardware.gpus import get_gpu
+from simulator.workload.memory import activation_bytes_per_layer
+from simulator.workload.transformer import build_workload, parameter_count
+from tests.conftest import make
+
+GPT3 = {
+    "num_layers": 96,
+    "hidden_size": 12288,
+    "num_attention_heads": 96,
+    "seq_length": 2048,
+    "vocab_size": 51200,
+}
+
+
+def test_parameter_count_is_narayanan_eq2_plus_the_final_layernorm():
+    s = make(model=GPT3)
+    l, h, V, sq = 96, 12288, 51200, 2048
+    eq2 = 12 * l * h * h * (1 + 13 / (12 * h) + (V + sq) / (12 * l * h))
+    assert parameter_count(s) == pytest.approx(eq2 + 2 * h, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "preset,billions",
+    [
+        ("llama3-8b", 8.03),
+        ("llama3-70b", 70.55),
+        ("llama3-405b", 405.85),
+        ("llama2-7b", 6.74),
+        ("mistral-7b", 7.24),
+    ],
+)
+def test_preset_parameter_counts_match_the_model_cards(preset, billions):
+    s = make(model={"preset": preset, "seq_length": 1024})
+    assert parameter_count(s) / 1e9 == pytest.approx(billions, abs=0.01)
+
+
+def test_model_flops_equal_megatrons_72_bslh2_formula():
+    s = make(
+        model=GPT3, training={"global_batch_size": 8, "micro_batch_size": 2}, cluster={"gpus_per_node": 4}
+    )
+    w = build_workload(s)
+    B, sq, l, h, V = 2, 2048, 96, 12288, 51200
+    megatron = 72 * B * sq * l * h * h * (1 + sq / (6 * h) + V / (12 * l * h))
+    assert w.model_flops_per_microbatch == pytest.approx(megatron, rel=1e-12)
+
+
+KOR = {
+    "num_layers": 4,
+    "hidden_size": 6144,
+    "num_attention_heads": 64,
+    "seq_length": 2048,
+    "vocab_size": 51200,
+}
+
+
+@pytest.mark.parametrize(
+    "tp,sp,recompute,formula",
+    [
+        (1, False, "none", lambda s, b, h, a, t: s * b * h * (34 + 5 * a * s / h)),
+        (8, False, "none", lambda s, b, h, a, t: s * b * h * (10 + 24 / t + 5 * a * s / (h * t))),
+        (8, True, "none", lambda s, b, h, a, t: s * b * h / t * (34 + 5 * a * s / h)),
+        (8, True, "selective", lambda s, b, h, a, t: s * b * h * 34 / t),
+        (8, False, "full", lambda s, b, h, a, t: 2 * s * b * h),
+    ],
+)
+def test_activation_memory_per_layer_follows_korthikanti_2022(tp, sp, recompute, formula):
+    s = make(
+        model=KOR,
+        training={"micro_batch_size": 4, "global_batch_size": 4, "activation_recompute": recompute},
+        parallelism={"tensor_parallel": tp, "sequence_parallel": sp, "data_parallel": 1},
+        cluster={"gpus_per_node": tp},
+    )
+    assert activation_bytes_per_layer(s) == pytest.approx(formula(2048, 4, 6144, 64, tp), rel=1e-12)
+
+
+def test_large_square_gemm_reaches_the_measured_best_efficiency_less_the_depth_term():
+    a100 = get_gpu("a100-sxm4-80gb")
+    eff = gemm_efficiency(a100, 256 * 108, 128 * 4, 8192)  # exactly 4 full waves of 256x128 tiles
+    assert eff == pytest.approx(0.869 * 8192 / (8192 + 64), rel=1e-12)
+
+
+def test_wave_quantization_one_tile_too_many_costs_a_whole_wave():
+    a100 = get_gpu("a100-sxm4-80gb")
+    full = gemm_efficiency(a100, 128 * 108, 128, 4096)
+    spill = gemm_efficiency(a100, 128 * 109, 128, 4096)
+    assert spill < 0.65 * full  # 109 tiles on 108 SMs: two waves, the second nearly empty
+
+
+def test_memory_bound_kernel_time_is_bytes_over_achievable_bandwidth_plus_launch():
+    a100 = get_gpu("a100-sxm4-80gb")
+    cm = ComputeModel(a100, "bf16")
+    from simulator.workload.transformer import memory_op
+
+    assert cm.op_time_s(memory_op("x", 1e9)) == pytest.approx(1e9 / (2039e9 * 0.85) + 4e-6, rel=1e-12)
+
+
+def test_grouped_query_attention_and_swiglu_change_the_layer():
+    llama = make(model={"preset": "llama3-8b", "seq_length": 2048}).model
+    assert llama.query_groups == 8 and llama.ffn_size == 14336 and llama.activation == "swiglu"
+    gqa = build_workload(make(model={"preset": "llama3-8b", "seq_length": 1024}))
+    mha = build_workload(make(model={"preset": "llama3-8b", "seq_length": 1024, "num_query_groups": 32}))
+    assert gqa.layer.params < mha.layer.params
+    h, d = 4096, 128
+    assert mha.layer.params - gqa.layer.params == 2 * h * (32 - 8) * d
