@@ -40,9 +40,28 @@ def test_ddp_bucket_all_reduces_overlap_backward_on_a_fast_network():
 
 
 def test_zero3_moves_one_and_a_half_times_the_bytes_of_ddp():
+    no_reuse = {"zero_stage": 3, "zero": {"stage3_max_reuse_distance": 0}}  # release everything after forward
+    ddp = simulate(make(model=UNTIED)).metrics.comm["bytes_per_gpu"]
+    z3 = simulate(make(model=UNTIED, parallelism=no_reuse)).metrics.comm["bytes_per_gpu"]
+    assert z3 / ddp == pytest.approx(1.5, rel=1e-12)
+
+
+def test_zero3_keeps_parameters_reused_within_the_reuse_distance():
+    """A model smaller than stage3_max_reuse_distance (1e9) is never re-gathered in backward: 1.0 x DDP's bytes;
+    for GPT-3 175B only the head, reused at once, is kept."""
     ddp = simulate(make(model=UNTIED)).metrics.comm["bytes_per_gpu"]
     z3 = simulate(make(model=UNTIED, parallelism={"zero_stage": 3})).metrics.comm["bytes_per_gpu"]
-    assert z3 / ddp == pytest.approx(1.5, rel=1e-12)
+    assert z3 / ddp == pytest.approx(1.0, rel=1e-12)
+    big = simulate(
+        make(
+            model={"preset": "gpt3-175b", "tied_embeddings": False},
+            cluster={"num_nodes": 4},
+            training={"global_batch_size": 32, "activation_recompute": "full"},
+            parallelism={"zero_stage": 3},
+        )
+    )
+    gathers = [t for t in big.program.tasks if t.kind == "all_gather" and t.phase == "backward"]
+    assert len(gathers) == 96 + 1  # every layer and the embedding, not the head
 
 
 def test_zero1_and_zero2_move_the_same_bytes_as_ddp_without_accumulation():

@@ -95,13 +95,20 @@ def compute_metrics(s: Scenario, timeline: Timeline, placement: Placement, peak_
     for i in compute_ids:
         t = tasks[i]
         breakdown[t.phase] += timeline.end[i] - timeline.start[i]
-        gap = timeline.start[i] - timeline.free[i]
+        gap_start, gap_end = timeline.free[i], timeline.start[i]
         b = int(timeline.blocker[i])
-        if gap > 0:
-            holder = tasks[b] if b >= 0 else t
-            breakdown[holder.phase] += gap
-            if b >= 0 and holder.stream == COMPUTE and holder.rank != t.rank:
-                bubble += gap
+        if gap_end > gap_start:
+            if b >= 0 and tasks[b].stream == COMPUTE and tasks[b].rank != t.rank:
+                bubble += gap_end - gap_start
+            # follow the chain: the dependency may itself have waited for another (a gather for a reduction)
+            holder = t
+            while b >= 0 and gap_end > gap_start:
+                holder = tasks[b]
+                own_start = max(gap_start, timeline.start[b])
+                breakdown[holder.phase] += gap_end - own_start
+                gap_end = own_start
+                b = int(timeline.blocker[b])
+            breakdown[holder.phase] += gap_end - gap_start
     last_compute = max((timeline.end[i] for i in compute_ids), default=0.0)
     if last_compute < T:  # trailing communication (e.g. ZeRO-1/2 parameter all-gather after the step)
         last = max((t for t in tasks if t.rank == 0), key=lambda t: timeline.end[t.id])

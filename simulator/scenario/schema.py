@@ -111,6 +111,9 @@ class ZeroConfig(_Section):
     stage3_prefetch_bucket_size: float = Field(5e7, ge=0)
     stage3_max_live_parameters: float = Field(1e9, gt=0)
     stage3_param_persistence_threshold: float = Field(1e5, ge=0)
+    stage3_max_reuse_distance: float = Field(
+        1e9, ge=0, description="Parameters reused within this many fetched parameters are not released."
+    )
 
 
 class FsdpConfig(_Section):

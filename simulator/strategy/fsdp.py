@@ -30,7 +30,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
         replicate_group="dp_replicate" if hybrid else None,
         shard_size=shard,
         prefetch_depth=2 if cfg.backward_prefetch else 1,
-        regather_backward=cfg.reshard_after_forward,
+        kept_after_forward=frozenset() if cfg.reshard_after_forward else frozenset(u.index for u in us),
         reduce_every_microbatch=True,
         overlap_reduce=True,
         weight_bytes=wb,

@@ -2,7 +2,7 @@
 
 Before a unit computes, its parameters are all-gathered on the all-gather stream; the gather of unit i may start
 once the compute ``depth`` positions before i has finished (prefetch bounded by memory). Backward re-gathers
-(when parameters were freed after forward) and reduce-scatters each unit's gradients on a reduction stream; HSDP
+the units whose parameters were freed after forward and reduce-scatters each unit's gradients on a reduction stream; HSDP
 then all-reduces the shard across replicas. Compute waits for its gather; the optimizer waits for every reduction.
 """
 
@@ -21,7 +21,7 @@ class ShardingPlan:
     replicate_group: str | None  # HSDP: all-reduce of the reduced shard across replicas
     shard_size: int
     prefetch_depth: int  # units gathered ahead of the one computing
-    regather_backward: bool  # parameters were freed after forward
+    kept_after_forward: frozenset[int]  # units whose gathered parameters stay until their backward
     reduce_every_microbatch: bool
     overlap_reduce: bool  # reductions on their own stream; otherwise compute waits for each one
     weight_bytes: int
@@ -35,10 +35,10 @@ def add_sharded_iteration(p: Program, s: Scenario, us: list[Unit], plan: Shardin
     computes: list[int] = []  # compute task ids in execution order, for prefetch limits
     reductions: list[int] = []
 
-    def gather(u: Unit, phase: str) -> int:
+    def gather(u: Unit, phase: str, after: int | None = None) -> int:
         # the next compute is computes[len]; with depth d its gather may overlap the d computes before it
         pos = len(computes) - 1 - plan.prefetch_depth
-        deps = (computes[pos],) if pos >= 0 else ()
+        deps = ((computes[pos],) if pos >= 0 else ()) + ((after,) if after is not None else ())
         return p.add(
             0,
             "comm.ag",
@@ -51,12 +51,15 @@ def add_sharded_iteration(p: Program, s: Scenario, us: list[Unit], plan: Shardin
         )
 
     for mb in range(gas):
-        for u in us:
-            computes.append(add_forward(p, u, mb, (gather(u, "forward"),)))
+        # backward ends by waiting for its reductions (DeepSpeed's independent_gradient_partition_epilogue,
+        # FSDP2's post-backward final callback), so the next microbatch starts after them
+        sync = reductions[-1] if reductions else None
+        for i, u in enumerate(us):
+            computes.append(add_forward(p, u, mb, (gather(u, "forward", sync if i == 0 else None),)))
         reduce = plan.reduce_every_microbatch or mb == gas - 1
         blocking = None
         for u in reversed(us):
-            deps = (gather(u, "backward"),) if plan.regather_backward else ()
+            deps = () if u.index in plan.kept_after_forward else (gather(u, "backward"),)
             if blocking is not None:
                 deps += (blocking,)
             computes.append(add_backward(p, s, u, mb, deps))

@@ -5,8 +5,9 @@
   ``allgather_bucket_size`` buckets. Volume 2 Psi, as DDP.
 * Stage 2 also partitions gradients, so every microbatch reduces its gradients (DeepSpeed's
   ``stage_1_and_2.py`` reduces in the backward hooks).
-* Stage 3 partitions weights too: every unit is all-gathered before its forward and again before its backward,
-  gradients are reduce-scattered per unit. Volume 3 Psi = 1.5 x DDP.
+* Stage 3 partitions weights too: every unit is all-gathered before its forward and, unless it is reused within
+  ``stage3_max_reuse_distance`` parameters, again before its backward; gradients are reduce-scattered per unit.
+  Volume 3 Psi = 1.5 x DDP for models much larger than the reuse distance (1e9 by default).
 ``overlap_comm`` (default off for stages 1-2, on for 3) decides whether backward waits for each reduction.
 """
 
@@ -44,7 +45,9 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
         depth = 1 + min(
             int(cfg.stage3_prefetch_bucket_size // biggest), int(cfg.stage3_max_live_parameters // biggest)
         )
-        plan = ShardingPlan("dp", None, dp, max(1, depth), True, True, overlap, wb, gb)
+        plan = ShardingPlan(
+            "dp", None, dp, max(1, depth), _kept_after_forward(us, cfg), True, overlap, wb, gb
+        )
         add_sharded_iteration(p, s, us, plan, lambda u: _gather_params(w, u))
         live = min(cfg.stage3_max_live_parameters, (1 + depth) * biggest)
         buffers = live * wb + cfg.reduce_bucket_size * gb
@@ -56,6 +59,19 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     mem = MemoryBreakdown(params, grads, opt, activation_memory(s, w.num_layers), buffers, gpu.hbm_bytes)
     p.ranks.append(RankClass(f"all {dp} data-parallel ranks", dp, mem))
     return p
+
+
+def _kept_after_forward(us: list[Unit], cfg) -> frozenset[int]:
+    """Units DeepSpeed does not release after forward: those whose parameters are reused (in backward) within
+    ``stage3_max_reuse_distance`` fetched parameters, while all kept fit in ``stage3_max_live_parameters``.
+    Between unit i's forward and its backward, every later unit is fetched for forward and again for backward."""
+    kept, live, later = set(), 0.0, 0.0
+    for u in reversed(us):
+        if 2 * later < cfg.stage3_max_reuse_distance and live + u.params <= cfg.stage3_max_live_parameters:
+            kept.add(u.index)
+            live += u.params
+        later += u.params
+    return frozenset(kept)
 
 
 def _gather_params(w: Workload, u: Unit) -> int:

@@ -1,0 +1,35 @@
+"""Simulator speed at scale: simulated iteration time, event count and wall time per scenario.
+
+Run: python benchmarks/bench_scale.py   (prints a table; best of 3 wall times; not a test)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from simulator import load_scenario, simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+CASES = [
+    "scenarios/gpt3-175b-zero3-384xa100.yaml",
+    "scenarios/gpt3-175b-zero3-1536xa100.yaml",
+    "scenarios/llama2-7b-fsdp2-512xh100.yaml",
+]
+
+
+def main(paths: list[str]) -> None:
+    print(f"{'scenario':32s} {'GPUs':>6s} {'sim. iteration':>15s} {'events':>8s} {'wall (best of 3)':>17s}")
+    for rel in paths:
+        s = load_scenario(ROOT / rel)
+        walls = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            m = simulate(s).metrics
+            walls.append(time.perf_counter() - t0)
+        print(f"{s.name:32s} {m.gpus:6d} {m.iteration_time_s:13.3f} s {m.events:8,d} {min(walls):15.3f} s")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or CASES)
