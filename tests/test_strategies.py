@@ -168,3 +168,24 @@ def test_out_of_memory_verdict_against_the_gpu_capacity():
     ).metrics
     assert ddp.oom and ddp.memory_gib["peak"] > 80
     assert not z3.oom
+
+
+def test_zero3_units_below_the_persistence_threshold_are_never_gathered():
+    """A 1-layer model (~200k parameters in the layer): with the threshold above every unit ZeRO-3 gathers nothing and
+    keeps full weights on each rank; with DeepSpeed's default (1e5) every unit is gathered."""
+    tiny = {
+        "num_layers": 1,
+        "hidden_size": 128,
+        "num_attention_heads": 4,
+        "seq_length": 128,
+        "vocab_size": 256,
+        "tied_embeddings": False,
+    }
+    default = simulate(make(model=tiny, parallelism={"zero_stage": 3}))
+    keep_all = simulate(
+        make(model=tiny, parallelism={"zero_stage": 3, "zero": {"stage3_param_persistence_threshold": 1e6}})
+    )
+    assert "all_gather:dp" in default.metrics.comm_by_collective
+    assert "all_gather:dp" not in keep_all.metrics.comm_by_collective
+    psi = keep_all.workload.params_per_rank
+    assert keep_all.program.ranks[0].memory.params == pytest.approx(2 * psi)

@@ -26,6 +26,7 @@ class ShardingPlan:
     overlap_reduce: bool  # reductions on their own stream; otherwise compute waits for each one
     weight_bytes: int
     grad_bytes: int
+    persistent: frozenset[int] = frozenset()  # small units never sharded, so never gathered
 
 
 def add_sharded_iteration(p: Program, s: Scenario, us: list[Unit], plan: ShardingPlan, gather_params) -> None:
@@ -50,16 +51,19 @@ def add_sharded_iteration(p: Program, s: Scenario, us: list[Unit], plan: Shardin
             bytes=gather_params(u) * plan.weight_bytes,
         )
 
+    def gather_deps(u: Unit, phase: str, after: int | None = None) -> tuple[int, ...]:
+        return () if u.index in plan.persistent else (gather(u, phase, after),)
+
     for mb in range(gas):
         # backward ends by waiting for its reductions (DeepSpeed's independent_gradient_partition_epilogue,
         # FSDP2's post-backward final callback), so the next microbatch starts after them
         sync = reductions[-1] if reductions else None
         for i, u in enumerate(us):
-            computes.append(add_forward(p, u, mb, (gather(u, "forward", sync if i == 0 else None),)))
+            computes.append(add_forward(p, u, mb, gather_deps(u, "forward", sync if i == 0 else None)))
         reduce = plan.reduce_every_microbatch or mb == gas - 1
         blocking = None
         for u in reversed(us):
-            deps = () if u.index in plan.kept_after_forward else (gather(u, "backward"),)
+            deps = () if u.index in plan.kept_after_forward else gather_deps(u, "backward")
             if blocking is not None:
                 deps += (blocking,)
             computes.append(add_backward(p, s, u, mb, deps))

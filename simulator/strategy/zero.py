@@ -40,14 +40,16 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     dp = s.parallelism.data_parallel
     overlap = cfg.overlap_comm if cfg.overlap_comm is not None else stage == 3
     wb, gb = weight_bytes(s), grad_bytes(s)
+    persistent: frozenset[int] = frozenset()
     if stage == 3:
         biggest = max(u.params for u in us)
         depth = 1 + min(
             int(cfg.stage3_prefetch_bucket_size // biggest), int(cfg.stage3_max_live_parameters // biggest)
         )
-        plan = ShardingPlan(
-            "dp", None, dp, max(1, depth), _kept_after_forward(us, cfg), True, overlap, wb, gb
-        )
+        threshold = cfg.stage3_param_persistence_threshold
+        persistent = frozenset(u.index for u in us if _gather_params(w, u) <= threshold)
+        kept = _kept_after_forward(us, cfg)
+        plan = ShardingPlan("dp", None, dp, max(1, depth), kept, True, overlap, wb, gb, persistent)
         add_sharded_iteration(p, s, us, plan, lambda u: _gather_params(w, u))
         live = min(cfg.stage3_max_live_parameters, (1 + depth) * biggest)
         buffers = live * wb + cfg.reduce_bucket_size * gb
@@ -56,6 +58,8 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
         buffers = cfg.reduce_bucket_size * gb + cfg.allgather_bucket_size * wb
     w_b, g_b, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
     params, grads, opt = zero_model_state_bytes(w.params_per_rank, dp, stage, k_b, w_b, g_b)
+    if stage == 3:  # persistent units keep a full copy of their weights on every rank
+        params += sum(u.params for u in us if u.index in persistent) * w_b * (1 - 1 / dp)
     mem = MemoryBreakdown(params, grads, opt, activation_memory(s, w.num_layers), buffers, gpu.hbm_bytes)
     p.ranks.append(RankClass(f"all {dp} data-parallel ranks", dp, mem))
     return p
