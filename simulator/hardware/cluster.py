@@ -161,11 +161,23 @@ def build_graph(spec: TopologySpec, num_nodes: int, gpu: GPU) -> nx.Graph:
             if c:
                 link(p + "cpu0", p + f"cpu{c}", "memory", n.cpu_interconnect_GBps, 0.3)
         g.nodes[p + "hostmem"]["kind"] = "hostmem"
-        for s in range(n.pcie_switches):
-            g.add_node(p + f"pcie{s}", kind="pcie_switch")
+
+        def attach(
+            device: str,
+            i: int,
+            count: int,
+            kind: str = "pcie",
+            GBps: float = pcie_GBps,
+            latency_us: float = n.pcie_latency_us,
+        ) -> None:
+            """Device i of ``count`` hangs off PCIe switch i * switches // count (devices spread evenly)."""
+            link(p + device, p + f"pcie{i * n.pcie_switches // max(count, 1)}", kind, GBps, latency_us)
+
+        for sw in range(n.pcie_switches):
+            g.add_node(p + f"pcie{sw}", kind="pcie_switch")
             link(
-                p + f"pcie{s}",
-                p + f"cpu{s * n.cpus // n.pcie_switches}",
+                p + f"pcie{sw}",
+                p + f"cpu{sw * n.cpus // n.pcie_switches}",
                 "pcie",
                 pcie_GBps,
                 n.pcie_latency_us,
@@ -174,13 +186,7 @@ def build_graph(spec: TopologySpec, num_nodes: int, gpu: GPU) -> nx.Graph:
             g.add_node(p + "nvswitch", kind="nvswitch")
         for i in range(n.gpus):
             g.add_node(p + f"gpu{i}", kind="gpu", node=k, local=i)
-            link(
-                p + f"gpu{i}",
-                p + f"pcie{i * n.pcie_switches // n.gpus}",
-                "pcie",
-                pcie_GBps,
-                n.pcie_latency_us,
-            )
+            attach(f"gpu{i}", i, n.gpus)
             if n.intra_node == "nvswitch":
                 link(p + f"gpu{i}", p + "nvswitch", "nvlink", nvlink_GBps, n.nvlink_latency_us)
         for i in range(n.nics):
@@ -188,23 +194,11 @@ def build_graph(spec: TopologySpec, num_nodes: int, gpu: GPU) -> nx.Graph:
             leaf_name = f"g{leaf}.leaf{i}" if spec.fabric.rail_optimized else f"g{leaf}.leaf"
             g.add_node(p + f"nic{i}", kind="nic", leaf=leaf_name)
             g.add_node(leaf_name, kind="leaf")
-            link(
-                p + f"nic{i}",
-                p + f"pcie{i * n.pcie_switches // n.nics}",
-                "pcie",
-                pcie_GBps,
-                n.pcie_latency_us,
-            )
+            attach(f"nic{i}", i, n.nics)
             link(p + f"nic{i}", leaf_name, n.nic_kind, nic_GBps, n.nic_latency_us)
         for d in range(n.nvme_drives):
             g.add_node(p + f"nvme{d}", kind="nvme")
-            link(
-                p + f"nvme{d}",
-                p + f"pcie{d * n.pcie_switches // max(n.nvme_drives, 1)}",
-                "nvme",
-                n.nvme_bandwidth_GBps,
-                20.0,
-            )
+            attach(f"nvme{d}", d, n.nvme_drives, "nvme", n.nvme_bandwidth_GBps, 20.0)
     if num_leaves > 1:
         g.add_node("spine", kind="spine")
         uplink_GBps = ports_per_leaf * nic_GBps / spec.fabric.oversubscription

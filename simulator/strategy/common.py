@@ -7,7 +7,13 @@ from dataclasses import dataclass
 
 from simulator.scenario.schema import Scenario
 from simulator.strategy.program import COMPUTE, Program
-from simulator.workload.memory import activation_bytes_per_layer, head_activation_bytes, state_bytes_per_param
+from simulator.workload.memory import (
+    MemoryBreakdown,
+    activation_bytes_per_layer,
+    head_activation_bytes,
+    state_bytes_per_param,
+    zero_model_state_bytes,
+)
 from simulator.workload.transformer import Block, Workload, memory_op
 
 
@@ -118,3 +124,14 @@ def activation_memory(s: Scenario, layers: int, in_flight: int = 1, has_head: bo
     if s.training.activation_recompute == "full":
         total += activation_bytes_per_layer(s, recompute="none")
     return total
+
+
+def memory_breakdown(
+    s: Scenario, w: Workload, gpu, shards: int, stage: int, buffers: float, unsharded_params: float = 0.0
+) -> MemoryBreakdown:
+    """Per-GPU memory: model states sharded over ``shards`` ranks as ZeRO stage ``stage`` (FSDP = 3), plus
+    ``unsharded_params`` kept whole on every rank, activations of every layer, and the strategy's buffers."""
+    w_b, g_b, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
+    params, grads, opt = zero_model_state_bytes(w.params_per_rank, shards, stage, k_b, w_b, g_b)
+    params += unsharded_params * w_b * (1 - 1 / shards)
+    return MemoryBreakdown(params, grads, opt, activation_memory(s, w.num_layers), buffers, gpu.hbm_bytes)

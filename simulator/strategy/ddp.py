@@ -10,16 +10,15 @@ from __future__ import annotations
 from simulator.hardware.gpus import GPU
 from simulator.scenario.schema import Scenario
 from simulator.strategy.common import (
-    activation_memory,
     add_backward,
     add_forward,
     add_optimizer,
     buckets,
     grad_bytes,
+    memory_breakdown,
     units,
 )
 from simulator.strategy.program import Program, RankClass
-from simulator.workload.memory import MemoryBreakdown, state_bytes_per_param, zero_model_state_bytes
 from simulator.workload.transformer import Workload
 
 
@@ -49,10 +48,8 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
             reductions += [_all_reduce(p, b, bwd) for b in plan]
     add_optimizer(p, s, w.params_per_rank, reductions)
 
-    w_b, g_b, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
-    params, grads, opt = zero_model_state_bytes(w.params_per_rank, dp, 0, k_b, w_b, g_b)
     buffers = 2 * cfg.bucket_cap_mb * 2**20 if dp > 1 else 0.0  # buckets in flight
-    mem = MemoryBreakdown(params, grads, opt, activation_memory(s, w.num_layers), buffers, gpu.hbm_bytes)
+    mem = memory_breakdown(s, w, gpu, dp, 0, buffers)
     p.ranks.append(RankClass(f"all {dp} data-parallel ranks", dp, mem))
     return p
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from simulator.hardware.gpus import GPU
 from simulator.scenario.schema import Scenario
-from simulator.strategy.common import activation_memory, grad_bytes, units, weight_bytes
+from simulator.strategy.common import grad_bytes, memory_breakdown, units, weight_bytes
 from simulator.strategy.program import Program, RankClass
 from simulator.strategy.sharded import ShardingPlan, add_sharded_iteration
-from simulator.workload.memory import MemoryBreakdown, state_bytes_per_param, zero_model_state_bytes
 from simulator.workload.transformer import Workload
 
 
@@ -39,14 +38,12 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     head_params = w.head.params
     add_sharded_iteration(p, s, us, plan, lambda u: head_params if u.name == "head" else u.params)
 
-    w_b, g_b, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
-    params, grads, opt = zero_model_state_bytes(w.params_per_rank, shard, 3, k_b, w_b, g_b)
     block = w.layer.params
     if cfg.reshard_after_forward:
         buffers = 2 * block * wb + block * gb  # current + prefetched block, one block's unsharded gradients
     else:
         buffers = w.params_per_rank * wb + block * gb  # every block stays unsharded from forward to backward
-    mem = MemoryBreakdown(params, grads, opt, activation_memory(s, w.num_layers), buffers, gpu.hbm_bytes)
+    mem = memory_breakdown(s, w, gpu, shard, 3, buffers)
     label = f"all {dp} ranks ({dp // shard} replicas x {shard} shards)" if hybrid else f"all {dp} ranks"
     p.ranks.append(RankClass(label, dp, mem))
     return p

@@ -17,18 +17,17 @@ from simulator.hardware.gpus import GPU
 from simulator.scenario.schema import Scenario
 from simulator.strategy.common import (
     Unit,
-    activation_memory,
     add_backward,
     add_forward,
     add_optimizer,
     buckets,
     grad_bytes,
+    memory_breakdown,
     units,
     weight_bytes,
 )
 from simulator.strategy.program import Program, RankClass
 from simulator.strategy.sharded import ShardingPlan, add_sharded_iteration
-from simulator.workload.memory import MemoryBreakdown, state_bytes_per_param, zero_model_state_bytes
 from simulator.workload.transformer import Workload
 
 
@@ -56,11 +55,8 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     else:
         _stage_1_2(p, s, w, us, overlap)
         buffers = cfg.reduce_bucket_size * gb + cfg.allgather_bucket_size * wb
-    w_b, g_b, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
-    params, grads, opt = zero_model_state_bytes(w.params_per_rank, dp, stage, k_b, w_b, g_b)
-    if stage == 3:  # persistent units keep a full copy of their weights on every rank
-        params += sum(u.params for u in us if u.index in persistent) * w_b * (1 - 1 / dp)
-    mem = MemoryBreakdown(params, grads, opt, activation_memory(s, w.num_layers), buffers, gpu.hbm_bytes)
+    # persistent units keep a full copy of their weights on every rank
+    mem = memory_breakdown(s, w, gpu, dp, stage, buffers, sum(u.params for u in us if u.index in persistent))
     p.ranks.append(RankClass(f"all {dp} data-parallel ranks", dp, mem))
     return p
 
