@@ -153,6 +153,18 @@ def build_graph(spec: TopologySpec, num_nodes: int, gpu: GPU) -> nx.Graph:
     num_groups = -(-num_nodes // spec.fabric.nodes_per_leaf)
     num_leaves = num_groups * (n.nics if spec.fabric.rail_optimized else 1)
 
+    def attach(
+        p: str,
+        device: str,
+        i: int,
+        count: int,
+        kind: str = "pcie",
+        GBps: float = pcie_GBps,
+        latency_us: float = n.pcie_latency_us,
+    ) -> None:
+        """Device i of ``count`` in node ``p`` hangs off PCIe switch i * switches // count (spread evenly)."""
+        link(p + device, p + f"pcie{i * n.pcie_switches // max(count, 1)}", kind, GBps, latency_us)
+
     for k in range(num_nodes):
         p = f"n{k}."
         for c in range(n.cpus):
@@ -161,17 +173,6 @@ def build_graph(spec: TopologySpec, num_nodes: int, gpu: GPU) -> nx.Graph:
             if c:
                 link(p + "cpu0", p + f"cpu{c}", "memory", n.cpu_interconnect_GBps, 0.3)
         g.nodes[p + "hostmem"]["kind"] = "hostmem"
-
-        def attach(
-            device: str,
-            i: int,
-            count: int,
-            kind: str = "pcie",
-            GBps: float = pcie_GBps,
-            latency_us: float = n.pcie_latency_us,
-        ) -> None:
-            """Device i of ``count`` hangs off PCIe switch i * switches // count (devices spread evenly)."""
-            link(p + device, p + f"pcie{i * n.pcie_switches // max(count, 1)}", kind, GBps, latency_us)
 
         for sw in range(n.pcie_switches):
             g.add_node(p + f"pcie{sw}", kind="pcie_switch")
@@ -186,7 +187,7 @@ def build_graph(spec: TopologySpec, num_nodes: int, gpu: GPU) -> nx.Graph:
             g.add_node(p + "nvswitch", kind="nvswitch")
         for i in range(n.gpus):
             g.add_node(p + f"gpu{i}", kind="gpu", node=k, local=i)
-            attach(f"gpu{i}", i, n.gpus)
+            attach(p, f"gpu{i}", i, n.gpus)
             if n.intra_node == "nvswitch":
                 link(p + f"gpu{i}", p + "nvswitch", "nvlink", nvlink_GBps, n.nvlink_latency_us)
         for i in range(n.nics):
@@ -194,11 +195,11 @@ def build_graph(spec: TopologySpec, num_nodes: int, gpu: GPU) -> nx.Graph:
             leaf_name = f"g{leaf}.leaf{i}" if spec.fabric.rail_optimized else f"g{leaf}.leaf"
             g.add_node(p + f"nic{i}", kind="nic", leaf=leaf_name)
             g.add_node(leaf_name, kind="leaf")
-            attach(f"nic{i}", i, n.nics)
+            attach(p, f"nic{i}", i, n.nics)
             link(p + f"nic{i}", leaf_name, n.nic_kind, nic_GBps, n.nic_latency_us)
         for d in range(n.nvme_drives):
             g.add_node(p + f"nvme{d}", kind="nvme")
-            attach(f"nvme{d}", d, n.nvme_drives, "nvme", n.nvme_bandwidth_GBps, 20.0)
+            attach(p, f"nvme{d}", d, n.nvme_drives, "nvme", n.nvme_bandwidth_GBps, 20.0)
     if num_leaves > 1:
         g.add_node("spine", kind="spine")
         uplink_GBps = ports_per_leaf * nic_GBps / spec.fabric.oversubscription
