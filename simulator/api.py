@@ -16,7 +16,7 @@ from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
 from simulator.strategy import build_program
 from simulator.strategy.program import Program
-from simulator.timeline.timeline import Timeline
+from simulator.timeline.timeline import Part, Timeline
 from simulator.workload.transformer import Workload, build_workload
 
 __all__ = ["Result", "load_scenario", "simulate"]
@@ -39,6 +39,32 @@ def placement_for(s: Scenario) -> Placement:
     return Placement(p.tensor_parallel, p.context_parallel, p.data_parallel, p.pipeline_parallel, shard)
 
 
+def split_parts(ops, compute: ComputeModel, comm: CollectiveModel) -> tuple[float, tuple[Part, ...]]:
+    """Seconds of a compute task and, when it holds blocking collectives, its parts in order."""
+    if not any(op.kind == "collective" for op in ops):
+        return compute.ops_time_s(ops), ()
+    parts: list[Part] = []
+    run: list = []
+    for op in (*ops, None):
+        if op is not None and op.kind != "collective":
+            run.append(op)
+            continue
+        if run:
+            parts.append(Part("kernels", "compute", "", 0.0, compute.ops_time_s(tuple(run))))
+            run = []
+        if op is not None:
+            parts.append(
+                Part(
+                    op.name,
+                    op.collective,
+                    op.group,
+                    op.bytes,
+                    comm.standalone_time_s(op.collective, op.group, op.bytes),
+                )
+            )
+    return sum(p.duration_s for p in parts), tuple(parts)
+
+
 def simulate(scenario: Scenario | str, cluster: Cluster | None = None) -> Result:
     """Simulate one training iteration. ``scenario`` is a :class:`Scenario` or a path to a YAML file."""
     t0 = time.perf_counter()
@@ -49,15 +75,15 @@ def simulate(scenario: Scenario | str, cluster: Cluster | None = None) -> Result
     placement = placement_for(s)
     comm = CollectiveModel(cluster, placement, s.parallelism.collective_algorithm)
     compute = ComputeModel(cluster.gpu, s.training.precision)
-    durations: dict[int, float] = {}  # tasks share their ops tuples (all layers alike): cost each tuple once
+    durations: dict[int, tuple[float, tuple[Part, ...]]] = {}  # tasks share ops tuples: cost each once
 
-    def compute_time(task) -> float:
+    def task_duration(task) -> tuple[float, tuple[Part, ...]]:
         key = id(task.ops)
         if key not in durations:
-            durations[key] = compute.ops_time_s(task.ops)
+            durations[key] = split_parts(task.ops, compute, comm)
         return durations[key]
 
-    timeline = simulate_program(program, compute_time, lambda t: comm.phases(t.kind, t.group, t.bytes))
+    timeline = simulate_program(program, task_duration, lambda t: comm.phases(t.kind, t.group, t.bytes))
     metrics = compute_metrics(s, timeline, placement, cluster.gpu.peak_flops(s.training.precision))
     metrics.params_billion = workload.total_params / 1e9
     metrics.wall_s = time.perf_counter() - t0

@@ -56,7 +56,7 @@ def test_stream_order_and_dependencies():
         latency_s = 2.0
         demand_s = {"x": 1.0}
 
-    tl = simulate_program(p, lambda t: {"a": 1.0, "b": 0.5}[t.name], lambda t: [Phase()])
+    tl = simulate_program(p, lambda t: ({"a": 1.0, "b": 0.5}[t.name], ()), lambda t: [Phase()])
     assert list(tl.start) == [0.0, 1.0, 4.0]
     assert list(tl.end) == [1.0, 4.0, 4.5]
     assert tl.blocker[2] == c
@@ -67,4 +67,4 @@ def test_a_cycle_is_reported_not_hung():
     p.add(0, "s1", "forward", "forward", "a", (1,), ops=())
     p.add(0, "s2", "forward", "forward", "b", (0,), ops=())
     with pytest.raises(DeadlockError, match="never ran"):
-        simulate_program(p, lambda t: 1.0, lambda t: [])
+        simulate_program(p, lambda t: (1.0, ()), lambda t: [])

@@ -14,7 +14,7 @@ import simpy
 
 from simulator.engine.network import FluidNetwork
 from simulator.strategy.program import Program, Task
-from simulator.timeline.timeline import Timeline
+from simulator.timeline.timeline import Part, Timeline
 
 
 class DeadlockError(RuntimeError):
@@ -23,9 +23,11 @@ class DeadlockError(RuntimeError):
 
 def simulate_program(
     program: Program,
-    compute_time_s: Callable[[Task], float],
+    task_duration: Callable[[Task], tuple[float, tuple[Part, ...]]],
     collective_phases: Callable[[Task], Sequence],
 ) -> Timeline:
+    """``task_duration(task)`` gives a compute task's seconds and, optionally, its parts (compute segments and
+    blocking collectives inside it) for the timeline; ``collective_phases(task)`` a collective's phases."""
     env = simpy.Environment()
     net = FluidNetwork(env)
     tasks = program.tasks
@@ -54,7 +56,10 @@ def simulate_program(
                     if phase.demand_s:
                         yield net.transfer(phase.demand_s)
             else:
-                yield env.timeout(compute_time_s(t))
+                seconds, parts = task_duration(t)
+                if parts:
+                    timeline.parts[t.id] = parts
+                yield env.timeout(seconds)
             timeline.record(t.id, free_at, start, env.now, blocker)
             done[t.id].succeed()
 

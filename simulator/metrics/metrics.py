@@ -76,6 +76,7 @@ def compute_metrics(s: Scenario, timeline: Timeline, placement: Placement, peak_
     T = timeline.makespan_s
     gpus = placement.world_size
     tokens = s.training.global_batch_size * s.model.seq_length
+    weights = [r.count / gpus for r in program.ranks]  # share of the GPUs each simulated rank stands for
 
     # FLOPs per GPU from what the representative ranks executed, weighted by how many real ranks each stands for
     model_flops = hw_flops = 0.0
@@ -89,49 +90,30 @@ def compute_metrics(s: Scenario, timeline: Timeline, placement: Placement, peak_
     model_flops /= gpus
     hw_flops /= gpus
 
-    breakdown: dict[str, float] = defaultdict(float)
-    bubble = 0.0
-    compute_ids = [t.id for t in tasks if t.stream == COMPUTE and t.rank == 0]
-    for i in compute_ids:
-        t = tasks[i]
-        breakdown[t.phase] += timeline.end[i] - timeline.start[i]
-        gap_start, gap_end = timeline.free[i], timeline.start[i]
-        b = int(timeline.blocker[i])
-        if gap_end > gap_start:
-            if b >= 0 and tasks[b].stream == COMPUTE and tasks[b].rank != t.rank:
-                bubble += gap_end - gap_start
-            # follow the chain: the dependency may itself have waited for another (a gather for a reduction)
-            holder = t
-            while b >= 0 and gap_end > gap_start:
-                holder = tasks[b]
-                own_start = max(gap_start, timeline.start[b])
-                breakdown[holder.phase] += gap_end - own_start
-                gap_end = own_start
-                b = int(timeline.blocker[b])
-            breakdown[holder.phase] += gap_end - gap_start
-    last_compute = max((timeline.end[i] for i in compute_ids), default=0.0)
-    if last_compute < T:  # trailing communication (e.g. ZeRO-1/2 parameter all-gather after the step)
-        last = max((t for t in tasks if t.rank == 0), key=lambda t: timeline.end[t.id])
-        breakdown[last.phase] += T - last_compute
-
-    compute_u = union(timeline.intervals(lambda t: t.rank == 0 and t.stream == COMPUTE))
-    comm_u = union(timeline.intervals(lambda t: t.rank == 0 and t.is_collective))
-    overlapped = intersection_length(compute_u, comm_u)
-    by_coll: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    bytes_per_gpu = 0.0
+    by_rank: dict[int, list] = defaultdict(list)
     for t in tasks:
-        if not t.is_collective or t.rank != 0:
-            continue
-        key = f"{t.kind}:{t.group}"
-        n = placement.group_size(t.group)
-        sent = ring_bytes_per_rank(t.kind, n, t.bytes)
-        bytes_per_gpu += sent
-        d = by_coll[key]
-        d["count"] += 1
-        d["time_s"] += timeline.end[t.id] - timeline.start[t.id]
-        d["bytes_sent_per_gpu"] += sent
-        own = [(timeline.start[t.id], timeline.end[t.id])]
-        d["exposed_s"] += length(own) - intersection_length(own, compute_u)
+        by_rank[t.rank].append(t)
+    breakdown: dict[str, float] = {}
+    bubble = exposed = overlapped = total = bytes_per_gpu = 0.0
+    by_coll: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for rank, rank_tasks in sorted(by_rank.items()):
+        w = weights[rank]
+        r = _rank_metrics(timeline, rank_tasks, T)
+        if rank == 0:
+            breakdown = r["breakdown"]
+        bubble += w * r["bubble"]
+        exposed += w * r["exposed"]
+        overlapped += w * r["overlapped"]
+        total += w * r["total"]
+        for key, d in r["collectives"].items():
+            n = placement.group_size(key.split(":")[1])
+            for name, value in d.items():
+                by_coll[key][name] += w * value
+            sent = w * ring_bytes_per_rank(key.split(":")[0], n, d["bytes"])
+            by_coll[key]["bytes_sent_per_gpu"] += sent
+            bytes_per_gpu += sent
+    for d in by_coll.values():
+        d.pop("bytes", None)
 
     mem = max((r.memory for r in program.ranks), key=lambda m: m.peak)
     return Metrics(
@@ -144,12 +126,12 @@ def compute_metrics(s: Scenario, timeline: Timeline, placement: Placement, peak_
         mfu=model_flops / T / peak_flops,
         hfu=hw_flops / T / peak_flops,
         tflops_per_gpu_narayanan_eq3=narayanan_eq3_flops(s) / T / gpus / 1e12,
-        bubble_fraction=bubble / T if T else 0.0,
+        bubble_fraction=bubble,
         breakdown={f"{k}_s": breakdown.get(k, 0.0) for k in ("forward", "backward", "optimizer")},
         comm={
-            "exposed_s": length(comm_u) - overlapped,
+            "exposed_s": exposed,
             "overlapped_s": overlapped,
-            "total_s": length(comm_u),
+            "total_s": total,
             "bytes_per_gpu": bytes_per_gpu,
         },
         comm_by_collective={k: dict(v) for k, v in sorted(by_coll.items())},
@@ -159,3 +141,69 @@ def compute_metrics(s: Scenario, timeline: Timeline, placement: Placement, peak_
         gpus=gpus,
         strategy=program.strategy,
     )
+
+
+def _rank_metrics(timeline: Timeline, rank_tasks: list, T: float) -> dict:
+    """Breakdown, pipeline bubble and communication of one simulated rank.
+
+    The bubble is the compute stream's idle time spent waiting for another rank's work (a pipeline neighbour),
+    as a fraction of that idle time plus the rank's forward / backward / recompute time.
+    """
+    tasks = timeline.tasks
+    breakdown: dict[str, float] = defaultdict(float)
+    pipeline_idle = busy = 0.0
+    compute = [t for t in rank_tasks if t.stream == COMPUTE]
+    for t in compute:
+        i = t.id
+        breakdown[t.phase] += timeline.end[i] - timeline.start[i]
+        if t.kind != "optimizer":
+            busy += timeline.end[i] - timeline.start[i]
+        gap_start, gap_end = timeline.free[i], timeline.start[i]
+        b = int(timeline.blocker[i])
+        if gap_end > gap_start:
+            if b >= 0 and tasks[b].rank != t.rank and not tasks[b].is_collective:
+                pipeline_idle += gap_end - gap_start
+            # follow the chain: the dependency may itself have waited for another (a gather for a reduction)
+            holder = t
+            while b >= 0 and gap_end > gap_start:
+                holder = tasks[b]
+                own_start = max(gap_start, timeline.start[b])
+                breakdown[holder.phase] += gap_end - own_start
+                gap_end = own_start
+                b = int(timeline.blocker[b])
+            breakdown[holder.phase] += gap_end - gap_start
+    last_compute = max((timeline.end[t.id] for t in compute), default=0.0)
+    if last_compute < T:  # trailing communication (e.g. ZeRO-1/2 parameter all-gather after the step)
+        last = max(rank_tasks, key=lambda t: timeline.end[t.id])
+        breakdown[last.phase] += T - last_compute
+
+    compute_u = union((timeline.start[t.id], timeline.end[t.id]) for t in compute)
+    comm_u = union((timeline.start[t.id], timeline.end[t.id]) for t in rank_tasks if t.is_collective)
+    overlapped = intersection_length(compute_u, comm_u)
+    collectives: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    embedded = 0.0
+    for t in rank_tasks:
+        if t.is_collective:
+            d = collectives[f"{t.kind}:{t.group}"]
+            own = [(timeline.start[t.id], timeline.end[t.id])]
+            d["count"] += 1
+            d["time_s"] += own[0][1] - own[0][0]
+            d["bytes"] += t.bytes
+            d["exposed_s"] += length(own) - intersection_length(own, compute_u)
+        for part in timeline.parts.get(t.id, ()):
+            if part.kind == "compute":
+                continue
+            d = collectives[f"{part.kind}:{part.group}"]
+            d["count"] += 1
+            d["time_s"] += part.duration_s
+            d["bytes"] += part.bytes
+            d["exposed_s"] += part.duration_s  # blocking: the compute stream waits for it
+            embedded += part.duration_s
+    return {
+        "breakdown": breakdown,
+        "bubble": pipeline_idle / (pipeline_idle + busy) if pipeline_idle + busy > 0 else 0.0,
+        "exposed": length(comm_u) - overlapped + embedded,
+        "overlapped": overlapped,
+        "total": length(comm_u) + embedded,
+        "collectives": collectives,
+    }

@@ -15,7 +15,6 @@ def build_program(s: Scenario, w: Workload, gpu: GPU) -> Program:
     unsupported = [
         f"{name} ({v})"
         for name, v in (
-            ("tensor_parallel", p.tensor_parallel),
             ("pipeline_parallel", p.pipeline_parallel),
             ("context_parallel", p.context_parallel),
         )
@@ -24,7 +23,7 @@ def build_program(s: Scenario, w: Workload, gpu: GPU) -> Program:
     if unsupported:
         raise ScenarioError(
             f"parallelism: {', '.join(unsupported)} is not simulated yet; this version simulates single-GPU, "
-            "DDP, ZeRO-1/2/3 and FSDP2/HSDP (tensor, pipeline and context parallelism come next)"
+            "DDP, ZeRO-1/2/3 and FSDP2/HSDP, each with tensor (and sequence) parallelism"
         )
     if p.fsdp is not None:
         return fsdp.build(s, w, gpu)

@@ -135,3 +135,14 @@ def memory_breakdown(
     params, grads, opt = zero_model_state_bytes(w.params_per_rank, shards, stage, k_b, w_b, g_b)
     params += unsharded_params * w_b * (1 - 1 / shards)
     return MemoryBreakdown(params, grads, opt, activation_memory(s, w.num_layers), buffers, gpu.hbm_bytes)
+
+
+def model_parallel_size(s: Scenario) -> int:
+    """Ranks that one data-parallel rank's work is split over inside a pipeline stage (TP x CP)."""
+    return s.parallelism.tensor_parallel * s.parallelism.context_parallel
+
+
+def rank_label(s: Scenario) -> str:
+    p = s.parallelism
+    tp = f" x {p.tensor_parallel} tensor-parallel" if p.tensor_parallel > 1 else ""
+    return f"all {p.data_parallel} data-parallel{tp} ranks"

@@ -16,6 +16,8 @@ from simulator.strategy.common import (
     buckets,
     grad_bytes,
     memory_breakdown,
+    model_parallel_size,
+    rank_label,
     units,
 )
 from simulator.strategy.program import Program, RankClass
@@ -50,7 +52,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
 
     buffers = 2 * cfg.bucket_cap_mb * 2**20 if dp > 1 else 0.0  # buckets in flight
     mem = memory_breakdown(s, w, gpu, dp, 0, buffers)
-    p.ranks.append(RankClass(f"all {dp} data-parallel ranks", dp, mem))
+    p.ranks.append(RankClass(rank_label(s), s.parallelism.data_parallel * model_parallel_size(s), mem))
     return p
 
 

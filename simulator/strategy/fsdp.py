@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from simulator.hardware.gpus import GPU
 from simulator.scenario.schema import Scenario
-from simulator.strategy.common import grad_bytes, memory_breakdown, units, weight_bytes
+from simulator.strategy.common import grad_bytes, memory_breakdown, model_parallel_size, units, weight_bytes
 from simulator.strategy.program import Program, RankClass
 from simulator.strategy.sharded import ShardingPlan, add_sharded_iteration
 from simulator.workload.transformer import Workload
@@ -45,5 +45,5 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
         buffers = w.params_per_rank * wb + block * gb  # every block stays unsharded from forward to backward
     mem = memory_breakdown(s, w, gpu, shard, 3, buffers)
     label = f"all {dp} ranks ({dp // shard} replicas x {shard} shards)" if hybrid else f"all {dp} ranks"
-    p.ranks.append(RankClass(label, dp, mem))
+    p.ranks.append(RankClass(label, dp * model_parallel_size(s), mem))
     return p

@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 
 from simulator.strategy.program import Program, Task
+
+
+class Part(NamedTuple):
+    """A slice of a compute task: a run of kernels or a blocking collective (tensor-parallel all-reduce,
+    pipeline send) that the stream waits for."""
+
+    name: str
+    kind: str  # compute | all_reduce | all_gather | reduce_scatter | send_recv | ...
+    group: str
+    bytes: float
+    duration_s: float
 
 
 class Timeline:
@@ -19,6 +31,7 @@ class Timeline:
         self.start = np.zeros(n)
         self.end = np.zeros(n)
         self.blocker = np.full(n, -1, dtype=np.int64)
+        self.parts: dict[int, tuple[Part, ...]] = {}
         self.events = 0
 
     def record(self, task_id: int, free_at: float, start: float, end: float, blocker: int) -> None:

@@ -21,7 +21,7 @@ class Op:
     (full causal attention counted, as in Megatron's MFU formula)."""
 
     name: str
-    kind: str  # gemm | memory | flash_attention
+    kind: str  # gemm | memory | flash_attention | collective
     flops: float = 0.0
     bytes: float = 0.0
     m: int = 0
@@ -29,6 +29,13 @@ class Op:
     k: int = 0
     batch: int = 1
     model_flops: float = 0.0
+    collective: str = ""  # collective ops: all_reduce, all_gather, reduce_scatter, send_recv
+    group: str = ""  # collective ops: the group kind (tp, pp, ...)
+
+
+def collective_op(name: str, collective: str, group: str, nbytes: float) -> Op:
+    """A blocking collective inside a block (Megatron's tensor-parallel all-reduces, pipeline send/recv)."""
+    return Op(name, "collective", bytes=float(nbytes), collective=collective, group=group)
 
 
 def gemm(name: str, m: int, n: int, k: int, batch: int = 1, elem_bytes: int = 2) -> Op:
@@ -108,6 +115,25 @@ def parameter_count(s: Scenario) -> int:
     return m.num_layers * layer + embed + head + norm
 
 
+def tp_collectives(t: int, sequence_parallel: bool, nbytes: float):
+    """Factories for the four tensor-parallel collectives around a column- then row-parallel pair:
+    (before column-parallel forward, after row-parallel forward, column-parallel input gradient,
+    row-parallel output gradient). Each returns None where the collective does not exist."""
+
+    def make(kind: str | None):
+        if t == 1 or kind is None:
+            return lambda name: None
+        return lambda name: collective_op(f"tp {kind.replace('_', '-')} ({name})", kind, "tp", nbytes)
+
+    if sequence_parallel:
+        return make("all_gather"), make("reduce_scatter"), make("reduce_scatter"), make("all_gather")
+    return make(None), make("all_reduce"), make("all_reduce"), make(None)
+
+
+def _ops(*ops: Op | None) -> tuple[Op, ...]:
+    return tuple(op for op in ops if op is not None)
+
+
 def build_workload(s: Scenario) -> Workload:
     m, p, tr = s.model, s.parallelism, s.training
     b, t = tr.micro_batch_size, p.tensor_parallel
@@ -176,28 +202,42 @@ def build_workload(s: Scenario) -> Workload:
             *gemm_backward(scores),
         )
 
-    fwd = (
+    # Tensor parallelism (Narayanan et al. SC21 Sec. 3.2, Fig. 5): the column-parallel input needs the full
+    # activation (identity forward, all-reduce of its gradient backward), the row-parallel output is all-reduced
+    # forward. Sequence parallelism (Korthikanti et al. Sec. 4.2.2) turns each all-reduce into an all-gather
+    # before and a reduce-scatter after, so the norms and dropouts between them work on s/t tokens.
+    full = e * tokens * h  # bytes of one b x s x h activation
+    gather_in, scatter_out, grad_in, grad_out = tp_collectives(t, p.sequence_parallel, full)
+    fwd = _ops(
         norm("input layernorm"),
+        gather_in("attention input"),
         qkv,
         *attn_fwd,
         proj,
+        scatter_out("attention output"),
         bias_dropout_add("attention bias-dropout-add"),
         norm("post-attention layernorm"),
+        gather_in("mlp input"),
         up,
         act,
         down,
+        scatter_out("mlp output"),
         bias_dropout_add("mlp bias-dropout-add"),
     )
-    bwd = (
+    bwd = _ops(
         memory_op("mlp bias-dropout-add backward", 2 * e * tokens * h / sp),
+        grad_out("mlp output gradient"),
         *gemm_backward(down),
         memory_op(f"{m.activation} backward", e * act_elems * (5 if m.activation == "swiglu" else 3)),
         *gemm_backward(up),
+        grad_in("mlp input gradient"),
         memory_op("post-attention layernorm backward", 3 * e * tokens * h / sp),
         memory_op("attention bias-dropout-add backward", 2 * e * tokens * h / sp),
+        grad_out("attention output gradient"),
         *gemm_backward(proj),
         *attn_bwd,
         *gemm_backward(qkv),
+        grad_in("attention input gradient"),
         memory_op("input layernorm backward", 3 * e * tokens * h / sp),
     )
     layer_params = (
@@ -212,20 +252,34 @@ def build_workload(s: Scenario) -> Workload:
 
     pos = m.position_embedding == "learned"
     embed_params = v * h // t + (m.seq_length * h if pos else 0)
+    # vocab-parallel embedding: each rank looks up its slice, the partial outputs are summed (or scattered)
     embedding = Block(
         "embedding",
-        (memory_op("embedding lookup", e * tokens * h * (3 if pos else 2)),),
+        _ops(
+            memory_op("embedding lookup", e * tokens * h * (3 if pos else 2)), scatter_out("embedding output")
+        ),
         (memory_op("embedding backward (scatter-add into fp32 grad)", (e + 8) * tokens * h),),
         (),
         embed_params,
     )
     logits = gemm("logits", tokens, v // t, h)
+    # vocab-parallel cross-entropy all-reduces the max, the sum of exponentials and the target logit (fp32)
+    ce_stats = (
+        collective_op("cross-entropy statistics", "all_reduce", "tp", 3 * 4 * tokens) if t > 1 else None
+    )
     head = Block(
         "output head",
-        (norm("final layernorm"), logits, memory_op("cross-entropy loss (fp32)", tokens * v // t * (e + 8))),
-        (
+        _ops(
+            norm("final layernorm"),
+            gather_in("logits input"),
+            logits,
+            ce_stats,
+            memory_op("cross-entropy loss (fp32)", tokens * v // t * (e + 8)),
+        ),
+        _ops(
             memory_op("cross-entropy backward", tokens * v // t * (4 + e)),
             *gemm_backward(logits),
+            grad_in("logits input gradient"),
             memory_op("final layernorm backward", 3 * e * tokens * h / sp),
         ),
         (),
