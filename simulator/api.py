@@ -65,12 +65,15 @@ def split_parts(ops, compute: ComputeModel, comm: CollectiveModel) -> tuple[floa
     return sum(p.duration_s for p in parts), tuple(parts)
 
 
-def simulate(scenario: Scenario | str, cluster: Cluster | None = None) -> Result:
-    """Simulate one training iteration. ``scenario`` is a :class:`Scenario` or a path to a YAML file."""
+def simulate(
+    scenario: Scenario | str, cluster: Cluster | None = None, workload: Workload | None = None
+) -> Result:
+    """Simulate one training iteration. ``scenario`` is a :class:`Scenario` or a path to a YAML file;
+    ``cluster`` and ``workload`` replace the ones the scenario describes (what-if studies, tests)."""
     t0 = time.perf_counter()
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     cluster = cluster or Cluster(cluster_spec(s), s.cluster.num_nodes)
-    workload = build_workload(s)
+    workload = workload or build_workload(s)
     program = build_program(s, workload, cluster.gpu)
     placement = placement_for(s)
     comm = CollectiveModel(cluster, placement, s.parallelism.collective_algorithm)

@@ -5,26 +5,17 @@ from __future__ import annotations
 from simulator.errors import ScenarioError
 from simulator.hardware.gpus import GPU
 from simulator.scenario.schema import Scenario
-from simulator.strategy import ddp, fsdp, zero
+from simulator.strategy import ddp, fsdp, megatron, zero
 from simulator.strategy.program import Program
 from simulator.workload.transformer import Workload
 
 
 def build_program(s: Scenario, w: Workload, gpu: GPU) -> Program:
     p = s.parallelism
-    unsupported = [
-        f"{name} ({v})"
-        for name, v in (
-            ("pipeline_parallel", p.pipeline_parallel),
-            ("context_parallel", p.context_parallel),
-        )
-        if v > 1
-    ]
-    if unsupported:
-        raise ScenarioError(
-            f"parallelism: {', '.join(unsupported)} is not simulated yet; this version simulates single-GPU, "
-            "DDP, ZeRO-1/2/3 and FSDP2/HSDP, each with tensor (and sequence) parallelism"
-        )
+    if p.context_parallel > 1:
+        raise ScenarioError(f"parallelism: context_parallel ({p.context_parallel}) is not simulated yet")
+    if p.pipeline_parallel > 1:
+        return megatron.build(s, w, gpu)
     if p.fsdp is not None:
         return fsdp.build(s, w, gpu)
     if p.zero_stage:

@@ -48,11 +48,14 @@ def memory_op(name: str, nbytes: float) -> Op:
     return Op(name, "memory", 0.0, float(nbytes))
 
 
-def gemm_backward(op: Op) -> tuple[Op, Op]:
-    """dX = dY W^T (m x k, reduce over n) and dW = X^T dY (k x n, reduce over m): each as many FLOPs as forward."""
+def gemm_backward(op: Op, has_weight: bool = True) -> tuple[Op, Op]:
+    """dX = dY W^T (m x k, reduce over n) and dW = X^T dY (k x n, reduce over m): each as many FLOPs as forward.
+    Only a GEMM with a weight has a "wgrad" (which zero-bubble schedules may defer); attention's batched GEMMs
+    multiply two activations, so both their gradients are input gradients."""
+    second = "wgrad" if has_weight else "dgrad (second input)"
     return (
         gemm(f"{op.name} dgrad", op.m, op.k, op.n, op.batch),
-        gemm(f"{op.name} wgrad", op.k, op.n, op.m, op.batch),
+        gemm(f"{op.name} {second}", op.k, op.n, op.m, op.batch),
     )
 
 
@@ -196,10 +199,10 @@ def build_workload(s: Scenario) -> Workload:
         dropout = memory_op("attention dropout", (2 * e + 1) * probs)
         attn_fwd = (scores, softmax, dropout, context)
         attn_bwd = (
-            *gemm_backward(context),
+            *gemm_backward(context, has_weight=False),
             memory_op("attention dropout backward", (2 * e + 1) * probs),
             memory_op("softmax backward", 3 * e * probs),
-            *gemm_backward(scores),
+            *gemm_backward(scores, has_weight=False),
         )
 
     # Tensor parallelism (Narayanan et al. SC21 Sec. 3.2, Fig. 5): the column-parallel input needs the full

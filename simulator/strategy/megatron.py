@@ -1,0 +1,249 @@
+"""Megatron-LM 3D parallelism: tensor x pipeline x data (Narayanan et al. SC21), and Megatron-DeepSpeed's
+pipeline with ZeRO-1.
+
+One simulated rank per pipeline stage stands for its TP x CP x DP ranks. A stage runs the steps of the chosen
+schedule (``schedules/``): a forward or backward step is one compute task over the layers of a model chunk,
+with the chunk's tensor-parallel collectives and the send to the neighbouring stage as blocking parts (Megatron
+waits for its p2p transfers). The next stage's step depends on it. Embedding on the first stage, output layer and
+loss on the last: their imbalance shows in the timeline. After the flush each stage reduces its gradients
+over data parallelism (per chunk as soon as its last backward ends with ``overlap_grad_reduce``), all stages
+agree on the gradient norm, and each steps its optimizer (distributed optimizer / ZeRO-1: reduce-scatter,
+step on 1/DP, all-gather).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from simulator.errors import ScenarioError
+from simulator.hardware.gpus import GPU
+from simulator.scenario.schema import Scenario
+from simulator.strategy.common import (
+    Unit,
+    add_optimizer,
+    grad_bytes,
+    model_parallel_size,
+    units,
+    weight_bytes,
+)
+from simulator.strategy.program import COMPUTE, Program, RankClass
+from simulator.strategy.schedules import SPLITS_BACKWARD, Step, get_schedule
+from simulator.workload.memory import (
+    MemoryBreakdown,
+    activation_bytes_per_layer,
+    head_activation_bytes,
+    state_bytes_per_param,
+    zero_model_state_bytes,
+)
+from simulator.workload.transformer import Op, Workload, collective_op
+
+
+def check(s: Scenario) -> None:
+    """One clear message per combination the modelled frameworks do not support."""
+    p, m = s.parallelism, s.model
+    pp, v = p.pipeline_parallel, p.virtual_pipeline_stages
+    if p.pipeline_schedule == "pipedream-2bw":
+        raise ScenarioError("parallelism.pipeline_schedule: pipedream-2bw is not simulated yet")
+    if v > 1 and p.pipeline_schedule != "interleaved-1f1b":
+        raise ScenarioError(
+            f"parallelism.virtual_pipeline_stages ({v}) needs pipeline_schedule: interleaved-1f1b "
+            f"(got {p.pipeline_schedule})"
+        )
+    if m.num_layers % (pp * v):
+        raise ScenarioError(
+            f"model.num_layers ({m.num_layers}) is not divisible by pipeline_parallel ({pp}) x "
+            f"virtual_pipeline_stages ({v}) = {pp * v}"
+        )
+    gas = s.gradient_accumulation_steps
+    if p.pipeline_schedule == "interleaved-1f1b" and gas % pp:
+        raise ScenarioError(
+            f"parallelism: interleaved-1f1b needs the microbatches per pipeline, global_batch_size / "
+            f"(micro_batch_size x data_parallel) = {s.training.global_batch_size} / ({s.training.micro_batch_size}"
+            f" x {p.data_parallel}) = {gas}, to be a multiple of pipeline_parallel ({pp})"
+        )
+    if p.zero_stage > 1:
+        raise ScenarioError(
+            f"parallelism: zero_stage {p.zero_stage} with pipeline_parallel ({pp}) is not supported by "
+            "DeepSpeed's pipeline engine or Megatron (use zero_stage 0 or 1)"
+        )
+    if p.fsdp is not None:
+        raise ScenarioError(
+            "parallelism: fsdp with pipeline_parallel > 1 is not modelled (use zero_stage 0 or 1)"
+        )
+
+
+def chunk_units(w: Workload, pp: int, v: int) -> dict[tuple[int, int], list[Unit]]:
+    """Units of each (stage, chunk): global chunk g = chunk x pp + stage holds layers [g L/(pp v), ...);
+    the embedding goes first on chunk 0 of stage 0, the output head last on the last chunk of the last stage."""
+    us = units(w)
+    per = w.num_layers // (pp * v)
+    out: dict[tuple[int, int], list[Unit]] = {}
+    for c in range(v):
+        for st in range(pp):
+            g = c * pp + st
+            out[(st, c)] = us[1 + g * per : 1 + (g + 1) * per]
+    out[(0, 0)].insert(0, us[0])
+    # with tied embeddings Megatron keeps a copy of the word embedding on the last stage for the logits
+    out[(pp - 1, v - 1)].append(replace(us[-1], params=w.head.params))
+    return out
+
+
+def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
+    check(s)
+    par = s.parallelism
+    pp, v = par.pipeline_parallel, par.virtual_pipeline_stages
+    dp, m = par.data_parallel, s.gradient_accumulation_steps
+    split = par.pipeline_schedule in SPLITS_BACKWARD
+    order = {st: get_schedule(par.pipeline_schedule)(pp, m, v, st) for st in range(pp)}
+    chunks = chunk_units(w, pp, v)
+    ops = {key: _chunk_ops(s, w, us, key, pp, v, split) for key, us in chunks.items()}
+
+    prog = Program(f"megatron {par.pipeline_schedule} (tp {par.tensor_parallel} x pp {pp} x dp {dp})")
+    ids: dict[tuple[int, Step], int] = {}  # ids are sequential, so a step's id is known before it exists
+    for st in range(pp):
+        for step in order[st]:
+            ids[(st, step)] = len(ids)
+
+    def upstream(st: int, step: Step) -> int | None:
+        """The step on the neighbouring stage whose output this step receives."""
+        if step.kind == "F":
+            prev = (st - 1, step.chunk) if st > 0 else (pp - 1, step.chunk - 1)
+            return ids[(prev[0], Step("F", step.microbatch, prev[1]))] if prev[1] >= 0 else None
+        if step.kind == "B":
+            nxt = (st + 1, step.chunk) if st < pp - 1 else (0, step.chunk + 1)
+            return ids[(nxt[0], Step("B", step.microbatch, nxt[1]))] if nxt[1] < v else None
+        return None
+
+    for st in range(pp):
+        for step in order[st]:
+            fwd, bwd, wgt = ops[(st, step.chunk)]
+            task_ops = {"F": fwd, "B": bwd, "W": wgt}[step.kind]
+            kind = {"F": "forward", "B": "backward", "W": "backward"}[step.kind]
+            name = f"{step.kind}{step.microbatch}" + (f".{step.chunk}" if v > 1 else "")
+            prog.add(
+                st,
+                COMPUTE,
+                kind,
+                "forward" if kind == "forward" else "backward",
+                name,
+                (upstream(st, step),),
+                ops=task_ops,
+                microbatch=step.microbatch,
+            )
+    last_compute = [ids[(st, order[st][-1])] for st in range(pp)]
+
+    wb, gb = weight_bytes(s), grad_bytes(s)
+    distributed = par.zero_stage == 1
+    for st in range(pp):
+        reductions = []
+        if dp > 1:
+            for c in range(v):
+                params = sum(u.params for u in chunks[(st, c)])
+                last_b = max(ids[(st, x)] for x in order[st] if x.chunk == c and x.kind != "F")
+                after = last_b if par.ddp.overlap_grad_reduce else last_compute[st]
+                reductions.append(
+                    prog.add(
+                        st,
+                        "comm.dp",
+                        "reduce_scatter" if distributed else "all_reduce",
+                        "backward",
+                        f"chunk {c} grad {'reduce-scatter' if distributed else 'all-reduce'}",
+                        (after,),
+                        group="dp",
+                        bytes=params * gb,
+                    )
+                )
+        stage_params = sum(u.params for c in range(v) for u in chunks[(st, c)])
+        # gradient clipping all-reduces the norm over every stage: a global sync before the step
+        opt = add_optimizer(
+            prog, s, stage_params / (dp if distributed else 1), (*reductions, *last_compute), rank=st
+        )
+        if distributed and dp > 1:
+            prog.add(
+                st,
+                "comm.dp",
+                "all_gather",
+                "optimizer",
+                "param all-gather",
+                (opt,),
+                group="dp",
+                bytes=stage_params * wb,
+            )
+        label = f"stage {st}: " + ", ".join(
+            f"{chunks[(st, c)][0].name}..{chunks[(st, c)][-1].name}" for c in range(v)
+        )
+        prog.ranks.append(
+            RankClass(
+                label,
+                dp * model_parallel_size(s),
+                _stage_memory(s, gpu, chunks, order[st], st, v, stage_params),
+            )
+        )
+    return prog
+
+
+def _chunk_ops(s: Scenario, w: Workload, us: list[Unit], key: tuple[int, int], pp: int, v: int, split: bool):
+    """(forward, backward, weight-gradient) ops of one chunk, with the p2p sends as blocking collectives."""
+    st, c = key
+    par, mdl = s.parallelism, s.model
+    t = par.tensor_parallel
+    e = 4 if s.training.precision == "fp32" else 2
+    act = s.training.micro_batch_size * (mdl.seq_length // par.context_parallel) * mdl.hidden_size * e
+    scatter_gather = t > 1 and not par.sequence_parallel  # Narayanan Sec. 4.1: send 1/t, all-gather after
+    send = collective_op(
+        "pipeline send", "send_recv", "pp", act / t if scatter_gather or par.sequence_parallel else act
+    )
+    regather = (
+        collective_op("tp all-gather (pipeline scatter/gather)", "all_gather", "tp", act)
+        if scatter_gather
+        else None
+    )
+    first, last = st == 0 and c == 0, st == pp - 1 and c == v - 1
+    mode = s.training.activation_recompute
+
+    fwd: list[Op] = [] if first or regather is None else [regather]
+    for u in us:
+        fwd += u.block.forward
+    if not last:
+        fwd.append(send)
+    bwd: list[Op] = [] if last or regather is None else [regather]
+    wgt: list[Op] = []
+    for u in reversed(us):
+        if u.is_layer and mode == "full":
+            bwd += u.block.forward
+        elif u.is_layer and mode == "selective":
+            bwd += u.block.recompute_selective
+        for op in u.block.backward:
+            (wgt if split and op.name.endswith(" wgrad") else bwd).append(op)
+    if not first:
+        bwd.append(send)
+    return tuple(fwd), tuple(bwd), tuple(wgt)
+
+
+def _stage_memory(
+    s: Scenario, gpu: GPU, chunks, steps: list[Step], st: int, v: int, params: float
+) -> MemoryBreakdown:
+    """Model states of the stage's layers (ZeRO-1 / distributed optimizer shards the optimizer states over DP),
+    and activations for the microbatches in flight, counted by walking the schedule: +1 at a chunk's forward,
+    -1 at its backward (at W for the half of the activations the weight gradient still needs)."""
+    par = s.parallelism
+    w_b, g_b, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
+    p_bytes, g_bytes, o_bytes = zero_model_state_bytes(
+        params, par.data_parallel, par.zero_stage, k_b, w_b, g_b
+    )
+    per_layer = activation_bytes_per_layer(s)
+    chunk_act = {}
+    for c in range(v):
+        us = chunks[(st, c)]
+        chunk_act[c] = sum(per_layer for u in us if u.is_layer) + (
+            head_activation_bytes(s) if us[-1].name == "head" else 0
+        )
+    live = peak = 0.0
+    for step in steps:
+        live += {"F": 1.0, "B": -0.5 if par.pipeline_schedule in SPLITS_BACKWARD else -1.0, "W": -0.5}[
+            step.kind
+        ] * chunk_act[step.chunk]
+        peak = max(peak, live)
+    if s.training.activation_recompute == "full":
+        peak += activation_bytes_per_layer(s, recompute="none")
+    return MemoryBreakdown(p_bytes, g_bytes, o_bytes, peak, 0.0, gpu.hbm_bytes)

@@ -1,0 +1,151 @@
+"""Pipeline schedules simulated step by step meet the closed forms with free communication and equal stages."""
+
+from dataclasses import replace
+
+import pytest
+
+from simulator import simulate
+from simulator.errors import ScenarioError
+from simulator.workload.transformer import Block, build_workload
+from tests.conftest import ideal_network_cluster, make
+
+MODEL = {
+    "num_layers": 16,
+    "hidden_size": 1024,
+    "num_attention_heads": 16,
+    "seq_length": 1024,
+    "vocab_size": 32000,
+    "attention": "flash",
+}
+
+
+def pipeline(p, m, schedule, v=1, equal_stages=True, ideal=True, **par):
+    s = make(
+        model=MODEL,
+        cluster={"gpus_per_node": p},
+        training={"global_batch_size": m, "micro_batch_size": 1},
+        parallelism={
+            "pipeline_parallel": p,
+            "pipeline_schedule": schedule,
+            "virtual_pipeline_stages": v,
+            **par,
+        },
+    )
+    w = build_workload(s)
+    if equal_stages:  # no embedding or output layer: every stage holds the same layers
+        empty = Block("none", (), (), (), 0)
+        w = replace(w, embedding=replace(empty, name="embedding"), head=replace(empty, name="head"))
+    return simulate(s, cluster=ideal_network_cluster(s) if ideal else None, workload=w)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16), (8, 8)])
+def test_gpipe_and_1f1b_bubble_is_p_minus_1_over_m_plus_p_minus_1(schedule, p, m):
+    assert pipeline(p, m, schedule).metrics.bubble_fraction == pytest.approx((p - 1) / (m + p - 1), rel=1e-9)
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 8, 2), (4, 8, 4), (2, 8, 2), (8, 16, 2)])
+def test_interleaved_bubble_is_p_minus_1_over_v_m_plus_p_minus_1(p, m, v):
+    r = pipeline(p, m, "interleaved-1f1b", v)
+    assert r.metrics.bubble_fraction == pytest.approx((p - 1) / (v * m + p - 1), rel=1e-9)
+
+
+def test_zb_h1_bubble_is_below_1f1b_with_the_same_activation_memory():
+    one, zb = pipeline(4, 8, "1f1b"), pipeline(4, 8, "zb-h1")
+    assert zb.metrics.bubble_fraction < 0.9 * one.metrics.bubble_fraction
+    assert zb.metrics.iteration_time_s < one.metrics.iteration_time_s
+    assert [r.memory.activations for r in zb.program.ranks] == pytest.approx(
+        [r.memory.activations for r in one.program.ranks]
+    )
+
+
+def test_activations_in_flight_per_schedule():
+    """GPipe holds all m microbatches on every stage; 1F1B p - stage; interleaved on the first stage
+    p (1 + (p-1)/(p v)) stage-microbatches (Narayanan et al. SC21; Korthikanti et al. Sec. 4.3)."""
+    from simulator.workload.memory import activation_bytes_per_layer
+
+    p, m, v = 4, 8, 2
+    r = pipeline(p, m, "1f1b")
+    per_stage = 16 // p * activation_bytes_per_layer(r.scenario)  # one microbatch through one stage's layers
+    # the last stage also keeps the fp32 logits, so compare the others
+    gpipe = [r.memory.activations for r in pipeline(p, m, "gpipe").program.ranks][:-1]
+    one = [r.memory.activations for r in r.program.ranks][:-1]
+    inter = pipeline(p, m, "interleaved-1f1b", v).program.ranks[0].memory.activations
+    assert gpipe == pytest.approx([m * per_stage] * (p - 1))
+    assert one == pytest.approx([(p - st) * per_stage for st in range(p - 1)])
+    assert inter == pytest.approx(p * (1 + (p - 1) / (p * v)) * per_stage)
+    assert max(one) < max(gpipe)
+
+
+def test_more_microbatches_shrink_the_bubble():
+    bubbles = [pipeline(4, m, "1f1b").metrics.bubble_fraction for m in (4, 8, 16, 32)]
+    assert bubbles == sorted(bubbles, reverse=True)
+
+
+def test_embedding_and_output_layer_make_the_end_stages_slower():
+    r = pipeline(4, 8, "1f1b", equal_stages=False, ideal=False)
+    busy = [
+        sum(
+            r.timeline.end[t.id] - r.timeline.start[t.id]
+            for t in r.program.tasks
+            if t.rank == st and t.stream == "compute" and t.kind != "optimizer"
+        )
+        for st in range(4)
+    ]
+    assert busy[3] > 1.05 * busy[1]  # logits over a 32k vocabulary and the loss
+    assert busy[0] > busy[1]
+
+
+def test_pipeline_sends_travel_between_stages_as_send_recv():
+    r = pipeline(4, 8, "1f1b", ideal=False, tensor_parallel=1)
+    sends = r.metrics.comm_by_collective["send_recv:pp"]
+    b, s, h = 1, 1024, 1024
+    # every microbatch crosses 3 boundaries forward and 3 backward; the average stage sends 1.5 of each
+    assert sends["bytes_sent_per_gpu"] == pytest.approx(8 * 2 * 3 / 4 * b * s * h * 2)
+
+
+def test_pipeline_with_tensor_parallel_scatter_gather_sends_one_t_th():
+    """Narayanan et al. Sec. 4.1: each TP rank sends b s h / t and the receivers all-gather over NVLink."""
+    s = make(
+        model=MODEL,
+        cluster={"num_nodes": 2},
+        training={"global_batch_size": 8, "micro_batch_size": 1},
+        parallelism={"tensor_parallel": 8, "pipeline_parallel": 2},
+    )
+    r = simulate(s)
+    send = next(op for op in r.program.tasks[0].ops if op.collective == "send_recv")
+    assert send.bytes == 1024 * 1024 * 2 / 8
+
+
+@pytest.mark.parametrize(
+    "par,message",
+    [
+        (
+            {"pipeline_parallel": 3},
+            "model.num_layers (16) is not divisible by pipeline_parallel (3) x virtual_pipeline_stages (1) = 3",
+        ),
+        (
+            {
+                "pipeline_parallel": 4,
+                "pipeline_schedule": "interleaved-1f1b",
+                "virtual_pipeline_stages": 2,
+                "data_parallel": 2,
+            },
+            "interleaved-1f1b needs the microbatches per pipeline",
+        ),
+        ({"pipeline_parallel": 2, "virtual_pipeline_stages": 2}, "needs pipeline_schedule: interleaved-1f1b"),
+        (
+            {"pipeline_parallel": 2, "zero_stage": 3},
+            "zero_stage 3 with pipeline_parallel (2) is not supported",
+        ),
+    ],
+)
+def test_invalid_pipeline_combinations_get_one_message(par, message):
+    with pytest.raises(ScenarioError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        s = make(
+            model=MODEL,
+            cluster={"gpus_per_node": par["pipeline_parallel"] * par.get("data_parallel", 1)},
+            training={"global_batch_size": 12},
+            parallelism=par,
+        )
+        simulate(s)
