@@ -86,7 +86,10 @@ def simulate(
             durations[key] = split_parts(task.ops, compute, comm)
         return durations[key]
 
-    timeline = simulate_program(program, task_duration, lambda t: comm.phases(t.kind, t.group, t.bytes))
+    stage_of = [r.stage for r in program.ranks]
+    timeline = simulate_program(
+        program, task_duration, lambda t: comm.phases(t.kind, t.group, t.bytes, stage_of[t.rank])
+    )
     metrics = compute_metrics(s, timeline, placement, cluster.gpu.peak_flops(s.training.precision))
     metrics.params_billion = workload.total_params / 1e9
     metrics.wall_s = time.perf_counter() - t0

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
 
-LinkClass = tuple[str, str]
+LinkClass = tuple[frozenset, str, str]  # (pipeline stages on the link's nodes, from, to)
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
 
@@ -73,20 +73,41 @@ class CollectiveModel:
         self.step_latency_s = cluster.spec.collective_step_latency_us * 1e-6
         self._patterns: dict[tuple, _Pattern] = {}
         self._phases: dict[tuple, tuple[Phase, ...]] = {}
+        # nodes that host the same pipeline stages are interchangeable; others are not (their links carry
+        # other stages' traffic at other times), so link classes carry the set of stages of their nodes
+        gpn = cluster.gpus_per_node
+        self._fabric_stages: dict = {}
+        self._node_stages = [
+            frozenset(
+                placement.coordinate(r, "pp")
+                for r in range(k * gpn, min((k + 1) * gpn, placement.world_size))
+            )
+            for k in range(cluster.num_nodes)
+        ]
 
     # -- public ---------------------------------------------------------------------------------------------
-    def phases(self, op: str, group: str, size_bytes: float) -> tuple[Phase, ...]:
-        key = (op, group, size_bytes)
+    def phases(self, op: str, group: str, size_bytes: float, stage: int | None = None) -> tuple[Phase, ...]:
+        """Phases of ``op`` on every group of kind ``group`` at once, or, with ``stage``, on the groups of that
+        pipeline stage only (each stage reduces its gradients at its own time)."""
+        key = (op, group, size_bytes, stage)
         if key not in self._phases:
-            self._phases[key] = self._cost(op, group, size_bytes)
+            groups = self.placement.groups(group)
+            gpn = self.cluster.gpus_per_node
+            if stage is not None:
+                groups = tuple(g for g in groups if self.placement.coordinate(g[0], "pp") == stage)
+            elif all(g[0] // gpn == g[-1] // gpn for g in groups):
+                # groups inside nodes (tensor parallelism): every node is wired alike and runs the same
+                # collective, so the groups of one node give the cost (they still contend with each other)
+                first = groups[0][0] // gpn
+                groups = tuple(g for g in groups if g[0] // gpn == first)
+            self._phases[key] = self._cost(op, groups, size_bytes)
         return self._phases[key]
 
-    def standalone_time_s(self, op: str, group: str, size_bytes: float) -> float:
-        return sum(p.duration_s for p in self.phases(op, group, size_bytes))
+    def standalone_time_s(self, op: str, group: str, size_bytes: float, stage: int | None = None) -> float:
+        return sum(p.duration_s for p in self.phases(op, group, size_bytes, stage))
 
     # -- algorithms -----------------------------------------------------------------------------------------
-    def _cost(self, op: str, group: str, size_bytes: float) -> tuple[Phase, ...]:
-        groups = self.placement.groups(group)
+    def _cost(self, op: str, groups, size_bytes: float) -> tuple[Phase, ...]:
         n = len(groups[0])
         if n <= 1 or size_bytes <= 0:
             return ()
@@ -102,7 +123,7 @@ class CollectiveModel:
         candidates = {"ring": ring}
         if self._spans_nodes(groups[0]):
             candidates["tree"] = (self._tree(groups, size_bytes),)
-            candidates["hierarchical"] = self._hierarchical(group, groups, size_bytes)
+            candidates["hierarchical"] = self._hierarchical(groups, size_bytes)
         if self.algorithm in candidates:
             return candidates[self.algorithm]
         auto = {k: v for k, v in candidates.items() if k != "hierarchical"}  # NCCL chooses ring or tree
@@ -123,7 +144,7 @@ class CollectiveModel:
         demand = {c: size_bytes * s for c, s in pattern.unit_demand_s.items()}
         return Phase(2 * depth * (pattern.hop_latency_s + self.step_latency_s), demand)
 
-    def _hierarchical(self, group: str, groups, size_bytes: float) -> tuple[Phase, ...]:
+    def _hierarchical(self, groups, size_bytes: float) -> tuple[Phase, ...]:
         """Reduce-scatter inside each node, all-reduce across nodes per local rank, all-gather inside the node."""
         gpn = self.cluster.gpus_per_node
         intra = tuple(
@@ -197,6 +218,14 @@ class CollectiveModel:
                 raise ValueError(kind)
         return hops
 
+    def _stages_of(self, link) -> frozenset:
+        if link[0] >= 0:
+            return self._node_stages[link[0]]
+        if link not in self._fabric_stages:
+            nodes = self.cluster.link_nodes(link)
+            self._fabric_stages[link] = frozenset().union(*(self._node_stages[n] for n in nodes))
+        return self._fabric_stages[link]
+
     def _loads(self, hops) -> _Pattern:
         cl = self.cluster
         load: dict = defaultdict(float)
@@ -210,7 +239,7 @@ class CollectiveModel:
         per_class: dict[LinkClass, float] = {}
         for link, units in load.items():
             s = units / cl.link_info(link).bandwidth_Bps
-            c = cl.link_class(link)
+            c = (self._stages_of(link), *cl.link_class(link))
             if s > per_class.get(c, 0.0):
                 per_class[c] = s
         return _Pattern(per_class, worst_latency)

@@ -37,31 +37,42 @@ def simulate_program(
     for t in tasks:
         streams[(t.rank, t.stream)].append(t)
 
+    free, start, end, blocker, parts_of = (
+        timeline.free,
+        timeline.start,
+        timeline.end,
+        timeline.blocker,
+        timeline.parts,
+    )
+    timeout = env.timeout
+
     def run_stream(queue: list[Task]):
         for t in queue:
             free_at = env.now
-            pending = [done[d] for d in t.deps if not done[d].triggered]
-            if len(pending) == 1:
-                yield pending[0]
-            elif pending:
-                yield env.all_of(pending)
-            blocker = -1
-            if env.now > free_at:  # the stream sat idle: remember which dependency held it
-                blocker = max(t.deps, key=lambda d: timeline.end[d])
-            start = env.now
-            if t.is_collective:
+            deps = t.deps
+            if deps:
+                pending = [done[d] for d in deps if not done[d].triggered]
+                if len(pending) == 1:
+                    yield pending[0]
+                elif pending:
+                    yield env.all_of(pending)
+                if env.now > free_at:  # the stream sat idle: remember which dependency held it
+                    blocker[t.id] = max(deps, key=end.__getitem__)
+            began = env.now
+            if t.group is not None:
                 for phase in collective_phases(t):
                     if phase.latency_s > 0:
-                        yield env.timeout(phase.latency_s)
+                        yield timeout(phase.latency_s)
                     if phase.demand_s:
                         yield net.transfer(phase.demand_s)
             else:
                 seconds, parts = task_duration(t)
                 if parts:
-                    timeline.parts[t.id] = parts
-                yield env.timeout(seconds)
-            timeline.record(t.id, free_at, start, env.now, blocker)
-            done[t.id].succeed()
+                    parts_of[t.id] = parts
+                yield timeout(seconds)
+            i = t.id
+            free[i], start[i], end[i] = free_at, began, env.now
+            done[i].succeed()
 
     for queue in streams.values():
         env.process(run_stream(queue))

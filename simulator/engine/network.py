@@ -86,6 +86,9 @@ def allocate_rates(transfers: list[_Transfer]) -> None:
     for j, tr in enumerate(transfers):
         for link, d in tr.demand.items():
             users[link].append((j, d / tr.alone_s))  # capacity used at full (stand-alone) speed
+    # A link with one user never binds below that user's stand-alone speed (its use is at most 1): only shared
+    # links couple transfers.
+    users = {link: js for link, js in users.items() if len(js) > 1}
     cap = dict.fromkeys(users, 1.0)
     level = 0.0
     speed = [0.0] * len(transfers)

@@ -89,6 +89,23 @@ class Cluster:
             return (u, v)
         return (_GROUP_PREFIX.sub("", u), _GROUP_PREFIX.sub("", v))
 
+    def link_nodes(self, key: LinkKey) -> tuple[int, ...]:
+        """The compute nodes a link belongs to: its node, a NIC's node, or every node under a leaf switch
+        (empty for the spine)."""
+        node, u, v = key
+        if node >= 0:
+            return (node,)
+        for name in (u, v):
+            attrs = self.graph.nodes[name]
+            if attrs["kind"] == "nic":
+                return (attrs["node"],)
+        for name in (u, v):
+            attrs = self.graph.nodes[name]
+            if attrs["kind"] == "leaf":
+                per = self.spec.fabric.nodes_per_leaf
+                return tuple(range(attrs["group"] * per, min((attrs["group"] + 1) * per, self.num_nodes)))
+        return ()
+
     @cached_property
     def nearest_nic(self) -> list[int]:
         """For each local GPU, the NIC reached with the least seconds per byte; ties go to NIC i for GPU i
@@ -193,8 +210,8 @@ def build_graph(spec: TopologySpec, num_nodes: int, gpu: GPU) -> nx.Graph:
         for i in range(n.nics):
             leaf = k // spec.fabric.nodes_per_leaf
             leaf_name = f"g{leaf}.leaf{i}" if spec.fabric.rail_optimized else f"g{leaf}.leaf"
-            g.add_node(p + f"nic{i}", kind="nic", leaf=leaf_name)
-            g.add_node(leaf_name, kind="leaf")
+            g.add_node(p + f"nic{i}", kind="nic", leaf=leaf_name, node=k)
+            g.add_node(leaf_name, kind="leaf", group=leaf)
             attach(p, f"nic{i}", i, n.nics)
             link(p + f"nic{i}", leaf_name, n.nic_kind, nic_GBps, n.nic_latency_us)
         for d in range(n.nvme_drives):

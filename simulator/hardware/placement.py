@@ -55,5 +55,15 @@ class Placement:
         arr = grid.transpose(keep + vary).reshape(-1, int(np.prod([sizes[AXES[i]] for i in vary])))
         return tuple(tuple(int(x) for x in row) for row in arr)
 
+    def coordinate(self, rank: int, axis: str) -> int:
+        """The index of ``rank`` along ``axis`` (e.g. its pipeline stage for ``pp``)."""
+        sizes = self.sizes
+        inner = 1
+        for a in reversed(AXES):
+            if a == axis:
+                return rank // inner % sizes[a]
+            inner *= sizes[a]
+        raise ValueError(axis)
+
     def group_size(self, kind: str) -> int:
         return len(self.groups(kind)[0])

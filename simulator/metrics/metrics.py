@@ -14,7 +14,7 @@ backward, a ZeRO-3 forward all-gather as forward), as DeepSpeed's and Megatron's
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 
 from simulator.costs.collectives import ring_bytes_per_rank
@@ -80,10 +80,14 @@ def compute_metrics(s: Scenario, timeline: Timeline, placement: Placement, peak_
 
     # FLOPs per GPU from what the representative ranks executed, weighted by how many real ranks each stands for
     model_flops = hw_flops = 0.0
+    flops_of: dict[int, float] = {}  # tasks share ops tuples
     for t in tasks:
         if t.stream != COMPUTE or t.kind == "optimizer":
             continue
-        f = sum(op.model_flops for op in t.ops) * program.ranks[t.rank].count
+        key = id(t.ops)
+        if key not in flops_of:
+            flops_of[key] = sum(op.model_flops for op in t.ops)
+        f = flops_of[key] * program.ranks[t.rank].count
         hw_flops += f
         if t.kind != "recompute":
             model_flops += f
@@ -159,7 +163,7 @@ def _rank_metrics(timeline: Timeline, rank_tasks: list, T: float) -> dict:
         if t.kind != "optimizer":
             busy += timeline.end[i] - timeline.start[i]
         gap_start, gap_end = timeline.free[i], timeline.start[i]
-        b = int(timeline.blocker[i])
+        b = timeline.blocker[i]
         if gap_end > gap_start:
             if b >= 0 and tasks[b].rank != t.rank and not tasks[b].is_collective:
                 pipeline_idle += gap_end - gap_start
@@ -170,7 +174,7 @@ def _rank_metrics(timeline: Timeline, rank_tasks: list, T: float) -> dict:
                 own_start = max(gap_start, timeline.start[b])
                 breakdown[holder.phase] += gap_end - own_start
                 gap_end = own_start
-                b = int(timeline.blocker[b])
+                b = timeline.blocker[b]
             breakdown[holder.phase] += gap_end - gap_start
     last_compute = max((timeline.end[t.id] for t in compute), default=0.0)
     if last_compute < T:  # trailing communication (e.g. ZeRO-1/2 parameter all-gather after the step)
@@ -190,15 +194,19 @@ def _rank_metrics(timeline: Timeline, rank_tasks: list, T: float) -> dict:
             d["time_s"] += own[0][1] - own[0][0]
             d["bytes"] += t.bytes
             d["exposed_s"] += length(own) - intersection_length(own, compute_u)
-        for part in timeline.parts.get(t.id, ()):
+    # blocking collectives inside compute tasks; tasks share their parts, so count each tuple once
+    uses = Counter(id(parts) for t in rank_tasks if (parts := timeline.parts.get(t.id)))
+    distinct = {id(parts): parts for t in rank_tasks if (parts := timeline.parts.get(t.id))}
+    for key, times in uses.items():
+        for part in distinct[key]:
             if part.kind == "compute":
                 continue
             d = collectives[f"{part.kind}:{part.group}"]
-            d["count"] += 1
-            d["time_s"] += part.duration_s
-            d["bytes"] += part.bytes
-            d["exposed_s"] += part.duration_s  # blocking: the compute stream waits for it
-            embedded += part.duration_s
+            d["count"] += times
+            d["time_s"] += times * part.duration_s
+            d["bytes"] += times * part.bytes
+            d["exposed_s"] += times * part.duration_s  # the compute stream waits for it
+            embedded += times * part.duration_s
     return {
         "breakdown": breakdown,
         "bubble": pipeline_idle / (pipeline_idle + busy) if pipeline_idle + busy > 0 else 0.0,

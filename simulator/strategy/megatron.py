@@ -99,38 +99,28 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     ops = {key: _chunk_ops(s, w, us, key, pp, v, split) for key, us in chunks.items()}
 
     prog = Program(f"megatron {par.pipeline_schedule} (tp {par.tensor_parallel} x pp {pp} x dp {dp})")
-    ids: dict[tuple[int, Step], int] = {}  # ids are sequential, so a step's id is known before it exists
+    ids: dict[tuple, int] = {}  # ids are sequential, so a step's id is known before its task exists
     for st in range(pp):
-        for step in order[st]:
-            ids[(st, step)] = len(ids)
+        for kind, mb, c in order[st]:
+            ids[(st, kind, mb, c)] = len(ids)
 
-    def upstream(st: int, step: Step) -> int | None:
-        """The step on the neighbouring stage whose output this step receives."""
-        if step.kind == "F":
-            prev = (st - 1, step.chunk) if st > 0 else (pp - 1, step.chunk - 1)
-            return ids[(prev[0], Step("F", step.microbatch, prev[1]))] if prev[1] >= 0 else None
-        if step.kind == "B":
-            nxt = (st + 1, step.chunk) if st < pp - 1 else (0, step.chunk + 1)
-            return ids[(nxt[0], Step("B", step.microbatch, nxt[1]))] if nxt[1] < v else None
-        return None
+    def upstream(st: int, kind: str, mb: int, c: int) -> tuple[int, ...]:
+        """The step on the neighbouring stage whose output this step receives (none for W)."""
+        if kind == "F":
+            key = (st - 1, "F", mb, c) if st > 0 else (pp - 1, "F", mb, c - 1)
+        elif kind == "B":
+            key = (st + 1, "B", mb, c) if st < pp - 1 else (0, "B", mb, c + 1)
+        else:
+            return ()
+        return (ids[key],) if key in ids else ()
 
     for st in range(pp):
-        for step in order[st]:
-            fwd, bwd, wgt = ops[(st, step.chunk)]
-            task_ops = {"F": fwd, "B": bwd, "W": wgt}[step.kind]
-            kind = {"F": "forward", "B": "backward", "W": "backward"}[step.kind]
-            name = f"{step.kind}{step.microbatch}" + (f".{step.chunk}" if v > 1 else "")
-            prog.add(
-                st,
-                COMPUTE,
-                kind,
-                "forward" if kind == "forward" else "backward",
-                name,
-                (upstream(st, step),),
-                ops=task_ops,
-                microbatch=step.microbatch,
-            )
-    last_compute = [ids[(st, order[st][-1])] for st in range(pp)]
+        for kind, mb, c in order[st]:
+            fwd, bwd, wgt = ops[(st, c)]
+            task_ops, phase = (fwd, "forward") if kind == "F" else ((bwd if kind == "B" else wgt), "backward")
+            name = f"{kind}{mb}.{c}" if v > 1 else f"{kind}{mb}"
+            prog.add(st, COMPUTE, phase, phase, name, upstream(st, kind, mb, c), ops=task_ops, microbatch=mb)
+    last_compute = [ids[(st, *order[st][-1])] for st in range(pp)]
 
     wb, gb = weight_bytes(s), grad_bytes(s)
     distributed = par.zero_stage == 1
@@ -139,7 +129,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
         if dp > 1:
             for c in range(v):
                 params = sum(u.params for u in chunks[(st, c)])
-                last_b = max(ids[(st, x)] for x in order[st] if x.chunk == c and x.kind != "F")
+                last_b = max(ids[(st, *x)] for x in order[st] if x.chunk == c and x.kind != "F")
                 after = last_b if par.ddp.overlap_grad_reduce else last_compute[st]
                 reductions.append(
                     prog.add(
@@ -177,6 +167,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
                 label,
                 dp * model_parallel_size(s),
                 _stage_memory(s, gpu, chunks, order[st], st, v, stage_params),
+                stage=st,
             )
         )
     return prog

@@ -41,6 +41,7 @@ class RankClass:
     label: str
     count: int
     memory: MemoryBreakdown
+    stage: int | None = None  # pipeline stage, when the rank's collectives involve only that stage's groups
 
 
 @dataclass

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
-import numpy as np
-
 from simulator.strategy.program import Program, Task
 
 
@@ -27,16 +25,13 @@ class Timeline:
 
     def __init__(self, program: Program, n: int):
         self.program = program
-        self.free = np.zeros(n)
-        self.start = np.zeros(n)
-        self.end = np.zeros(n)
-        self.blocker = np.full(n, -1, dtype=np.int64)
+        # plain lists: the engine writes one element at a time and metrics read them one at a time
+        self.free = [0.0] * n
+        self.start = [0.0] * n
+        self.end = [0.0] * n
+        self.blocker = [-1] * n
         self.parts: dict[int, tuple[Part, ...]] = {}
         self.events = 0
-
-    def record(self, task_id: int, free_at: float, start: float, end: float, blocker: int) -> None:
-        self.free[task_id], self.start[task_id], self.end[task_id] = free_at, start, end
-        self.blocker[task_id] = blocker
 
     @property
     def tasks(self) -> list[Task]:
@@ -44,7 +39,7 @@ class Timeline:
 
     @property
     def makespan_s(self) -> float:
-        return float(self.end.max()) if len(self.end) else 0.0
+        return max(self.end, default=0.0)
 
     def intervals(self, select) -> list[tuple[float, float]]:
         return [(self.start[t.id], self.end[t.id]) for t in self.tasks if select(t)]
