@@ -149,3 +149,35 @@ def test_invalid_pipeline_combinations_get_one_message(par, message):
             parallelism=par,
         )
         simulate(s)
+
+
+def test_each_stage_reduces_its_own_gradients_without_contending_with_other_stages():
+    """Stages live on different nodes: their end-of-iteration all-reduces share no links, so each takes its
+    stand-alone time even though all of them run at once."""
+    untied = {**MODEL, "tied_embeddings": False}  # no embedding all-reduce sharing the stages' NICs
+    s = make(
+        model=untied,
+        cluster={"num_nodes": 4},
+        training={"global_batch_size": 16, "micro_batch_size": 1},
+        parallelism={
+            "tensor_parallel": 8,
+            "pipeline_parallel": 2,
+            "data_parallel": 2,
+            "ddp": {"overlap_grad_reduce": False},
+        },
+    )
+    r = simulate(s)
+    from simulator.api import placement_for
+    from simulator.costs.collectives import CollectiveModel
+
+    cm = CollectiveModel(r.cluster, placement_for(s))
+    for task in (t for t in r.program.tasks if t.kind == "all_reduce"):
+        alone = cm.standalone_time_s("all_reduce", "dp", task.bytes, stage=task.rank)
+        assert r.timeline.end[task.id] - r.timeline.start[task.id] == pytest.approx(alone, rel=1e-9)
+
+
+def test_tied_embeddings_add_a_gradient_all_reduce_between_first_and_last_stage():
+    tied = pipeline(4, 8, "1f1b", equal_stages=False, ideal=False)
+    words = 32000 * 1024 * 2
+    reduces = [t for t in tied.program.tasks if t.group == "embedding"]
+    assert [t.rank for t in reduces] == [0, 3] and all(t.bytes == words for t in reduces)

@@ -40,8 +40,10 @@ class Placement:
 
     @cache  # noqa: B019 - placements are few and immutable
     def groups(self, kind: str) -> tuple[tuple[int, ...], ...]:
-        """All groups of ``kind`` (``tp``, ``cp``, ``pp``, ``dp``, ``dp_shard``, ``dp_replicate``, or a
-        ``+``-joined combination such as ``dp+cp``), each a tuple of global GPU indices."""
+        """All groups of ``kind`` (``tp``, ``cp``, ``pp``, ``dp``, ``dp_shard``, ``dp_replicate``, a ``+``-joined
+        combination such as ``dp+cp``, or ``embedding``), each a tuple of global GPU indices."""
+        if kind == "embedding":  # first and last stage of each pipeline: they share tied embedding weights
+            return tuple((g[0], g[-1]) for g in self.groups("pp"))
         names = [
             a for part in kind.split("+") for a in (("dp_replicate", "dp_shard") if part == "dp" else (part,))
         ]

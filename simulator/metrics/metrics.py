@@ -165,17 +165,21 @@ def _rank_metrics(timeline: Timeline, rank_tasks: list, T: float) -> dict:
         gap_start, gap_end = timeline.free[i], timeline.start[i]
         b = timeline.blocker[i]
         if gap_end > gap_start:
-            if b >= 0 and tasks[b].rank != t.rank and not tasks[b].is_collective:
-                pipeline_idle += gap_end - gap_start
-            # follow the chain: the dependency may itself have waited for another (a gather for a reduction)
+            # follow the chain: the dependency may itself have waited for another (a gather for a reduction,
+            # an all-reduce for the last stage's backward); each stretch goes to the task that held it, and
+            # stretches held by another stage's compute are pipeline bubble
             holder = t
             while b >= 0 and gap_end > gap_start:
                 holder = tasks[b]
                 own_start = max(gap_start, timeline.start[b])
                 breakdown[holder.phase] += gap_end - own_start
+                if holder.rank != t.rank and not holder.is_collective:
+                    pipeline_idle += gap_end - own_start
                 gap_end = own_start
                 b = timeline.blocker[b]
             breakdown[holder.phase] += gap_end - gap_start
+            if holder.rank != t.rank and not holder.is_collective:
+                pipeline_idle += gap_end - gap_start
     last_compute = max((timeline.end[t.id] for t in compute), default=0.0)
     if last_compute < T:  # trailing communication (e.g. ZeRO-1/2 parameter all-gather after the step)
         last = max(rank_tasks, key=lambda t: timeline.end[t.id])

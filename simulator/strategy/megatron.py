@@ -143,6 +143,22 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
                         bytes=params * gb,
                     )
                 )
+        if s.model.tied_embeddings and st in (0, pp - 1):
+            # the first and last stage each hold the word embedding and sum its gradients after the flush
+            # (Megatron _allreduce_word_embedding_grads, DeepSpeed allreduce_tied_weight_gradients)
+            words = s.model.vocab_size * s.model.hidden_size // par.tensor_parallel
+            reductions.append(
+                prog.add(
+                    st,
+                    "comm.dp",
+                    "all_reduce",
+                    "backward",
+                    "tied embedding grad all-reduce",
+                    (last_compute[0], last_compute[-1]),
+                    group="embedding",
+                    bytes=words * gb,
+                )
+            )
         stage_params = sum(u.params for c in range(v) for u in chunks[(st, c)])
         # gradient clipping all-reduces the norm over every stage: a global sync before the step
         opt = add_optimizer(
