@@ -16,6 +16,8 @@ CASES = [
     "scenarios/gpt3-175b-zero3-384xa100.yaml",
     "scenarios/gpt3-175b-zero3-1536xa100.yaml",
     "scenarios/llama2-7b-fsdp2-512xh100.yaml",
+    "scenarios/published/nar21-t1-1t.yaml",
+    "scenarios/published/kor22-530b-sp-selective.yaml",
 ]
 
 

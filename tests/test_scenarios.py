@@ -26,3 +26,13 @@ def test_two_node_report_ranking_of_zero_stages_on_a_slow_network():
         times[name] = simulate(s).metrics.iteration_time_s
     assert times["baseline"] <= times["zero1"] < times["zero2"]
     assert times["zero1"] < times["zero3"]
+
+
+PUBLISHED = sorted((Path(__file__).resolve().parents[1] / "scenarios" / "published").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", PUBLISHED, ids=lambda p: p.stem)
+def test_published_run_simulates_and_fits_in_memory_as_it_did_on_real_hardware(path):
+    m = simulate(load_scenario(path)).metrics
+    assert m.iteration_time_s > 0
+    assert not m.oom, f"{path.stem}: simulated peak {m.memory_gib['peak']:.1f} GiB"

@@ -42,6 +42,7 @@ class Metrics:
     memory_gib: dict[str, float]
     oom: bool
     events: int
+    stages: list[dict] = field(default_factory=list)  # per simulated rank: bubble, p2p time, memory, OOM
     wall_s: float = 0.0
     gpus: int = 0
     strategy: str = ""
@@ -98,6 +99,7 @@ def compute_metrics(s: Scenario, timeline: Timeline, placement: Placement, peak_
     for t in tasks:
         by_rank[t.rank].append(t)
     breakdown: dict[str, float] = {}
+    stages: list[dict] = []
     bubble = exposed = overlapped = total = bytes_per_gpu = 0.0
     by_coll: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for rank, rank_tasks in sorted(by_rank.items()):
@@ -105,6 +107,17 @@ def compute_metrics(s: Scenario, timeline: Timeline, placement: Placement, peak_
         r = _rank_metrics(timeline, rank_tasks, T)
         if rank == 0:
             breakdown = r["breakdown"]
+        mem_r = program.ranks[rank].memory
+        stages.append(
+            {
+                "rank": program.ranks[rank].label,
+                "bubble_fraction": r["bubble"],
+                "p2p_s": r["collectives"].get("send_recv:pp", {}).get("time_s", 0.0),
+                "exposed_comm_s": r["exposed"],
+                "memory_peak_gib": mem_r.peak / 2**30,
+                "oom": mem_r.oom,
+            }
+        )
         bubble += w * r["bubble"]
         exposed += w * r["exposed"]
         overlapped += w * r["overlapped"]
@@ -144,6 +157,7 @@ def compute_metrics(s: Scenario, timeline: Timeline, placement: Placement, peak_
         events=timeline.events,
         gpus=gpus,
         strategy=program.strategy,
+        stages=stages,
     )
 
 

@@ -57,5 +57,28 @@ def metrics_table(results: list[tuple[str, Metrics]]) -> Table:
     return table
 
 
+def stages_table(m: Metrics, most: int = 16) -> Table:
+    """Per pipeline stage: bubble, time in sends / receives, peak memory and the out-of-memory verdict."""
+    table = Table(title="Pipeline stages", show_header=True, header_style="bold")
+    for col in ("Stage", "Bubble", "Send/recv", "Exposed comm.", "Peak memory", "Fits"):
+        table.add_column(col, justify="right" if col != "Stage" else "left")
+    shown = m.stages if len(m.stages) <= most else m.stages[: most // 2] + m.stages[-most // 2 :]
+    for i, st in enumerate(shown):
+        if len(m.stages) > most and i == most // 2:
+            table.add_row(f"... {len(m.stages) - most} more", "", "", "", "", "")
+        table.add_row(
+            st["rank"][:60],
+            f"{st['bubble_fraction']:.1%}",
+            f"{st['p2p_s']:.3f} s",
+            f"{st['exposed_comm_s']:.3f} s",
+            f"{st['memory_peak_gib']:.1f} GiB",
+            "[red]no[/red]" if st["oom"] else "yes",
+        )
+    return table
+
+
 def print_table(results: list[tuple[str, Metrics]], console: Console | None = None) -> None:
-    (console or Console()).print(metrics_table(results))
+    console = console or Console()
+    console.print(metrics_table(results))
+    if len(results) == 1 and len(results[0][1].stages) > 1:
+        console.print(stages_table(results[0][1]))

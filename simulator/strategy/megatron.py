@@ -175,9 +175,13 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
                 group="dp",
                 bytes=stage_params * wb,
             )
-        label = f"stage {st}: " + ", ".join(
-            f"{chunks[(st, c)][0].name}..{chunks[(st, c)][-1].name}" for c in range(v)
-        )
+        mine = [u for c in range(v) for u in chunks[(st, c)]]
+        extras = [
+            name
+            for name, unit in (("embedding", "embedding"), ("output layer", "head"))
+            if any(u.name == unit for u in mine)
+        ]
+        label = f"stage {st}: {sum(u.is_layer for u in mine)} layers" + "".join(f" + {e}" for e in extras)
         prog.ranks.append(
             RankClass(
                 label,

@@ -1,0 +1,67 @@
+"""Plotly figures of a simulated iteration (used by docs and, later, the HTML report)."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from simulator.timeline.timeline import Timeline
+
+# one colour per kind of work, the same everywhere
+COLOURS = {
+    "forward": "#4C78A8",
+    "backward": "#F58518",
+    "weight-gradient": "#EECA3B",
+    "recompute": "#72B7B2",
+    "optimizer": "#54A24B",
+    "all_reduce": "#E45756",
+    "reduce_scatter": "#B279A2",
+    "all_gather": "#FF9DA6",
+    "send_recv": "#9D755D",
+}
+
+
+def _kind(task) -> str:
+    if task.kind == "backward" and task.name.startswith("W"):
+        return "weight-gradient"
+    return task.kind
+
+
+def timeline_figure(timeline: Timeline, title: str = "", max_tasks: int = 20000) -> go.Figure:
+    """Gantt chart: one row per simulated rank and stream, one bar per task, hover with its details."""
+    program = timeline.program
+    rows: dict[str, dict[str, list]] = {}
+    for t in program.tasks[:max_tasks]:
+        kind = _kind(t)
+        d = rows.setdefault(kind, {"y": [], "base": [], "x": [], "text": []})
+        d["y"].append(f"{program.ranks[t.rank].label.split(':')[0]} · {t.stream}")
+        d["base"].append(timeline.start[t.id] * 1e3)
+        d["x"].append((timeline.end[t.id] - timeline.start[t.id]) * 1e3)
+        extra = f"<br>{t.bytes / 2**20:.1f} MiB on {t.group}" if t.is_collective else ""
+        d["text"].append(f"{t.name}{extra}<br>{d['x'][-1]:.3f} ms")
+    fig = go.Figure()
+    for kind, d in rows.items():
+        fig.add_trace(
+            go.Bar(
+                y=d["y"],
+                base=d["base"],
+                x=d["x"],
+                orientation="h",
+                name=kind,
+                marker_color=COLOURS.get(kind, "#888"),
+                hovertext=d["text"],
+                hoverinfo="text",
+                marker_line_width=0.5,
+                marker_line_color="white",
+            )
+        )
+    order = sorted({y for d in rows.values() for y in d["y"]}, key=lambda y: (y.split(" · ")[0], y))
+    fig.update_layout(
+        title=title,
+        barmode="overlay",
+        xaxis_title="time (ms)",
+        height=120 + 28 * len(order),
+        yaxis={"categoryorder": "array", "categoryarray": order[::-1]},
+        legend_orientation="h",
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+    )
+    return fig
