@@ -40,28 +40,27 @@ def placement_for(s: Scenario) -> Placement:
 
 
 def split_parts(ops, compute: ComputeModel, comm: CollectiveModel) -> tuple[float, tuple[Part, ...]]:
-    """Seconds of a compute task and, when it holds blocking collectives, its parts in order."""
+    """Seconds of a compute task and, when it holds collectives, its parts in order. A collective marked
+    ``overlaps`` hides behind the kernel just before it; only what outlasts that kernel adds time."""
     if not any(op.kind == "collective" for op in ops):
         return compute.ops_time_s(ops), ()
     parts: list[Part] = []
     run: list = []
+    budget = 0.0  # time of the last kernel that overlapping collectives can hide behind
     for op in (*ops, None):
         if op is not None and op.kind != "collective":
             run.append(op)
             continue
         if run:
+            budget = compute.op_time_s(run[-1])
             parts.append(Part("kernels", "compute", "", 0.0, compute.ops_time_s(tuple(run))))
             run = []
-        if op is not None:
-            parts.append(
-                Part(
-                    op.name,
-                    op.collective,
-                    op.group,
-                    op.bytes,
-                    comm.standalone_time_s(op.collective, op.group, op.bytes),
-                )
-            )
+        if op is None:
+            break
+        seconds = comm.standalone_time_s(op.collective, op.group, op.bytes)
+        hidden = min(seconds, budget) if op.overlaps else 0.0
+        budget -= hidden
+        parts.append(Part(op.name, op.collective, op.group, op.bytes, seconds - hidden, hidden))
     return sum(p.duration_s for p in parts), tuple(parts)
 
 

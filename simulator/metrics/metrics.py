@@ -203,7 +203,7 @@ def _rank_metrics(timeline: Timeline, rank_tasks: list, T: float) -> dict:
     comm_u = union((timeline.start[t.id], timeline.end[t.id]) for t in rank_tasks if t.is_collective)
     overlapped = intersection_length(compute_u, comm_u)
     collectives: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    embedded = 0.0
+    embedded = hidden = 0.0
     for t in rank_tasks:
         if t.is_collective:
             d = collectives[f"{t.kind}:{t.group}"]
@@ -221,15 +221,16 @@ def _rank_metrics(timeline: Timeline, rank_tasks: list, T: float) -> dict:
                 continue
             d = collectives[f"{part.kind}:{part.group}"]
             d["count"] += times
-            d["time_s"] += times * part.duration_s
+            d["time_s"] += times * (part.duration_s + part.hidden_s)
             d["bytes"] += times * part.bytes
             d["exposed_s"] += times * part.duration_s  # the compute stream waits for it
             embedded += times * part.duration_s
+            hidden += times * part.hidden_s
     return {
         "breakdown": breakdown,
         "bubble": pipeline_idle / (pipeline_idle + busy) if pipeline_idle + busy > 0 else 0.0,
         "exposed": length(comm_u) - overlapped + embedded,
-        "overlapped": overlapped,
-        "total": length(comm_u) + embedded,
+        "overlapped": overlapped + hidden,
+        "total": length(comm_u) + embedded + hidden,
         "collectives": collectives,
     }

@@ -173,6 +173,17 @@ class Scenario(_Section):
             raise ValueError(
                 f"model.ffn_hidden_size ({m.ffn_size}) is not divisible by tensor_parallel ({tp})"
             )
+        cp = p.context_parallel
+        if cp > 1 and m.attention != "flash":
+            raise ValueError(
+                f"parallelism.context_parallel ({cp}) needs model.attention: flash (context parallelism runs ring "
+                "attention on fused attention kernels, as in Megatron-Core and torchtitan)"
+            )
+        if cp > 1 and m.seq_length % (2 * cp):
+            raise ValueError(
+                f"model.seq_length ({m.seq_length}) is not divisible by 2 x context_parallel ({cp}) = {2 * cp} "
+                "(causal load balancing gives each rank two chunks)"
+            )
         if p.fsdp is not None and p.zero_stage:
             raise ValueError(
                 f"parallelism: choose either fsdp (PyTorch) or zero_stage (DeepSpeed), not both "

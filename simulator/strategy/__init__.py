@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from simulator.errors import ScenarioError
 from simulator.hardware.gpus import GPU
 from simulator.scenario.schema import Scenario
 from simulator.strategy import ddp, fsdp, megatron, zero
@@ -12,8 +11,6 @@ from simulator.workload.transformer import Workload
 
 def build_program(s: Scenario, w: Workload, gpu: GPU) -> Program:
     p = s.parallelism
-    if p.context_parallel > 1:
-        raise ScenarioError(f"parallelism: context_parallel ({p.context_parallel}) is not simulated yet")
     if p.pipeline_parallel > 1:
         return megatron.build(s, w, gpu)
     if p.fsdp is not None:

@@ -146,3 +146,13 @@ def rank_label(s: Scenario) -> str:
     p = s.parallelism
     tp = f" x {p.tensor_parallel} tensor-parallel" if p.tensor_parallel > 1 else ""
     return f"all {p.data_parallel} data-parallel{tp} ranks"
+
+
+def grad_group(s: Scenario, base: str = "dp") -> str:
+    """The group gradients are reduced (and states sharded) over: data parallel, joined by the context-parallel
+    ranks, which hold the same weights and see other tokens (Megatron-Core, torchtitan)."""
+    return f"{base}+cp" if s.parallelism.context_parallel > 1 else base
+
+
+def grad_group_size(s: Scenario) -> int:
+    return s.parallelism.data_parallel * s.parallelism.context_parallel

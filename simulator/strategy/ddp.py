@@ -15,6 +15,8 @@ from simulator.strategy.common import (
     add_optimizer,
     buckets,
     grad_bytes,
+    grad_group,
+    grad_group_size,
     memory_breakdown,
     model_parallel_size,
     rank_label,
@@ -25,7 +27,7 @@ from simulator.workload.transformer import Workload
 
 
 def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
-    dp, gas = s.parallelism.data_parallel, s.gradient_accumulation_steps
+    dp, gas = grad_group_size(s), s.gradient_accumulation_steps
     cfg = s.parallelism.ddp
     p = Program("single-gpu" if dp == 1 else "ddp")
     us = units(w)
@@ -45,9 +47,9 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
         for u in reversed(us):
             bwd = add_backward(p, s, u, mb)
             if u.index in closes and cfg.overlap_grad_reduce:
-                reductions.append(_all_reduce(p, closes[u.index], bwd))
+                reductions.append(_all_reduce(p, closes[u.index], bwd, grad_group(s)))
         if last and not cfg.overlap_grad_reduce:
-            reductions += [_all_reduce(p, b, bwd) for b in plan]
+            reductions += [_all_reduce(p, b, bwd, grad_group(s)) for b in plan]
     add_optimizer(p, s, w.params_per_rank, reductions)
 
     buffers = 2 * cfg.bucket_cap_mb * 2**20 if dp > 1 else 0.0  # buckets in flight
@@ -56,7 +58,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     return p
 
 
-def _all_reduce(p: Program, bucket: tuple[list[int], float], after: int) -> int:
+def _all_reduce(p: Program, bucket: tuple[list[int], float], after: int, group: str) -> int:
     idx, nbytes = bucket
     return p.add(
         0,
@@ -65,6 +67,6 @@ def _all_reduce(p: Program, bucket: tuple[list[int], float], after: int) -> int:
         "backward",
         f"grad all-reduce (units {idx[-1]}..{idx[0]})",
         (after,),
-        group="dp",
+        group=group,
         bytes=nbytes,
     )

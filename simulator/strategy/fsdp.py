@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from simulator.hardware.gpus import GPU
 from simulator.scenario.schema import Scenario
-from simulator.strategy.common import grad_bytes, memory_breakdown, model_parallel_size, units, weight_bytes
+from simulator.strategy.common import (
+    grad_bytes,
+    grad_group,
+    grad_group_size,
+    memory_breakdown,
+    model_parallel_size,
+    units,
+    weight_bytes,
+)
 from simulator.strategy.program import Program, RankClass
 from simulator.strategy.sharded import ShardingPlan, add_sharded_iteration
 from simulator.workload.transformer import Workload
@@ -18,14 +26,14 @@ from simulator.workload.transformer import Workload
 
 def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     cfg = s.parallelism.fsdp
-    dp = s.parallelism.data_parallel
-    shard = cfg.hybrid_shard_size or dp
+    dp = grad_group_size(s)
+    shard = (cfg.hybrid_shard_size or s.parallelism.data_parallel) * s.parallelism.context_parallel
     hybrid = shard < dp
     p = Program("hsdp" if hybrid else "fsdp2")
     us = units(w)
     wb, gb = weight_bytes(s), grad_bytes(s)
     plan = ShardingPlan(
-        gather_group="dp_shard" if hybrid else "dp",
+        gather_group=grad_group(s, "dp_shard") if hybrid else grad_group(s),
         replicate_group="dp_replicate" if hybrid else None,
         shard_size=shard,
         prefetch_depth=2 if cfg.backward_prefetch else 1,

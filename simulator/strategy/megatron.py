@@ -22,6 +22,8 @@ from simulator.strategy.common import (
     Unit,
     add_optimizer,
     grad_bytes,
+    grad_group,
+    grad_group_size,
     model_parallel_size,
     units,
     weight_bytes,
@@ -92,7 +94,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     check(s)
     par = s.parallelism
     pp, v = par.pipeline_parallel, par.virtual_pipeline_stages
-    dp, m = par.data_parallel, s.gradient_accumulation_steps
+    dp, m = grad_group_size(s), s.gradient_accumulation_steps
     split = par.pipeline_schedule in SPLITS_BACKWARD
     order = {st: get_schedule(par.pipeline_schedule)(pp, m, v, st) for st in range(pp)}
     chunks = chunk_units(w, pp, v)
@@ -139,7 +141,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
                         "backward",
                         f"chunk {c} grad {'reduce-scatter' if distributed else 'all-reduce'}",
                         (after,),
-                        group="dp",
+                        group=grad_group(s),
                         bytes=params * gb,
                     )
                 )
@@ -172,7 +174,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
                 "optimizer",
                 "param all-gather",
                 (opt,),
-                group="dp",
+                group=grad_group(s),
                 bytes=stage_params * wb,
             )
         mine = [u for c in range(v) for u in chunks[(st, c)]]
@@ -240,7 +242,7 @@ def _stage_memory(
     par = s.parallelism
     w_b, g_b, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
     p_bytes, g_bytes, o_bytes = zero_model_state_bytes(
-        params, par.data_parallel, par.zero_stage, k_b, w_b, g_b
+        params, grad_group_size(s), par.zero_stage, k_b, w_b, g_b
     )
     per_layer = activation_bytes_per_layer(s)
     chunk_act = {}

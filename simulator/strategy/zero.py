@@ -22,6 +22,8 @@ from simulator.strategy.common import (
     add_optimizer,
     buckets,
     grad_bytes,
+    grad_group,
+    grad_group_size,
     memory_breakdown,
     model_parallel_size,
     rank_label,
@@ -38,7 +40,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     p = Program(f"zero-{stage}")
     us = units(w)
     cfg = s.parallelism.zero
-    dp = s.parallelism.data_parallel
+    dp = grad_group_size(s)
     overlap = cfg.overlap_comm if cfg.overlap_comm is not None else stage == 3
     wb, gb = weight_bytes(s), grad_bytes(s)
     persistent: frozenset[int] = frozenset()
@@ -50,7 +52,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
         threshold = cfg.stage3_param_persistence_threshold
         persistent = frozenset(u.index for u in us if _gather_params(w, u) <= threshold)
         kept = _kept_after_forward(us, cfg)
-        plan = ShardingPlan("dp", None, dp, max(1, depth), kept, True, overlap, wb, gb, persistent)
+        plan = ShardingPlan(grad_group(s), None, dp, max(1, depth), kept, True, overlap, wb, gb, persistent)
         add_sharded_iteration(p, s, us, plan, lambda u: _gather_params(w, u))
         live = min(cfg.stage3_max_live_parameters, (1 + depth) * biggest)
         buffers = live * wb + cfg.reduce_bucket_size * gb
@@ -83,7 +85,7 @@ def _gather_params(w: Workload, u: Unit) -> int:
 
 def _stage_1_2(p: Program, s: Scenario, w: Workload, us: list[Unit], overlap: bool) -> None:
     stage, cfg, gas = s.parallelism.zero_stage, s.parallelism.zero, s.gradient_accumulation_steps
-    dp = s.parallelism.data_parallel
+    dp = grad_group_size(s)
     gb, wb = grad_bytes(s), weight_bytes(s)
     reductions: list[int] = []
     for mb in range(gas):
@@ -109,7 +111,7 @@ def _stage_1_2(p: Program, s: Scenario, w: Workload, us: list[Unit], overlap: bo
                     "backward",
                     f"grad reduce-scatter (units {idx[-1]}..{idx[0]})",
                     (bwd,),
-                    group="dp",
+                    group=grad_group(s),
                     bytes=nbytes,
                 )
                 reductions.append(rid)
@@ -124,6 +126,6 @@ def _stage_1_2(p: Program, s: Scenario, w: Workload, us: list[Unit], overlap: bo
                 "optimizer",
                 f"param all-gather (units {idx[0]}..{idx[-1]})",
                 (opt,),
-                group="dp",
+                group=grad_group(s),
                 bytes=nbytes,
             )

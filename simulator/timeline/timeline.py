@@ -9,14 +9,16 @@ from simulator.strategy.program import Program, Task
 
 
 class Part(NamedTuple):
-    """A slice of a compute task: a run of kernels or a blocking collective (tensor-parallel all-reduce,
-    pipeline send) that the stream waits for."""
+    """A slice of a compute task: a run of kernels or a collective the stream waits for (tensor-parallel
+    all-reduce, pipeline send). ``duration_s`` is the time the stream spends on it; ``hidden_s`` the part of a
+    collective that ran alongside a kernel (ring attention's K/V exchange) and so took no extra time."""
 
     name: str
     kind: str  # compute | all_reduce | all_gather | reduce_scatter | send_recv | ...
     group: str
     bytes: float
     duration_s: float
+    hidden_s: float = 0.0
 
 
 class Timeline:

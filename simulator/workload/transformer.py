@@ -31,11 +31,13 @@ class Op:
     model_flops: float = 0.0
     collective: str = ""  # collective ops: all_reduce, all_gather, reduce_scatter, send_recv
     group: str = ""  # collective ops: the group kind (tp, pp, ...)
+    overlaps: bool = False  # collective ops: runs alongside the kernel just before it (ring attention)
 
 
-def collective_op(name: str, collective: str, group: str, nbytes: float) -> Op:
-    """A blocking collective inside a block (Megatron's tensor-parallel all-reduces, pipeline send/recv)."""
-    return Op(name, "collective", bytes=float(nbytes), collective=collective, group=group)
+def collective_op(name: str, collective: str, group: str, nbytes: float, overlaps: bool = False) -> Op:
+    """A collective inside a block: blocking (Megatron's tensor-parallel all-reduces, pipeline send/recv), or
+    with ``overlaps`` running alongside the kernel before it, so only what outlasts that kernel is exposed."""
+    return Op(name, "collective", bytes=float(nbytes), collective=collective, group=group, overlaps=overlaps)
 
 
 def gemm(name: str, m: int, n: int, k: int, batch: int = 1, elem_bytes: int = 2) -> Op:
@@ -171,8 +173,11 @@ def build_workload(s: Scenario) -> Workload:
     act_elems = tokens * f // t
     act = memory_op(f"{m.activation}", e * act_elems * (3 if m.activation == "swiglu" else 2))
 
+    cp = p.context_parallel
     if m.attention == "flash":
-        full = 4.0 * b * heads * seq * seq * d  # QK^T and PV; causal masking skips half of it
+        # with context parallelism each rank's s/cp queries attend to all s keys (ring attention, causal load
+        # balancing gives every rank the same share); QK^T and PV, causal masking skips half
+        full = 4.0 * b * heads * seq * m.seq_length * d
         attn_fwd = (
             Op(
                 "flash attention",
@@ -191,6 +196,20 @@ def build_workload(s: Scenario) -> Workload:
                 model_flops=2 * full,
             ),
         )
+        if cp > 1:
+            # K and V blocks go round the CP ring while the kernel works on the block it has (Liu et al. 2023,
+            # Ring Attention; Megatron-Core context parallelism): an all-gather of K,V forward; K,V again and
+            # their gradients (a reduce-scatter) backward
+            kv = e * b * m.seq_length * 2 * kv_heads * d  # all of K and V, this rank's heads
+            attn_fwd = (
+                *attn_fwd,
+                collective_op("cp ring K/V exchange", "all_gather", "cp", kv, overlaps=True),
+            )
+            attn_bwd = (
+                attn_bwd[0],
+                collective_op("cp ring K/V exchange", "all_gather", "cp", kv, overlaps=True),
+                collective_op("cp ring dK/dV exchange", "reduce_scatter", "cp", kv, overlaps=True),
+            )
     else:
         probs = b * heads * seq * seq
         scores = gemm("attention scores QK^T", seq, seq, d, batch=b * heads)
