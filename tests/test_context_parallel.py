@@ -54,7 +54,7 @@ def test_kv_exchange_hides_behind_attention_on_nvlink_and_shows_on_a_slow_networ
     slow = simulate(
         make(
             model=MODEL,
-            cluster={"topology": "ethernet-2node", "num_nodes": 2},
+            cluster={"topology": "ethernet-2node", "num_nodes": 2, "nic_bandwidth_gbps": 1},
             training={"global_batch_size": 1, "micro_batch_size": 1},
             parallelism={"context_parallel": 2, "data_parallel": 1},
         )
