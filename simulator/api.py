@@ -36,7 +36,9 @@ class Result:
 def placement_for(s: Scenario) -> Placement:
     p = s.parallelism
     shard = p.fsdp.hybrid_shard_size if p.fsdp and p.fsdp.hybrid_shard_size else None
-    return Placement(p.tensor_parallel, p.context_parallel, p.data_parallel, p.pipeline_parallel, shard)
+    return Placement(
+        p.tensor_parallel, p.context_parallel, p.data_parallel, p.pipeline_parallel, shard, p.rank_order
+    )
 
 
 def split_parts(ops, compute: ComputeModel, comm: CollectiveModel) -> tuple[float, tuple[Part, ...]]:

@@ -181,3 +181,47 @@ def test_tied_embeddings_add_a_gradient_all_reduce_between_first_and_last_stage(
     words = 32000 * 1024 * 2
     reduces = [t for t in tied.program.tasks if t.group == "embedding"]
     assert [t.rank for t in reduces] == [0, 3] and all(t.bytes == words for t in reduces)
+
+
+def test_first_and_last_stage_layer_counts_move_layers_off_the_imbalanced_ends():
+    """Megatron-Core --decoder-first/last-pipeline-num-layers: fewer layers beside the embedding and the loss."""
+    s = make(
+        model=MODEL,
+        cluster={"gpus_per_node": 4},
+        training={"global_batch_size": 8, "micro_batch_size": 1},
+        parallelism={
+            "pipeline_parallel": 4,
+            "first_pipeline_stage_layers": 3,
+            "last_pipeline_stage_layers": 3,
+        },
+    )
+    r = simulate(s)
+    assert [rc.label for rc in r.program.ranks] == [
+        "stage 0: 3 layers + embedding",
+        "stage 1: 5 layers",
+        "stage 2: 5 layers",
+        "stage 3: 3 layers + output layer",
+    ]
+    with pytest.raises(
+        ScenarioError,
+        match=r"\(16\) - first_pipeline_stage_layers \(2\) .* = 14 does not split evenly over the 3",
+    ):
+        simulate(
+            make(
+                model=MODEL,
+                cluster={"gpus_per_node": 4},
+                training={"global_batch_size": 8},
+                parallelism={"pipeline_parallel": 4, "first_pipeline_stage_layers": 2},
+            )
+        )
+
+
+def test_rank_order_decides_which_groups_share_a_node():
+    from simulator.hardware.placement import Placement
+
+    default = Placement(tp=2, dp=4, order="tp-cp-dp-pp")
+    swapped = Placement(tp=2, dp=4, order="dp-cp-tp-pp")
+    assert default.groups("tp")[0] == (0, 1) and default.groups("dp")[0] == (0, 2, 4, 6)
+    assert swapped.groups("dp")[0] == (0, 1, 2, 3) and swapped.groups("tp")[0] == (0, 4)
+    with pytest.raises(ScenarioError, match="rank_order"):
+        make(model=MODEL, parallelism={"rank_order": "tp-tp-dp-pp"})

@@ -1,8 +1,8 @@
 """Which GPU runs which rank, and the communication groups that result.
 
-Ranks fill GPUs in order (node-major) and the rank grid is ``pp x dp x cp x tp`` with tensor parallelism
-innermost, as Megatron-LM's default ``tp-cp-ep-dp-pp`` order: TP groups stay inside a node. For HSDP the
-data-parallel axis splits into ``dp_replicate x dp_shard`` with the shard group innermost.
+Ranks fill GPUs in order (node-major). ``order`` names the axes innermost first, as Megatron-Core's
+``order`` argument: the default ``tp-cp-dp-pp`` (Megatron's ``tp-cp-ep-dp-pp`` without experts) keeps TP groups
+inside a node. For HSDP the data-parallel axis splits into ``dp_replicate x dp_shard``, shard innermost.
 """
 
 from __future__ import annotations
@@ -12,7 +12,16 @@ from functools import cache
 
 import numpy as np
 
-AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # outermost -> innermost
+DEFAULT_ORDER = "tp-cp-dp-pp"
+
+
+def axes_of(order: str) -> tuple[str, ...]:
+    """Grid axes outermost -> innermost for an innermost-first order such as ``tp-cp-dp-pp``."""
+    parts = order.split("-")
+    if sorted(parts) != ["cp", "dp", "pp", "tp"]:
+        raise ValueError(f"rank order {order!r} must name tp, cp, dp and pp once each, innermost first")
+    expanded = [a for part in parts for a in (("dp_shard", "dp_replicate") if part == "dp" else (part,))]
+    return tuple(reversed(expanded))
 
 
 @dataclass(frozen=True)
@@ -22,6 +31,11 @@ class Placement:
     dp: int = 1
     pp: int = 1
     dp_shard: int | None = None  # HSDP shard-group size; None = the whole dp axis
+    order: str = DEFAULT_ORDER  # innermost first
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return axes_of(self.order)
 
     @property
     def world_size(self) -> int:
@@ -48,20 +62,20 @@ class Placement:
             a for part in kind.split("+") for a in (("dp_replicate", "dp_shard") if part == "dp" else (part,))
         ]
         for a in names:
-            if a not in AXES:
+            if a not in self.axes:
                 raise ValueError(f"unknown group kind {kind!r}")
         sizes = self.sizes
-        grid = np.arange(self.world_size).reshape([sizes[a] for a in AXES])
-        keep = [AXES.index(a) for a in AXES if a not in names]
-        vary = [AXES.index(a) for a in AXES if a in names]
-        arr = grid.transpose(keep + vary).reshape(-1, int(np.prod([sizes[AXES[i]] for i in vary])))
+        grid = np.arange(self.world_size).reshape([sizes[a] for a in self.axes])
+        keep = [self.axes.index(a) for a in self.axes if a not in names]
+        vary = [self.axes.index(a) for a in self.axes if a in names]
+        arr = grid.transpose(keep + vary).reshape(-1, int(np.prod([sizes[self.axes[i]] for i in vary])))
         return tuple(tuple(int(x) for x in row) for row in arr)
 
     def coordinate(self, rank: int, axis: str) -> int:
         """The index of ``rank`` along ``axis`` (e.g. its pipeline stage for ``pp``)."""
         sizes = self.sizes
         inner = 1
-        for a in reversed(AXES):
+        for a in reversed(self.axes):
             if a == axis:
                 return rank // inner % sizes[a]
             inner *= sizes[a]

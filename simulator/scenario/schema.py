@@ -148,6 +148,17 @@ class ParallelismConfig(_Section):
     fsdp: FsdpConfig | None = None
     ddp: DdpConfig = DdpConfig()
     collective_algorithm: Literal["auto", "ring", "tree", "hierarchical"] = "auto"
+    rank_order: str = Field(
+        "tp-cp-dp-pp",
+        pattern=r"^(tp|cp|dp|pp)-(tp|cp|dp|pp)-(tp|cp|dp|pp)-(tp|cp|dp|pp)$",
+        description="Parallel axes, innermost (adjacent GPUs) first, as Megatron-Core's order.",
+    )
+    first_pipeline_stage_layers: PositiveInt | None = Field(
+        None, description="Layers on the first stage (Megatron --decoder-first-pipeline-num-layers)."
+    )
+    last_pipeline_stage_layers: PositiveInt | None = Field(
+        None, description="Layers on the last stage (Megatron --decoder-last-pipeline-num-layers)."
+    )
 
 
 class Scenario(_Section):
@@ -172,6 +183,10 @@ class Scenario(_Section):
         if m.ffn_size % tp:
             raise ValueError(
                 f"model.ffn_hidden_size ({m.ffn_size}) is not divisible by tensor_parallel ({tp})"
+            )
+        if sorted(p.rank_order.split("-")) != ["cp", "dp", "pp", "tp"]:
+            raise ValueError(
+                f"parallelism.rank_order ({p.rank_order}) must name tp, cp, dp and pp once each, innermost first"
             )
         cp = p.context_parallel
         if cp > 1 and m.attention != "flash":

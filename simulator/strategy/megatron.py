@@ -51,7 +51,25 @@ def check(s: Scenario) -> None:
             f"parallelism.virtual_pipeline_stages ({v}) needs pipeline_schedule: interleaved-1f1b "
             f"(got {p.pipeline_schedule})"
         )
-    if m.num_layers % (pp * v):
+    first, last = p.first_pipeline_stage_layers, p.last_pipeline_stage_layers
+    if first or last:
+        if v > 1:
+            raise ScenarioError(
+                "parallelism: first/last_pipeline_stage_layers need virtual_pipeline_stages: 1"
+            )
+        middle_layers = m.num_layers - (first or 0) - (last or 0)
+        middle_stages = pp - (first is not None) - (last is not None)
+        if (
+            middle_layers < 0
+            or (middle_stages == 0 and middle_layers)
+            or (middle_stages and middle_layers % middle_stages)
+        ):
+            raise ScenarioError(
+                f"parallelism: model.num_layers ({m.num_layers}) - first_pipeline_stage_layers ({first or 0}) - "
+                f"last_pipeline_stage_layers ({last or 0}) = {middle_layers} does not split evenly over the "
+                f"{middle_stages} other stages"
+            )
+    elif m.num_layers % (pp * v):
         raise ScenarioError(
             f"model.num_layers ({m.num_layers}) is not divisible by pipeline_parallel ({pp}) x "
             f"virtual_pipeline_stages ({v}) = {pp * v}"
@@ -78,12 +96,25 @@ def chunk_units(w: Workload, pp: int, v: int) -> dict[tuple[int, int], list[Unit
     """Units of each (stage, chunk): global chunk g = chunk x pp + stage holds layers [g L/(pp v), ...);
     the embedding goes first on chunk 0 of stage 0, the output head last on the last chunk of the last stage."""
     us = units(w)
-    per = w.num_layers // (pp * v)
+    par = w.scenario.parallelism
+    first, last = par.first_pipeline_stage_layers, par.last_pipeline_stage_layers
+    if first or last:  # uneven stages (v = 1): the given counts at the ends, the rest evenly in between
+        middle = (w.num_layers - (first or 0) - (last or 0)) // max(
+            pp - (first is not None) - (last is not None), 1
+        )
+        counts = [middle] * pp
+        if first is not None:
+            counts[0] = first
+        if last is not None:
+            counts[-1] = last
+    else:
+        counts = [w.num_layers // (pp * v)] * (pp * v)
+    starts = [sum(counts[:g]) for g in range(len(counts))]
     out: dict[tuple[int, int], list[Unit]] = {}
     for c in range(v):
         for st in range(pp):
             g = c * pp + st
-            out[(st, c)] = us[1 + g * per : 1 + (g + 1) * per]
+            out[(st, c)] = us[1 + starts[g] : 1 + starts[g] + counts[g]]
     out[(0, 0)].insert(0, us[0])
     # with tied embeddings Megatron keeps a copy of the word embedding on the last stage for the logits
     out[(pp - 1, v - 1)].append(replace(us[-1], params=w.head.params))
