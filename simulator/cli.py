@@ -78,6 +78,66 @@ def compare(
 
 
 @app.command()
+def validate(
+    cases: Annotated[
+        Path | None, typer.Option(help="Cases file (default: the built-in published runs).")
+    ] = None,
+    filter_text: Annotated[
+        str | None, typer.Option("--filter", help="Only cases whose id contains TEXT.")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    check: Annotated[bool, typer.Option(help="Exit 1 when the summary misses the CI gate.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+) -> None:
+    """Predict published measured runs and report the error, case by case and per source."""
+    from simulator.validation import runner
+
+    try:
+        selected = [
+            c
+            for c in runner.load_cases(cases)
+            if not filter_text or filter_text.lower() in str(c.get("id", "")).lower()
+        ]
+    except ScenarioError as e:
+        _fail(str(e))
+    if not selected:
+        _fail(f"--filter: no case id contains '{filter_text}'")
+    show = not quiet and not json_out and sys.stderr.isatty()
+    with Progress(console=err, transient=True, disable=not show) as bar:
+        task = bar.add_task("validating", total=len(selected))
+        results = runner.run_cases(selected, lambda case_id: bar.update(task, advance=1, description=case_id))
+    summary = runner.summarize(results)
+    if json_out:
+        print(
+            json.dumps(
+                {
+                    "cases": [
+                        {
+                            k: r.to_dict()[k]
+                            for k in ("id", "metric", "published", "predicted", "error_pct", "status")
+                        }
+                        for r in results
+                    ],
+                    "summary": {
+                        k: summary[k]
+                        for k in ("n", "median_abs_error_pct", "mean_abs_error_pct", "max_abs_error_pct")
+                    },
+                    "by_source": runner.summarize_by_source(results),
+                },
+                indent=2,
+            )
+        )
+    else:
+        from simulator.report.validation import print_validation
+
+        print_validation(results, runner.summarize_by_source(results), summary)
+        print(runner.summary_line(summary))
+    if check and (missed := runner.gate_failures(summary)):
+        err.print("[bold red]validation gate missed:[/bold red] " + "; ".join(missed))
+        raise typer.Exit(1)
+
+
+@app.command()
 def schema() -> None:
     """Print the JSON Schema of scenario files."""
     print(json.dumps(Scenario.model_json_schema(), indent=2))

@@ -1,0 +1,167 @@
+"""Predict published measured runs and report the error honestly.
+
+A cases file holds ``cases:``, each a scenario (model / cluster / training / parallelism) plus ``published``:
+the measured ``metric`` and ``value``, its ``source``, ``level`` and, for TFLOP/s, the ``flop_convention``.
+TFLOP/s are compared in the source's own convention; iteration times and tokens/s directly.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from simulator.api import simulate
+from simulator.errors import ScenarioError
+from simulator.metrics.metrics import Metrics
+from simulator.scenario.loader import load_scenario
+
+DEFAULT_CASES = Path(__file__).parent / "published.yaml"
+
+# CI gate (the validation issue's targets): one place, to be tightened as the model improves.
+GATE_MEDIAN_ABS_ERROR_PCT = 10.0
+GATE_MAX_ABS_ERROR_PCT = 25.0
+
+METRICS = ("iteration_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu")
+
+
+@dataclass
+class CaseResult:
+    id: str
+    source: str
+    metric: str
+    published: float
+    predicted: float | None
+    error_pct: float | None
+    status: (
+        str  # ok | oom (simulated out of memory where the source ran) | failed (invalid or crashed config)
+    )
+    message: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def load_cases(path: str | Path | None = None) -> list[dict]:
+    path = Path(path) if path else DEFAULT_CASES
+    if not path.is_file():
+        raise ScenarioError(f"--cases: file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ScenarioError(f"{path}: YAML syntax error{where}") from None
+    cases = data.get("cases") if isinstance(data, dict) else None
+    if not isinstance(cases, list) or not cases:
+        raise ScenarioError(f"{path}: expected a list under 'cases:'")
+    for i, c in enumerate(cases):
+        pub = c.get("published") if isinstance(c, dict) else None
+        if not isinstance(pub, dict) or "metric" not in pub or "value" not in pub:
+            raise ScenarioError(f"{path}: cases[{i}] needs published.metric and published.value")
+        if pub["metric"] not in METRICS:
+            raise ScenarioError(
+                f"{path}: cases[{i}].published.metric '{pub['metric']}' is not one of {', '.join(METRICS)}"
+            )
+    return cases
+
+
+def source_group(case: dict) -> str:
+    """Cases are summarised per source: the ``group`` key, else the id's prefix (NAR21-T1-1T -> NAR21)."""
+    return case.get("group") or str(case.get("id", "case")).split("-")[0]
+
+
+def predicted_value(m: Metrics, published: dict, params: float) -> float:
+    metric = published["metric"]
+    if metric != "model_tflops_per_gpu":
+        return getattr(m, metric)
+    convention = published.get("flop_convention", "megatron-model")
+    if convention == "narayanan-eq3-96":
+        return m.tflops_per_gpu_narayanan_eq3
+    if convention == "mosaic-model":  # (6 N + 12 l h s) FLOPs per token
+        return m.tokens_per_s_per_gpu * params / 1e12
+    return m.model_tflops_per_gpu
+
+
+def run_case(case: dict) -> CaseResult:
+    pub = case["published"]
+    base = dict(
+        id=str(case.get("id", "case")),
+        source=source_group(case),
+        metric=pub["metric"],
+        published=float(pub["value"]),
+    )
+    scenario = {k: case[k] for k in ("model", "cluster", "training", "parallelism") if k in case}
+    scenario["name"] = base["id"]
+    try:
+        s = load_scenario(scenario)
+        r = simulate(s)
+    except ScenarioError as e:
+        return CaseResult(**base, predicted=None, error_pct=None, status="failed", message=str(e))
+    m = r.metrics
+    model = s.model
+    mosaic_params = 6 * r.workload.total_params + 12 * model.num_layers * model.hidden_size * model.seq_length
+    predicted = predicted_value(m, pub, mosaic_params)
+    error = 100.0 * (predicted / base["published"] - 1.0)
+    status, message = (
+        ("oom", f"simulated peak {m.memory_gib['peak']:.1f} GiB > {m.memory_gib['capacity']:.0f}")
+        if m.oom
+        else ("ok", "")
+    )
+    return CaseResult(**base, predicted=predicted, error_pct=error, status=status, message=message)
+
+
+def run_cases(cases: Iterable[dict], progress: Callable[[str], None] | None = None) -> list[CaseResult]:
+    out = []
+    for case in cases:
+        out.append(run_case(case))
+        if progress:
+            progress(out[-1].id)
+    return out
+
+
+def summarize(results: list[CaseResult]) -> dict:
+    """n, median / mean / max absolute error (%) of the cases with a prediction; failed cases counted apart."""
+    errors = [abs(r.error_pct) for r in results if r.error_pct is not None]
+    return {
+        "n": len(errors),
+        "failed": sum(r.status == "failed" for r in results),
+        "oom": sum(r.status == "oom" for r in results),
+        "median_abs_error_pct": statistics.median(errors) if errors else None,
+        "mean_abs_error_pct": statistics.fmean(errors) if errors else None,
+        "max_abs_error_pct": max(errors) if errors else None,
+    }
+
+
+def summarize_by_source(results: list[CaseResult]) -> dict[str, dict]:
+    sources = sorted({r.source for r in results})
+    return {src: summarize([r for r in results if r.source == src]) for src in sources}
+
+
+def gate_failures(summary: dict) -> list[str]:
+    """Why the suite misses the CI gate (empty when it meets it)."""
+    out = []
+    if summary["failed"]:
+        out.append(f"{summary['failed']} case(s) failed to simulate")
+    if (
+        summary["median_abs_error_pct"] is not None
+        and summary["median_abs_error_pct"] > GATE_MEDIAN_ABS_ERROR_PCT
+    ):
+        out.append(f"median |error| {summary['median_abs_error_pct']:.1f}% > {GATE_MEDIAN_ABS_ERROR_PCT:g}%")
+    if summary["max_abs_error_pct"] is not None and summary["max_abs_error_pct"] > GATE_MAX_ABS_ERROR_PCT:
+        out.append(f"max |error| {summary['max_abs_error_pct']:.1f}% > {GATE_MAX_ABS_ERROR_PCT:g}%")
+    return out
+
+
+def summary_line(summary: dict) -> str:
+    if not summary["n"]:
+        return "validation: no case could be simulated"
+    return (
+        f"validation: {summary['n']} cases, median |error| {summary['median_abs_error_pct']:.1f}%, "
+        f"mean {summary['mean_abs_error_pct']:.1f}%, max {summary['max_abs_error_pct']:.1f}%"
+        + (f", {summary['failed']} failed" if summary["failed"] else "")
+        + (f", {summary['oom']} out of memory" if summary["oom"] else "")
+    )

@@ -1,0 +1,100 @@
+"""clustersim validate: predicted vs published, errors, summaries, and no crash on bad cases."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from simulator import load_scenario, simulate
+from simulator.cli import app
+from simulator.validation.runner import load_cases, summarize
+
+runner = CliRunner()
+
+GOOD = {
+    "model": {
+        "num_layers": 2,
+        "hidden_size": 512,
+        "num_attention_heads": 8,
+        "seq_length": 512,
+        "vocab_size": 1000,
+    },
+    "cluster": {"topology": "dgx-a100", "num_nodes": 1},
+    "training": {"global_batch_size": 16, "micro_batch_size": 2, "precision": "bf16"},
+    "parallelism": {"data_parallel": 8},
+}
+CASES = f"""
+cases:
+  - id: TOY-GOOD
+    model: {json.dumps(GOOD["model"])}
+    cluster: {json.dumps(GOOD["cluster"])}
+    training: {json.dumps(GOOD["training"])}
+    parallelism: {json.dumps(GOOD["parallelism"])}
+    published: {{metric: iteration_time_s, value: 0.010, source: "toy"}}
+  - id: TOY-BAD
+    model: {json.dumps(GOOD["model"])}
+    cluster: {json.dumps(GOOD["cluster"])}
+    training: {json.dumps(GOOD["training"])}
+    parallelism: {{tensor_parallel: 3}}
+    published: {{metric: iteration_time_s, value: 1.0, source: "toy"}}
+  - id: OTHER-OOM
+    model: {{num_layers: 48, hidden_size: 8192, num_attention_heads: 64, seq_length: 2048, vocab_size: 51200}}
+    cluster: {{topology: dgx-a100, num_nodes: 1}}
+    training: {{global_batch_size: 8, micro_batch_size: 1, precision: bf16}}
+    parallelism: {{data_parallel: 8}}
+    published: {{metric: tokens_per_s_per_gpu, value: 1000, source: "toy"}}
+"""
+
+
+@pytest.fixture
+def cases_file(tmp_path):
+    p = tmp_path / "cases.yaml"
+    p.write_text(CASES)
+    return str(p)
+
+
+def test_validate_json_reports_signed_errors_and_summaries(cases_file):
+    r = runner.invoke(app, ["validate", "--cases", cases_file, "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    by_id = {c["id"]: c for c in d["cases"]}
+    expected = simulate(load_scenario({**GOOD, "name": "x"})).metrics.iteration_time_s
+    assert by_id["TOY-GOOD"]["predicted"] == pytest.approx(expected)
+    assert by_id["TOY-GOOD"]["error_pct"] == pytest.approx(100 * (expected / 0.010 - 1))
+    assert by_id["TOY-BAD"]["status"] == "failed" and by_id["TOY-BAD"]["predicted"] is None
+    assert by_id["OTHER-OOM"]["status"] == "oom"
+    errors = [abs(by_id[i]["error_pct"]) for i in ("TOY-GOOD", "OTHER-OOM")]
+    assert d["summary"]["n"] == 2
+    assert d["summary"]["max_abs_error_pct"] == pytest.approx(max(errors))
+    assert d["summary"]["median_abs_error_pct"] == pytest.approx(sum(errors) / 2)
+    assert set(d["by_source"]) == {"TOY", "OTHER"}
+
+
+def test_validate_table_filter_and_summary_line(cases_file):
+    r = runner.invoke(app, ["validate", "--cases", cases_file, "--filter", "good"])
+    assert r.exit_code == 0
+    assert "TOY-GOOD" in r.output and "OTHER-OOM" not in r.output
+    assert "validation: 1 cases, median |error|" in r.output
+
+
+def test_validate_check_exits_1_when_the_gate_is_missed(cases_file):
+    r = runner.invoke(app, ["validate", "--cases", cases_file, "--filter", "good", "--check"])
+    assert r.exit_code == 1 and "gate missed" in r.output
+
+
+def test_bad_cases_file_and_empty_filter_exit_2(tmp_path, cases_file):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cases:\n  - id: X\n    published: {metric: speed, value: 1}\n")
+    assert runner.invoke(app, ["validate", "--cases", str(bad)]).exit_code == 2
+    r = runner.invoke(app, ["validate", "--cases", cases_file, "--filter", "nothing-matches"])
+    assert r.exit_code == 2 and "no case id contains" in r.output
+
+
+def test_the_built_in_suite_holds_every_published_case_with_its_source():
+    cases = load_cases()
+    assert len(cases) == 44
+    assert all(c["published"].get("source") and c["published"].get("level") for c in cases)
+
+
+def test_summary_of_nothing():
+    assert summarize([])["n"] == 0
