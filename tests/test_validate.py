@@ -98,3 +98,22 @@ def test_the_built_in_suite_holds_every_published_case_with_its_source():
 
 def test_summary_of_nothing():
     assert summarize([])["n"] == 0
+
+
+@pytest.mark.parametrize("size,states,none,selective", [
+    ("22B", 45.56, 59.25, 9.56), ("175B", 45.56, 66.84, 12.35), ("530B", 31.64, 114.02, 23.08),
+    ("1T", 32.96, 131.25, 26.56)])
+def test_per_gpu_memory_matches_korthikanti_fig1_within_10_percent(size, states, none, selective):
+    """Korthikanti et al. 2022 Fig. 1 (GiB per GPU of the first stage): model states, and activations with
+    tensor parallelism only ("none") and with sequence parallelism + selective recompute."""
+    case = next(c for c in load_cases() if c["id"] == f"KOR22-{size}-full")
+    got = []
+    for mode, sp in (("none", False), ("selective", True)):
+        d = {k: case[k] for k in ("model", "cluster", "training", "parallelism")}
+        d["training"] = {**d["training"], "activation_recompute": mode}
+        d["parallelism"] = {**d["parallelism"], "sequence_parallel": sp}
+        got.append(simulate(load_scenario(d)).program.ranks[0].memory)
+    gib = 2**30
+    assert (got[0].params + got[0].grads + got[0].optimizer) / gib == pytest.approx(states, rel=0.10)
+    assert got[0].activations / gib == pytest.approx(none, rel=0.10)
+    assert got[1].activations / gib == pytest.approx(selective, rel=0.10)
