@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from simulator.costs.collectives import CollectiveModel
 from simulator.costs.compute import ComputeModel
 from simulator.engine.engine import simulate_program
+from simulator.frameworks import Framework, get_framework
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
 from simulator.hardware.topology import cluster_spec
@@ -42,14 +43,14 @@ def placement_for(s: Scenario) -> Placement:
 
 
 def split_parts(ops, compute: ComputeModel, comm: CollectiveModel) -> tuple[float, tuple[Part, ...]]:
-    """Seconds of a compute task and, when it holds collectives, its parts in order. A collective marked
-    ``overlaps`` hides behind the kernel just before it; only what outlasts that kernel adds time."""
+    """Seconds of a compute task and, when it holds collectives, its parts in order. A collective that
+    ``overlaps`` the kernel before or after it hides behind that kernel; only what outlasts it adds time."""
     if not any(op.kind == "collective" for op in ops):
         return compute.ops_time_s(ops), ()
     parts: list[Part] = []
     run: list = []
-    budget = 0.0  # time of the last kernel that overlapping collectives can hide behind
-    for op in (*ops, None):
+    budget = 0.0  # time of the last kernel that "previous"-overlapping collectives can still hide behind
+    for i, op in enumerate((*ops, None)):
         if op is not None and op.kind != "collective":
             run.append(op)
             continue
@@ -60,14 +61,22 @@ def split_parts(ops, compute: ComputeModel, comm: CollectiveModel) -> tuple[floa
         if op is None:
             break
         seconds = comm.standalone_time_s(op.collective, op.group, op.bytes)
-        hidden = min(seconds, budget) if op.overlaps else 0.0
-        budget -= hidden
+        hidden = 0.0
+        if op.overlaps == "previous":
+            hidden = min(seconds, budget)
+            budget -= hidden
+        elif op.overlaps == "next":
+            following = next((o for o in ops[i + 1 :] if o.kind != "collective"), None)
+            hidden = min(seconds, compute.op_time_s(following)) if following else 0.0
         parts.append(Part(op.name, op.collective, op.group, op.bytes, seconds - hidden, hidden))
     return sum(p.duration_s for p in parts), tuple(parts)
 
 
 def simulate(
-    scenario: Scenario | str, cluster: Cluster | None = None, workload: Workload | None = None
+    scenario: Scenario | str,
+    cluster: Cluster | None = None,
+    workload: Workload | None = None,
+    framework: Framework | None = None,
 ) -> Result:
     """Simulate one training iteration. ``scenario`` is a :class:`Scenario` or a path to a YAML file;
     ``cluster`` and ``workload`` replace the ones the scenario describes (what-if studies, tests)."""
@@ -78,7 +87,7 @@ def simulate(
     program = build_program(s, workload, cluster.gpu)
     placement = placement_for(s)
     comm = CollectiveModel(cluster, placement, s.parallelism.collective_algorithm)
-    compute = ComputeModel(cluster.gpu, s.training.precision)
+    compute = ComputeModel(cluster.gpu, s.training.precision, framework or get_framework(s.framework))
     durations: dict[int, tuple[float, tuple[Part, ...]]] = {}  # tasks share ops tuples: cost each once
 
     def task_duration(task) -> tuple[float, tuple[Part, ...]]:

@@ -138,6 +138,59 @@ def validate(
 
 
 @app.command()
+def calibrate(
+    filter_text: Annotated[
+        str, typer.Option("--filter", help="Comma-separated case ids (or id fragments) to fit on.")
+    ],
+    framework: Annotated[
+        str, typer.Option(help="Profile to start from (and name the result after).")
+    ] = "ideal",
+    params: Annotated[
+        str, typer.Option(help="Comma-separated parameters to fit.")
+    ] = "gemm_efficiency,memory_efficiency",
+    cases: Annotated[
+        Path | None, typer.Option(help="Cases file (default: the built-in published runs).")
+    ] = None,
+    write: Annotated[Path | None, typer.Option(help="Write the fitted profile to this YAML file.")] = None,
+) -> None:
+    """Fit a framework-generation profile to measured runs (least squares on log error)."""
+    import yaml
+
+    from simulator.frameworks import get_framework
+    from simulator.validation import calibrate as cal
+    from simulator.validation import runner
+
+    try:
+        start = get_framework(framework)
+        wanted = [f.strip().lower() for f in filter_text.split(",") if f.strip()]
+        chosen = [
+            c for c in runner.load_cases(cases) if any(w in str(c.get("id", "")).lower() for w in wanted)
+        ]
+    except ScenarioError as e:
+        _fail(str(e))
+    names = [x.strip() for x in params.split(",") if x.strip()]
+    unknown = [x for x in names if x not in cal.BOUNDS]
+    if unknown:
+        _fail(f"--params: unknown {', '.join(unknown)}; fittable: {', '.join(cal.BOUNDS)}")
+    if not chosen:
+        _fail(f"--filter: no case id contains any of {filter_text}")
+    err.print(f"fitting {', '.join(names)} on {len(chosen)} cases: {', '.join(c['id'] for c in chosen)}")
+    with Progress(console=err, transient=True, disable=not sys.stderr.isatty()) as bar:
+        task = bar.add_task("fitting", total=None)
+        fitted = cal.fit(chosen, start, names, progress=lambda msg: bar.update(task, description=msg))
+    before, after = runner.run_cases(chosen, framework=start), runner.run_cases(chosen, framework=fitted)
+    for name in names:
+        print(f"{name}: {getattr(start, name):.4g} -> {getattr(fitted, name):.4g}")
+    print("before: " + runner.summary_line(runner.summarize(before)))
+    print("after:  " + runner.summary_line(runner.summarize(after)))
+    if write:
+        data = fitted.model_dump()
+        data["fitted"] = f"clustersim calibrate --params {','.join(names)} --filter {filter_text}"
+        write.write_text(yaml.safe_dump(data, sort_keys=False))
+        print(f"profile written to {write}")
+
+
+@app.command()
 def schema() -> None:
     """Print the JSON Schema of scenario files."""
     print(json.dumps(Scenario.model_json_schema(), indent=2))

@@ -225,3 +225,17 @@ def test_rank_order_decides_which_groups_share_a_node():
     assert swapped.groups("dp")[0] == (0, 1, 2, 3) and swapped.groups("tp")[0] == (0, 4)
     with pytest.raises(ScenarioError, match="rank_order"):
         make(model=MODEL, parallelism={"rank_order": "tp-tp-dp-pp"})
+
+
+def test_overlapped_param_gather_runs_under_the_first_forward_instead_of_after_the_step():
+    par = {"tensor_parallel": 4, "pipeline_parallel": 2, "data_parallel": 2, "zero_stage": 1}
+    kw = {
+        "model": MODEL,
+        "cluster": {"num_nodes": 2},
+        "training": {"global_batch_size": 8, "micro_batch_size": 1},
+    }
+    after = simulate(make(**kw, parallelism=par))
+    under = simulate(make(**kw, parallelism={**par, "ddp": {"overlap_param_gather": True}}))
+    gathers = [t for t in under.program.tasks if t.kind == "all_gather" and t.group == "dp"]
+    assert gathers and all(t.phase == "forward" and not t.deps for t in gathers)
+    assert under.metrics.iteration_time_s < after.metrics.iteration_time_s

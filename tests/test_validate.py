@@ -100,9 +100,15 @@ def test_summary_of_nothing():
     assert summarize([])["n"] == 0
 
 
-@pytest.mark.parametrize("size,states,none,selective", [
-    ("22B", 45.56, 59.25, 9.56), ("175B", 45.56, 66.84, 12.35), ("530B", 31.64, 114.02, 23.08),
-    ("1T", 32.96, 131.25, 26.56)])
+@pytest.mark.parametrize(
+    "size,states,none,selective",
+    [
+        ("22B", 45.56, 59.25, 9.56),
+        ("175B", 45.56, 66.84, 12.35),
+        ("530B", 31.64, 114.02, 23.08),
+        ("1T", 32.96, 131.25, 26.56),
+    ],
+)
 def test_per_gpu_memory_matches_korthikanti_fig1_within_10_percent(size, states, none, selective):
     """Korthikanti et al. 2022 Fig. 1 (GiB per GPU of the first stage): model states, and activations with
     tensor parallelism only ("none") and with sequence parallelism + selective recompute."""

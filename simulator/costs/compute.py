@@ -15,6 +15,7 @@ from __future__ import annotations
 from functools import lru_cache
 from math import ceil
 
+from simulator.frameworks import Framework
 from simulator.hardware.gpus import GPU
 from simulator.workload.transformer import Op
 
@@ -38,26 +39,22 @@ def memory_time_s(gpu: GPU, nbytes: float) -> float:
 class ComputeModel:
     """Kernel times for one GPU type and precision, cached per operation."""
 
-    def __init__(self, gpu: GPU, precision: str):
+    def __init__(self, gpu: GPU, precision: str, framework: Framework | None = None):
         self.gpu = gpu
         self.peak = gpu.peak_flops(precision)
+        self.framework = framework or Framework(name="ideal")
         self.op_time_s = lru_cache(maxsize=None)(self._op_time_s)
 
     def _op_time_s(self, op: Op) -> float:
-        g = self.gpu
-        mem = memory_time_s(g, op.bytes)
+        g, f = self.gpu, self.framework
+        mem = memory_time_s(g, op.bytes) / f.memory_efficiency
         if op.kind == "gemm":
-            comp = op.flops / (self.peak * gemm_efficiency(g, op.m, op.n, op.k, op.batch))
+            comp = op.flops / (self.peak * gemm_efficiency(g, op.m, op.n, op.k, op.batch) * f.gemm_efficiency)
         elif op.kind == "flash_attention":
-            comp = op.flops / (self.peak * g.flash_attention_efficiency)
+            comp = op.flops / (self.peak * g.flash_attention_efficiency * f.attention_efficiency)
         else:
             comp = 0.0
-        return max(comp, mem) + g.kernel_launch_s
+        return max(comp, mem) + g.kernel_launch_s + f.kernel_overhead_s
 
     def ops_time_s(self, ops: tuple[Op, ...]) -> float:
         return sum(self.op_time_s(op) for op in ops)
-
-    def optimizer_time_s(self, params: float, bytes_per_param: float) -> float:
-        """The optimizer step streams its states once: memory-bound (e.g. Adam reads and writes fp32 master
-        weights, momentum and variance, reads the gradient and writes the 16-bit weights: ~30 bytes/param)."""
-        return memory_time_s(self.gpu, params * bytes_per_param) + self.gpu.kernel_launch_s

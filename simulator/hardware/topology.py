@@ -139,6 +139,9 @@ def resolve_cluster_degrees(scenario: Scenario) -> Scenario:
     spec = cluster_spec(scenario)
     gpu = get_gpu(spec.node.gpu)
     gpu.peak_flops(scenario.training.precision)  # errors if the GPU lacks this precision
+    from simulator.frameworks import get_framework
+
+    get_framework(scenario.framework)  # errors on an unknown name
     n_gpus = spec.node.gpus * scenario.cluster.num_nodes
     p = scenario.parallelism
     names = ["tensor_parallel", "pipeline_parallel", "context_parallel"]

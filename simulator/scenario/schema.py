@@ -131,6 +131,10 @@ class DdpConfig(_Section):
 
     bucket_cap_mb: float = Field(25.0, gt=0)
     overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = Field(
+        False,
+        description="Megatron-Core: all-gather the distributed optimizer's weights under the next forward.",
+    )
 
 
 class ParallelismConfig(_Section):
@@ -141,6 +145,10 @@ class ParallelismConfig(_Section):
         None, description="Default: GPUs / (tensor x pipeline x context)."
     )
     sequence_parallel: bool = False
+    tp_comm_overlap: bool = Field(
+        False,
+        description="Megatron-Core --tp-comm-overlap: TP all-gathers / reduce-scatters run alongside GEMMs.",
+    )
     pipeline_schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "pipedream-2bw", "zb-h1"] = "1f1b"
     virtual_pipeline_stages: PositiveInt = 1
     zero_stage: Literal[0, 1, 2, 3] = 0
@@ -167,6 +175,10 @@ class Scenario(_Section):
     cluster: ClusterConfig
     training: TrainingConfig
     parallelism: ParallelismConfig = ParallelismConfig()
+    framework: str = Field(
+        "ideal",
+        description="Framework-generation profile (simulator/frameworks/*.yaml): kernel efficiency and overhead.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Scenario:
@@ -187,6 +199,11 @@ class Scenario(_Section):
         if sorted(p.rank_order.split("-")) != ["cp", "dp", "pp", "tp"]:
             raise ValueError(
                 f"parallelism.rank_order ({p.rank_order}) must name tp, cp, dp and pp once each, innermost first"
+            )
+        if p.tp_comm_overlap and p.tensor_parallel > 1 and not p.sequence_parallel:
+            raise ValueError(
+                "parallelism.tp_comm_overlap needs sequence_parallel: true (Megatron-Core overlaps the all-gather / "
+                "reduce-scatter pairs of sequence parallelism)"
             )
         cp = p.context_parallel
         if cp > 1 and m.attention != "flash":

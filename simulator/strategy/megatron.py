@@ -197,7 +197,21 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
         opt = add_optimizer(
             prog, s, stage_params / (dp if distributed else 1), (*reductions, *last_compute), rank=st
         )
-        if distributed and dp > 1:
+        if distributed and dp > 1 and par.ddp.overlap_param_gather:
+            # the previous step's weights are gathered under this iteration's first forward (steady state)
+            gid = prog.add(
+                st,
+                "comm.dp.gather",
+                "all_gather",
+                "forward",
+                "param all-gather",
+                (),
+                group=grad_group(s),
+                bytes=stage_params * wb,
+            )
+            first = prog.tasks[ids[(st, *order[st][0])]]
+            first.deps = (*first.deps, gid)
+        elif distributed and dp > 1:
             prog.add(
                 st,
                 "comm.dp",

@@ -88,9 +88,28 @@ def _stage_1_2(p: Program, s: Scenario, w: Workload, us: list[Unit], overlap: bo
     dp = grad_group_size(s)
     gb, wb = grad_bytes(s), weight_bytes(s)
     reductions: list[int] = []
+    gathers = (
+        buckets([(u.index, u.params * wb) for u in us], cfg.allgather_bucket_size * wb) if dp > 1 else []
+    )
+    # Megatron-Core --overlap-param-gather: the previous step's updated weights are all-gathered under this
+    # iteration's forward (steady state), each unit's first forward waiting only for its own bucket
+    ahead = {}
+    if s.parallelism.ddp.overlap_param_gather:
+        for idx, nbytes in gathers:
+            gid = p.add(
+                0,
+                "comm.dp",
+                "all_gather",
+                "forward",
+                f"param all-gather (units {idx[0]}..{idx[-1]})",
+                (),
+                group=grad_group(s),
+                bytes=nbytes,
+            )
+            ahead.update(dict.fromkeys(idx, gid))
     for mb in range(gas):
         for u in us:
-            add_forward(p, u, mb)
+            add_forward(p, u, mb, (ahead.get(u.index) if mb == 0 else None,))
         reduce = dp > 1 and (stage == 2 or mb == gas - 1)
         plan = (
             buckets([(u.index, u.params * gb) for u in reversed(us)], cfg.reduce_bucket_size * gb)
@@ -117,8 +136,8 @@ def _stage_1_2(p: Program, s: Scenario, w: Workload, us: list[Unit], overlap: bo
                 reductions.append(rid)
                 blocking = None if overlap else rid
     opt = add_optimizer(p, s, w.params_per_rank / dp, reductions)
-    if dp > 1:
-        for idx, nbytes in buckets([(u.index, u.params * wb) for u in us], cfg.allgather_bucket_size * wb):
+    if not ahead:
+        for idx, nbytes in gathers:
             p.add(
                 0,
                 "comm.dp",

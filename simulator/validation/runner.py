@@ -16,6 +16,7 @@ import yaml
 
 from simulator.api import simulate
 from simulator.errors import ScenarioError
+from simulator.frameworks import Framework
 from simulator.metrics.metrics import Metrics
 from simulator.scenario.loader import load_scenario
 
@@ -86,7 +87,8 @@ def predicted_value(m: Metrics, published: dict, params: float) -> float:
     return m.model_tflops_per_gpu
 
 
-def run_case(case: dict) -> CaseResult:
+def run_case(case: dict, framework: Framework | None = None) -> CaseResult:
+    """Simulate one case (with ``framework`` replacing the case's own profile, for calibration)."""
     pub = case["published"]
     base = dict(
         id=str(case.get("id", "case")),
@@ -94,11 +96,11 @@ def run_case(case: dict) -> CaseResult:
         metric=pub["metric"],
         published=float(pub["value"]),
     )
-    scenario = {k: case[k] for k in ("model", "cluster", "training", "parallelism") if k in case}
+    scenario = {k: case[k] for k in ("model", "cluster", "training", "parallelism", "framework") if k in case}
     scenario["name"] = base["id"]
     try:
         s = load_scenario(scenario)
-        r = simulate(s)
+        r = simulate(s, framework=framework)
     except ScenarioError as e:
         return CaseResult(**base, predicted=None, error_pct=None, status="failed", message=str(e))
     m = r.metrics
@@ -114,10 +116,12 @@ def run_case(case: dict) -> CaseResult:
     return CaseResult(**base, predicted=predicted, error_pct=error, status=status, message=message)
 
 
-def run_cases(cases: Iterable[dict], progress: Callable[[str], None] | None = None) -> list[CaseResult]:
+def run_cases(
+    cases: Iterable[dict], progress: Callable[[str], None] | None = None, framework: Framework | None = None
+) -> list[CaseResult]:
     out = []
     for case in cases:
-        out.append(run_case(case))
+        out.append(run_case(case, framework))
         if progress:
             progress(out[-1].id)
     return out

@@ -31,12 +31,13 @@ class Op:
     model_flops: float = 0.0
     collective: str = ""  # collective ops: all_reduce, all_gather, reduce_scatter, send_recv
     group: str = ""  # collective ops: the group kind (tp, pp, ...)
-    overlaps: bool = False  # collective ops: runs alongside the kernel just before it (ring attention)
+    overlaps: str = ""  # collective ops: "previous" / "next" = runs alongside that neighbouring kernel
 
 
-def collective_op(name: str, collective: str, group: str, nbytes: float, overlaps: bool = False) -> Op:
+def collective_op(name: str, collective: str, group: str, nbytes: float, overlaps: str = "") -> Op:
     """A collective inside a block: blocking (Megatron's tensor-parallel all-reduces, pipeline send/recv), or
-    with ``overlaps`` running alongside the kernel before it, so only what outlasts that kernel is exposed."""
+    with ``overlaps`` ("previous" / "next") running alongside that neighbouring kernel, so only what outlasts
+    the kernel is exposed (ring attention; Transformer Engine's TP communication overlap)."""
     return Op(name, "collective", bytes=float(nbytes), collective=collective, group=group, overlaps=overlaps)
 
 
@@ -120,15 +121,18 @@ def parameter_count(s: Scenario) -> int:
     return m.num_layers * layer + embed + head + norm
 
 
-def tp_collectives(t: int, sequence_parallel: bool, nbytes: float):
+def tp_collectives(t: int, sequence_parallel: bool, nbytes: float, overlap: bool = False):
     """Factories for the four tensor-parallel collectives around a column- then row-parallel pair:
     (before column-parallel forward, after row-parallel forward, column-parallel input gradient,
-    row-parallel output gradient). Each returns None where the collective does not exist."""
+    row-parallel output gradient). Each returns None where the collective does not exist. With ``overlap``
+    (Megatron-Core --tp-comm-overlap, Transformer Engine userbuffers) an all-gather runs alongside the GEMM after
+    it and a reduce-scatter alongside the GEMM before it."""
 
     def make(kind: str | None):
         if t == 1 or kind is None:
             return lambda name: None
-        return lambda name: collective_op(f"tp {kind.replace('_', '-')} ({name})", kind, "tp", nbytes)
+        side = ("next" if kind == "all_gather" else "previous") if overlap else ""
+        return lambda name: collective_op(f"tp {kind.replace('_', '-')} ({name})", kind, "tp", nbytes, side)
 
     if sequence_parallel:
         return make("all_gather"), make("reduce_scatter"), make("reduce_scatter"), make("all_gather")
@@ -203,12 +207,12 @@ def build_workload(s: Scenario) -> Workload:
             kv = e * b * m.seq_length * 2 * kv_heads * d  # all of K and V, this rank's heads
             attn_fwd = (
                 *attn_fwd,
-                collective_op("cp ring K/V exchange", "all_gather", "cp", kv, overlaps=True),
+                collective_op("cp ring K/V exchange", "all_gather", "cp", kv, overlaps="previous"),
             )
             attn_bwd = (
                 attn_bwd[0],
-                collective_op("cp ring K/V exchange", "all_gather", "cp", kv, overlaps=True),
-                collective_op("cp ring dK/dV exchange", "reduce_scatter", "cp", kv, overlaps=True),
+                collective_op("cp ring K/V exchange", "all_gather", "cp", kv, overlaps="previous"),
+                collective_op("cp ring dK/dV exchange", "reduce_scatter", "cp", kv, overlaps="previous"),
             )
     else:
         probs = b * heads * seq * seq
@@ -229,7 +233,9 @@ def build_workload(s: Scenario) -> Workload:
     # forward. Sequence parallelism (Korthikanti et al. Sec. 4.2.2) turns each all-reduce into an all-gather
     # before and a reduce-scatter after, so the norms and dropouts between them work on s/t tokens.
     full = e * tokens * h  # bytes of one b x s x h activation
-    gather_in, scatter_out, grad_in, grad_out = tp_collectives(t, p.sequence_parallel, full)
+    gather_in, scatter_out, grad_in, grad_out = tp_collectives(
+        t, p.sequence_parallel, full, p.tp_comm_overlap
+    )
     fwd = _ops(
         norm("input layernorm"),
         gather_in("attention input"),

@@ -1,0 +1,69 @@
+"""Fit a framework-generation profile to measured runs: ``clustersim calibrate``.
+
+Minimises the mean squared log error (log predicted / published) over the chosen cases by coordinate descent,
+one golden-section search per parameter within physical bounds. Few parameters, many cases: the point is one
+profile per framework generation that then predicts runs it was not fitted on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from simulator.frameworks import Framework
+from simulator.validation.runner import run_case
+
+BOUNDS = {
+    "gemm_efficiency": (0.4, 1.2),
+    "attention_efficiency": (0.3, 1.3),
+    "memory_efficiency": (0.3, 1.3),
+    "kernel_overhead_s": (0.0, 1e-4),
+}
+
+
+def loss(framework: Framework, cases: list[dict]) -> float:
+    errors = [
+        math.log(r.predicted / r.published)
+        for r in (run_case(c, framework) for c in cases)
+        if r.predicted is not None
+    ]
+    return sum(e * e for e in errors) / len(errors) if errors else math.inf
+
+
+def golden_section(f: Callable[[float], float], lo: float, hi: float, iterations: int = 14) -> float:
+    g = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(iterations):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(d)
+    return (a + b) / 2
+
+
+def fit(
+    cases: list[dict],
+    start: Framework,
+    params: list[str],
+    rounds: int = 2,
+    progress: Callable[[str], None] | None = None,
+) -> Framework:
+    current = start
+    for _ in range(rounds):
+        for name in params:
+            lo, hi = BOUNDS[name]
+
+            def objective(x: float, name: str = name, base: Framework = current) -> float:
+                return loss(base.model_copy(update={name: x}), cases)
+
+            best = golden_section(objective, lo, hi)
+            current = current.model_copy(update={name: best})
+            if progress:
+                progress(f"{name} = {best:.4g}")
+    return current
