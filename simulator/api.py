@@ -100,7 +100,9 @@ def simulate(
     timeline = simulate_program(
         program, task_duration, lambda t: comm.phases(t.kind, t.group, t.bytes, stage_of[t.rank])
     )
-    metrics = compute_metrics(s, timeline, placement, cluster.gpu.peak_flops(s.training.precision))
+    metrics = compute_metrics(
+        s, timeline, placement, cluster.gpu.peak_flops(s.training.precision), comm.cross_node_fraction
+    )
     metrics.params_billion = workload.total_params / 1e9
     metrics.wall_s = time.perf_counter() - t0
     return Result(s, workload, program, timeline, cluster, placement, metrics)

@@ -170,6 +170,23 @@ class CollectiveModel:
         return len({g // gpn for g in grp}) > 1
 
     # -- link loads on the graph ----------------------------------------------------------------------------
+    def cross_node_fraction(self, op: str, group: str, stage: int | None = None) -> float:
+        """Share of a collective's bytes that cross node boundaries (the rest stays on NVLink / PCIe)."""
+        key = ("cross", op, group, stage)
+        if key not in self._phases:
+            groups = self.placement.groups(group)
+            if stage is not None:
+                groups = tuple(
+                    g for g in groups if any(self.placement.coordinate(r, "pp") == stage for r in g)
+                )
+            kind = {"send_recv": "pairs", "all_to_all": "all_pairs"}.get(op, "ring")
+            gpn = self.cluster.gpus_per_node
+            hops = self._hops(kind, groups) if len(groups[0]) > 1 else []
+            total = sum(share for _, _, share in hops)
+            cross = sum(share for a, b, share in hops if a // gpn != b // gpn)
+            self._phases[key] = cross / total if total else 0.0
+        return self._phases[key]
+
     def _pattern(self, kind: str, groups) -> _Pattern:
         key = (kind, groups)
         if key not in self._patterns:

@@ -55,9 +55,23 @@ class Placement:
     @cache  # noqa: B019 - placements are few and immutable
     def groups(self, kind: str) -> tuple[tuple[int, ...], ...]:
         """All groups of ``kind`` (``tp``, ``cp``, ``pp``, ``dp``, ``dp_shard``, ``dp_replicate``, a ``+``-joined
-        combination such as ``dp+cp``, or ``embedding``), each a tuple of global GPU indices."""
+        combination such as ``dp+cp``, ``embedding``, or ``KIND/N`` / ``KIND%N`` sub-groups), each a tuple of
+        global GPU indices."""
         if kind == "embedding":  # first and last stage of each pipeline: they share tied embedding weights
             return tuple((g[0], g[-1]) for g in self.groups("pp"))
+        if "/" in kind or "%" in kind:
+            # "dp/8": each dp group cut into consecutive sub-groups of 8 (inside a node: ZeRO++ hpZ, qgZ step 1);
+            # "dp%8": the ranks at the same position of those sub-groups (across nodes: qgZ step 2)
+            sep = "/" if "/" in kind else "%"
+            base, n = kind.split(sep)
+            size = int(n)
+            out = []
+            for g in self.groups(base):
+                if len(g) % size:
+                    raise ValueError(f"group {kind}: {len(g)} ranks do not split into groups of {size}")
+                chunks = [g[i : i + size] for i in range(0, len(g), size)]
+                out += chunks if sep == "/" else [tuple(c[j] for c in chunks) for j in range(size)]
+            return tuple(out)
         names = [
             a for part in kind.split("+") for a in (("dp_replicate", "dp_shard") if part == "dp" else (part,))
         ]

@@ -71,7 +71,11 @@ def narayanan_eq3_flops(s: Scenario) -> float:
     return 96 * B * sq * L * h * h * (1 + sq / (6 * h) + V / (16 * L * h))
 
 
-def compute_metrics(s: Scenario, timeline: Timeline, placement: Placement, peak_flops: float) -> Metrics:
+def compute_metrics(
+    s: Scenario, timeline: Timeline, placement: Placement, peak_flops: float, cross_node_fraction=None
+) -> Metrics:
+    """``cross_node_fraction(op, group, stage)`` (from the collective model) splits each collective's bytes into
+    those crossing node boundaries and those staying inside a node."""
     program = timeline.program
     tasks = program.tasks
     T = timeline.makespan_s
@@ -100,6 +104,7 @@ def compute_metrics(s: Scenario, timeline: Timeline, placement: Placement, peak_
         by_rank[t.rank].append(t)
     breakdown: dict[str, float] = {}
     stages: list[dict] = []
+    bytes_cross = 0.0
     bubble = exposed = overlapped = total = bytes_per_gpu = 0.0
     by_coll: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for rank, rank_tasks in sorted(by_rank.items()):
@@ -126,9 +131,15 @@ def compute_metrics(s: Scenario, timeline: Timeline, placement: Placement, peak_
             n = placement.group_size(key.split(":")[1])
             for name, value in d.items():
                 by_coll[key][name] += w * value
-            sent = w * ring_bytes_per_rank(key.split(":")[0], n, d["bytes"])
+            op, group = key.split(":")
+            sent = w * ring_bytes_per_rank(op, n, d["bytes"])
             by_coll[key]["bytes_sent_per_gpu"] += sent
             bytes_per_gpu += sent
+            if cross_node_fraction is not None:
+                cross = sent * cross_node_fraction(op, group, program.ranks[rank].stage)
+                by_coll[key]["bytes_cross_node_per_gpu"] += cross
+                by_coll[key]["bytes_intra_node_per_gpu"] += sent - cross
+                bytes_cross += cross
     for d in by_coll.values():
         d.pop("bytes", None)
 
@@ -150,6 +161,7 @@ def compute_metrics(s: Scenario, timeline: Timeline, placement: Placement, peak_
             "overlapped_s": overlapped,
             "total_s": total,
             "bytes_per_gpu": bytes_per_gpu,
+            "bytes_cross_node_per_gpu": bytes_cross,
         },
         comm_by_collective={k: dict(v) for k, v in sorted(by_coll.items())},
         memory_gib=mem.gib(),

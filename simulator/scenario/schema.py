@@ -111,6 +111,17 @@ class ZeroConfig(_Section):
     stage3_prefetch_bucket_size: float = Field(5e7, ge=0)
     stage3_max_live_parameters: float = Field(1e9, gt=0)
     stage3_param_persistence_threshold: float = Field(1e5, ge=0)
+    zero_quantized_weights: bool = Field(
+        False, description="ZeRO++ qwZ: forward all-gathers in block-quantized INT8."
+    )
+    zero_hpz_partition_size: PositiveInt = Field(
+        1,
+        description="ZeRO++ hpZ: secondary weight shard in groups of this many ranks (usually GPUs per node).",
+    )
+    zero_quantized_gradients: bool = Field(
+        False,
+        description="ZeRO++ qgZ: gradient reduce-scatter as INT4 all-to-all, intra-node then inter-node.",
+    )
     stage3_max_reuse_distance: float = Field(
         1e9, ge=0, description="Parameters reused within this many fetched parameters are not released."
     )
@@ -215,6 +226,14 @@ class Scenario(_Section):
             raise ValueError(
                 f"model.seq_length ({m.seq_length}) is not divisible by 2 x context_parallel ({cp}) = {2 * cp} "
                 "(causal load balancing gives each rank two chunks)"
+            )
+        z = p.zero
+        zeropp = [k for k in ("zero_quantized_weights", "zero_quantized_gradients") if getattr(z, k)]
+        if z.zero_hpz_partition_size > 1:
+            zeropp.append("zero_hpz_partition_size")
+        if zeropp and p.zero_stage != 3:
+            raise ValueError(
+                f"parallelism.zero: {', '.join(zeropp)} (ZeRO++) need zero_stage: 3 (got {p.zero_stage})"
             )
         if p.fsdp is not None and p.zero_stage:
             raise ValueError(

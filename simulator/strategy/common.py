@@ -39,13 +39,22 @@ def units(w: Workload) -> list[Unit]:
     return out
 
 
-def add_forward(p: Program, u: Unit, mb: int, deps=(), rank: int = 0) -> int:
+def add_forward(p: Program, u: Unit, mb: int, deps=(), rank: int = 0, ops: tuple | None = None) -> int:
     return p.add(
-        rank, COMPUTE, "forward", "forward", f"{u.name} forward", deps, ops=u.block.forward, microbatch=mb
+        rank,
+        COMPUTE,
+        "forward",
+        "forward",
+        f"{u.name} forward",
+        deps,
+        ops=ops or u.block.forward,
+        microbatch=mb,
     )
 
 
-def add_backward(p: Program, s: Scenario, u: Unit, mb: int, deps=(), rank: int = 0) -> int:
+def add_backward(
+    p: Program, s: Scenario, u: Unit, mb: int, deps=(), rank: int = 0, ops: tuple | None = None
+) -> int:
     """Backward of one unit, preceded by its recomputation when activation recompute asks for it."""
     mode = s.training.activation_recompute
     if u.is_layer and mode == "full":
@@ -73,7 +82,14 @@ def add_backward(p: Program, s: Scenario, u: Unit, mb: int, deps=(), rank: int =
         )
         deps = (rid,)
     return p.add(
-        rank, COMPUTE, "backward", "backward", f"{u.name} backward", deps, ops=u.block.backward, microbatch=mb
+        rank,
+        COMPUTE,
+        "backward",
+        "backward",
+        f"{u.name} backward",
+        deps,
+        ops=ops or u.block.backward,
+        microbatch=mb,
     )
 
 

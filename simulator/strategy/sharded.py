@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from simulator.scenario.schema import Scenario
 from simulator.strategy.common import Unit, add_backward, add_forward, add_optimizer
 from simulator.strategy.program import Program
+from simulator.workload.transformer import memory_op
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,17 @@ class ShardingPlan:
     weight_bytes: int
     grad_bytes: int
     persistent: frozenset[int] = frozenset()  # small units never sharded, so never gathered
+    # ZeRO++ (Wang et al. 2023): forward gathers in fewer bytes per parameter (qwZ), backward gathers from a
+    # secondary shard in a smaller group (hpZ), gradients as a two-step quantized all-to-all (qgZ)
+    forward_gather_bytes: float | None = (
+        None  # bytes per parameter of forward all-gathers (default: weight_bytes)
+    )
+    backward_gather_group: str | None = None  # default: gather_group
+    forward_extra_bytes_per_param: float = 0.0  # dequantize kernel traffic per gathered parameter
+    quantized_reduce: tuple[str, str, int, float] | None = (
+        None  # (intra group, inter group, size, bytes/param)
+    )
+    backward_extra_bytes_per_param: float = 0.0  # gradient (de)quantize kernel traffic per parameter
 
 
 def add_sharded_iteration(p: Program, s: Scenario, us: list[Unit], plan: ShardingPlan, gather_params) -> None:
@@ -40,6 +52,9 @@ def add_sharded_iteration(p: Program, s: Scenario, us: list[Unit], plan: Shardin
         # the next compute is computes[len]; with depth d its gather may overlap the d computes before it
         pos = len(computes) - 1 - plan.prefetch_depth
         deps = ((computes[pos],) if pos >= 0 else ()) + ((after,) if after is not None else ())
+        forward = phase == "forward"
+        per_param = (plan.forward_gather_bytes or plan.weight_bytes) if forward else plan.weight_bytes
+        group = plan.gather_group if forward else (plan.backward_gather_group or plan.gather_group)
         return p.add(
             0,
             "comm.ag",
@@ -47,9 +62,19 @@ def add_sharded_iteration(p: Program, s: Scenario, us: list[Unit], plan: Shardin
             phase,
             f"{u.name} param all-gather",
             deps,
-            group=plan.gather_group,
-            bytes=gather_params(u) * plan.weight_bytes,
+            group=group,
+            bytes=gather_params(u) * per_param,
         )
+
+    extra: dict[tuple, tuple] = {}  # units share blocks: one extended ops tuple per (block, kind, params)
+
+    def with_kernel(u: Unit, ops: tuple, name: str, bytes_per_param: float, params: int) -> tuple:
+        if not bytes_per_param:
+            return ops
+        key = (id(ops), name, params)
+        if key not in extra:
+            extra[key] = (memory_op(name, bytes_per_param * params), *ops)
+        return extra[key]
 
     def gather_deps(u: Unit, phase: str, after: int | None = None) -> tuple[int, ...]:
         return () if u.index in plan.persistent else (gather(u, phase, after),)
@@ -59,27 +84,62 @@ def add_sharded_iteration(p: Program, s: Scenario, us: list[Unit], plan: Shardin
         # FSDP2's post-backward final callback), so the next microbatch starts after them
         sync = reductions[-1] if reductions else None
         for i, u in enumerate(us):
-            computes.append(add_forward(p, u, mb, gather_deps(u, "forward", sync if i == 0 else None)))
+            ops = with_kernel(
+                u,
+                u.block.forward,
+                "qwZ dequantize weights",
+                plan.forward_extra_bytes_per_param,
+                gather_params(u),
+            )
+            computes.append(
+                add_forward(p, u, mb, gather_deps(u, "forward", sync if i == 0 else None), ops=ops)
+            )
         reduce = plan.reduce_every_microbatch or mb == gas - 1
         blocking = None
         for u in reversed(us):
             deps = () if u.index in plan.kept_after_forward else gather_deps(u, "backward")
             if blocking is not None:
                 deps += (blocking,)
-            computes.append(add_backward(p, s, u, mb, deps))
+            ops = with_kernel(
+                u, u.block.backward, "qgZ quantize gradients", plan.backward_extra_bytes_per_param, u.params
+            )
+            computes.append(add_backward(p, s, u, mb, deps, ops=ops))
             if not reduce:
                 continue
             nbytes = u.params * plan.grad_bytes
-            rid = p.add(
-                0,
-                "comm.rs",
-                "reduce_scatter",
-                "backward",
-                f"{u.name} grad reduce-scatter",
-                (computes[-1],),
-                group=plan.gather_group,
-                bytes=nbytes,
-            )
+            if plan.quantized_reduce:  # qgZ: all-to-all inside the node, reduce, then across nodes
+                intra, inter, size, per_param = plan.quantized_reduce
+                rid = p.add(
+                    0,
+                    "comm.rs",
+                    "all_to_all",
+                    "backward",
+                    f"{u.name} qgZ intra-node all-to-all",
+                    (computes[-1],),
+                    group=intra,
+                    bytes=u.params * per_param,
+                )
+                rid = p.add(
+                    0,
+                    "comm.rs",
+                    "all_to_all",
+                    "backward",
+                    f"{u.name} qgZ inter-node all-to-all",
+                    (rid,),
+                    group=inter,
+                    bytes=u.params * per_param / size,
+                )
+            else:
+                rid = p.add(
+                    0,
+                    "comm.rs",
+                    "reduce_scatter",
+                    "backward",
+                    f"{u.name} grad reduce-scatter",
+                    (computes[-1],),
+                    group=plan.gather_group,
+                    bytes=nbytes,
+                )
             if plan.replicate_group:
                 rid = p.add(
                     0,

@@ -13,7 +13,11 @@
 
 from __future__ import annotations
 
+import math
+
+from simulator.errors import ScenarioError
 from simulator.hardware.gpus import GPU
+from simulator.hardware.topology import cluster_spec
 from simulator.scenario.schema import Scenario
 from simulator.strategy.common import (
     Unit,
@@ -52,10 +56,17 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
         threshold = cfg.stage3_param_persistence_threshold
         persistent = frozenset(u.index for u in us if _gather_params(w, u) <= threshold)
         kept = _kept_after_forward(us, cfg)
-        plan = ShardingPlan(grad_group(s), None, dp, max(1, depth), kept, True, overlap, wb, gb, persistent)
+        zpp = _zero_plus_plus(s, dp)
+        plan = ShardingPlan(
+            grad_group(s), None, dp, max(1, depth), kept, True, overlap, wb, gb, persistent, **zpp
+        )
         add_sharded_iteration(p, s, us, plan, lambda u: _gather_params(w, u))
         live = min(cfg.stage3_max_live_parameters, (1 + depth) * biggest)
         buffers = live * wb + cfg.reduce_bucket_size * gb
+        if (
+            cfg.zero_hpz_partition_size > 1
+        ):  # hpZ's secondary copy: the weights sharded over the hpZ group only
+            buffers += w.params_per_rank * wb / cfg.zero_hpz_partition_size
     else:
         _stage_1_2(p, s, w, us, overlap)
         buffers = cfg.reduce_bucket_size * gb + cfg.allgather_bucket_size * wb
@@ -63,6 +74,40 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     mem = memory_breakdown(s, w, gpu, dp, stage, buffers, sum(u.params for u in us if u.index in persistent))
     p.ranks.append(RankClass(rank_label(s), s.parallelism.data_parallel * model_parallel_size(s), mem))
     return p
+
+
+# ZeRO++ (Wang et al. 2023, arXiv 2306.10209). Block quantization keeps one fp32 scale per block; blocks of 256
+# elements are assumed (the paper quantizes per block but the size is a tuning knob).
+QWZ_BYTES_PER_PARAM = 1 + 4 / 256  # INT8 weights + scales
+QGZ_BYTES_PER_PARAM = 0.5 + 4 / 256  # INT4 gradients + scales
+DEQUANTIZE_BYTES_PER_PARAM = 3.0  # read 1 byte, write 2 (qwZ, on every gathered weight)
+GRAD_QUANTIZE_BYTES_PER_PARAM = 3.5  # read 2 bytes, write 0.5; then read the peers' 0.5 and write 0.5 (qgZ)
+
+
+def _zero_plus_plus(s: Scenario, dp: int) -> dict:
+    """ShardingPlan fields for qwZ, hpZ and qgZ."""
+    cfg, group = s.parallelism.zero, grad_group(s)
+    out: dict = {}
+    if cfg.zero_quantized_weights:  # qwZ: forward all-gathers in INT8, dequantized before use
+        out.update(
+            forward_gather_bytes=QWZ_BYTES_PER_PARAM, forward_extra_bytes_per_param=DEQUANTIZE_BYTES_PER_PARAM
+        )
+    hpz = cfg.zero_hpz_partition_size
+    if hpz > 1:  # hpZ: backward all-gathers from the secondary shard, inside the hpZ group (a node)
+        if dp % hpz:
+            raise ScenarioError(
+                f"parallelism.zero.zero_hpz_partition_size ({hpz}) does not divide the {dp} "
+                "data-parallel ranks"
+            )
+        out["backward_gather_group"] = f"{group}/{hpz}"
+    if cfg.zero_quantized_gradients:  # qgZ: INT4 all-to-all among the node's ranks, reduce, then across nodes
+        node = cluster_spec(s).node.gpus // model_parallel_size(s)
+        intra = math.gcd(max(node, 1), dp)
+        out.update(
+            quantized_reduce=(f"{group}/{intra}", f"{group}%{intra}", intra, QGZ_BYTES_PER_PARAM),
+            backward_extra_bytes_per_param=GRAD_QUANTIZE_BYTES_PER_PARAM,
+        )
+    return out
 
 
 def _kept_after_forward(us: list[Unit], cfg) -> frozenset[int]:
