@@ -102,3 +102,11 @@ def test_ring_closed_forms():
     assert ring_steps("all_reduce", 8) == 14 and ring_steps("all_gather", 8) == 7
     assert ring_bytes_per_rank("all_reduce", 4, 100.0) == 150.0
     assert ring_bytes_per_rank("reduce_scatter", 4, 100.0) == 75.0
+
+
+def test_all_to_all_sends_n_minus_1_over_n_of_the_buffer_per_rank():
+    """Each rank sends S/n to each of the n-1 others: on NVSwitch, (n-1)/n S through its own link."""
+    cm = model("dgx-a100", 1)
+    (phase,) = cm.phases("all_to_all", "dp", S)
+    bandwidth = 300e9 * cm.cluster.spec.efficiency.nvlink
+    assert max(phase.demand_s.values()) == pytest.approx(7 / 8 * S / bandwidth, rel=1e-12)

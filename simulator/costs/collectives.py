@@ -116,7 +116,10 @@ class CollectiveModel:
         if op == "send_recv":
             return (self._scaled(self._pattern("pairs", groups), 1, size_bytes),)
         if op == "all_to_all":
-            return (self._scaled(self._pattern("all_pairs", groups), n - 1, size_bytes / n),)
+            # every rank sends S/n to each of the n-1 others, all pairs at once; n-1 rounds of latency
+            pattern = self._pattern("all_pairs", groups)
+            demand = {c: size_bytes / n * s for c, s in pattern.unit_demand_s.items()}
+            return (Phase((n - 1) * (pattern.hop_latency_s + self.step_latency_s), demand),)
         ring = (self._scaled(self._pattern("ring", groups), ring_steps(op, n), size_bytes / n),)
         if op == "broadcast":
             ring = (self._scaled(self._pattern("ring", groups), n - 1, size_bytes / (n - 1)),)
