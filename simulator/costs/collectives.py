@@ -173,15 +173,12 @@ class CollectiveModel:
         return len({g // gpn for g in grp}) > 1
 
     # -- link loads on the graph ----------------------------------------------------------------------------
-    def cross_node_fraction(self, op: str, group: str, stage: int | None = None) -> float:
-        """Share of a collective's bytes that cross node boundaries (the rest stays on NVLink / PCIe)."""
-        key = ("cross", op, group, stage)
+    def cross_node_fraction(self, op: str, group: str) -> float:
+        """Share of a collective's bytes that cross node boundaries (the rest stays on NVLink / PCIe), averaged
+        over every group of that kind."""
+        key = ("cross", op, group)
         if key not in self._phases:
             groups = self.placement.groups(group)
-            if stage is not None:
-                groups = tuple(
-                    g for g in groups if any(self.placement.coordinate(r, "pp") == stage for r in g)
-                )
             kind = {"send_recv": "pairs", "all_to_all": "all_pairs"}.get(op, "ring")
             gpn = self.cluster.gpus_per_node
             hops = self._hops(kind, groups) if len(groups[0]) > 1 else []

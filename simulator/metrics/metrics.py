@@ -74,8 +74,8 @@ def narayanan_eq3_flops(s: Scenario) -> float:
 def compute_metrics(
     s: Scenario, timeline: Timeline, placement: Placement, peak_flops: float, cross_node_fraction=None
 ) -> Metrics:
-    """``cross_node_fraction(op, group, stage)`` (from the collective model) splits each collective's bytes into
-    those crossing node boundaries and those staying inside a node."""
+    """``cross_node_fraction(op, group)`` (from the collective model) splits each collective's bytes into those
+    crossing node boundaries and those staying inside a node."""
     program = timeline.program
     tasks = program.tasks
     T = timeline.makespan_s
@@ -136,7 +136,7 @@ def compute_metrics(
             by_coll[key]["bytes_sent_per_gpu"] += sent
             bytes_per_gpu += sent
             if cross_node_fraction is not None:
-                cross = sent * cross_node_fraction(op, group, program.ranks[rank].stage)
+                cross = sent * cross_node_fraction(op, group)
                 by_coll[key]["bytes_cross_node_per_gpu"] += cross
                 by_coll[key]["bytes_intra_node_per_gpu"] += sent - cross
                 bytes_cross += cross
