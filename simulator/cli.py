@@ -34,6 +34,7 @@ def run(
         bool, typer.Option("--json", help="Print one JSON object instead of a table.")
     ] = False,
     trace: Annotated[Path | None, typer.Option(help="Write a Chrome-trace JSON file (Perfetto).")] = None,
+    report: Annotated[Path | None, typer.Option(help="Write a self-contained HTML report.")] = None,
 ) -> None:
     """Simulate one training iteration of SCENARIO."""
     try:
@@ -42,12 +43,18 @@ def run(
         _fail(str(e))
     if trace:
         write_trace(result.timeline, trace)
+    if report:
+        from simulator.report.html import write_report
+
+        write_report(result, report)
     if json_out:
         print(json.dumps({"name": result.scenario.name, **result.metrics.to_dict()}, indent=2))
     else:
         print_table([(result.scenario.name, result.metrics)])
         if trace:
             Console().print(f"trace written to {trace} (open it in https://ui.perfetto.dev)")
+        if report:
+            Console().print(f"report written to {report}")
 
 
 @app.command()

@@ -1,0 +1,235 @@
+"""One self-contained HTML file per run (plotly embedded once, opens offline): headline numbers, timeline,
+memory per stage, communication overlapped vs exposed, busiest links over time, and where the groups sit."""
+
+from __future__ import annotations
+
+import html
+from collections import defaultdict
+from pathlib import Path
+
+import networkx as nx
+import plotly.graph_objects as go
+
+from simulator.api import Result
+from simulator.costs.collectives import CollectiveModel
+from simulator.report.figures import COLOURS, timeline_figure
+
+MEMORY_PARTS = [
+    ("params", "parameters"),
+    ("grads", "gradients"),
+    ("optimizer", "optimizer states"),
+    ("activations", "activations"),
+    ("buffers", "buffers"),
+]
+
+
+def memory_figure(result: Result) -> go.Figure:
+    ranks = result.program.ranks
+    labels = [r.label.split(":")[0] for r in ranks]
+    fig = go.Figure()
+    for key, name in MEMORY_PARTS:
+        fig.add_trace(go.Bar(x=labels, y=[getattr(r.memory, key) / 2**30 for r in ranks], name=name))
+    capacity = ranks[0].memory.capacity / 2**30
+    fig.add_hline(
+        y=capacity,
+        line_dash="dash",
+        line_color="red",
+        annotation_text=f"capacity {capacity:.0f} GiB",
+        annotation_position="top left",
+    )
+    oom = [label for label, r in zip(labels, ranks, strict=True) if r.memory.oom]
+    verdict = f"OUT OF MEMORY on {', '.join(oom)}" if oom else "fits on every GPU"
+    fig.update_layout(
+        barmode="stack", title=f"Memory per GPU (GiB): {verdict}", yaxis_title="GiB", height=420
+    )
+    return fig
+
+
+def comm_figure(result: Result) -> go.Figure:
+    items = sorted(result.metrics.comm_by_collective.items())
+    names = [k for k, _ in items]
+    exposed = [d["exposed_s"] for _, d in items]
+    overlapped = [max(d["time_s"] - d["exposed_s"], 0.0) for _, d in items]
+    fig = go.Figure(
+        [
+            go.Bar(
+                y=names, x=overlapped, name="overlapped with compute", orientation="h", marker_color="#54A24B"
+            ),
+            go.Bar(
+                y=names, x=exposed, name="exposed (compute waits)", orientation="h", marker_color="#E45756"
+            ),
+        ]
+    )
+    fig.update_layout(
+        barmode="stack",
+        title="Communication per GPU and iteration, by collective and group",
+        xaxis_title="seconds",
+        height=160 + 40 * len(names),
+    )
+    return fig
+
+
+def link_figure(result: Result, comm: CollectiveModel, top: int = 6, bins: int = 200) -> go.Figure:
+    """Utilisation over time of the busiest link classes (share of the class's bandwidth in use, from the
+    bytes each collective put on it while it ran). Blocking collectives inside compute tasks are not shown."""
+    tl, tasks = result.timeline, result.program.tasks
+    T = tl.makespan_s or 1.0
+    busy: dict = defaultdict(lambda: [0.0] * bins)
+    stage_of = [r.stage for r in result.program.ranks]
+    for t in tasks:
+        if not t.is_collective or t.rank != 0:
+            continue
+        start, end = tl.start[t.id], tl.end[t.id]
+        if end <= start:
+            continue
+        for phase in comm.phases(t.kind, t.group, t.bytes, stage_of[t.rank]):
+            for cls, seconds in phase.demand_s.items():
+                use = min(seconds / (end - start), 1.0)
+                for b in range(int(start / T * bins), min(int(end / T * bins) + 1, bins)):
+                    busy[cls][b] = min(busy[cls][b] + use, 1.0)
+    ranked = sorted(busy.items(), key=lambda kv: -sum(kv[1]))[:top]
+    fig = go.Figure()
+    xs = [(i + 0.5) * T / bins for i in range(bins)]
+    for cls, ys in ranked:
+        name = f"{cls[1]} -> {cls[2]}"
+        kind = _link_kind(result, cls)
+        fig.add_trace(go.Scatter(x=xs, y=[100 * y for y in ys], mode="lines", name=f"{name} ({kind})"))
+    fig.update_layout(
+        title="Busiest links (first simulated rank's collectives): utilisation over the iteration",
+        xaxis_title="time (s)",
+        yaxis_title="% of bandwidth",
+        yaxis_range=[0, 105],
+        height=380,
+    )
+    return fig
+
+
+def _link_kind(result: Result, cls) -> str:
+    g = result.cluster.graph
+    for u, v in ((f"n0.{cls[1]}", f"n0.{cls[2]}"),):
+        if g.has_edge(u, v):
+            return g.edges[u, v]["info"].kind
+    return "fabric"
+
+
+def topology_figure(result: Result, max_nodes: int = 2) -> go.Figure:
+    """The first nodes of the graph, GPUs coloured by pipeline stage and labelled with their TP / DP group."""
+    g = result.cluster.graph
+    keep = [
+        n for n in g if any(n.startswith(f"n{k}.") for k in range(min(max_nodes, result.cluster.num_nodes)))
+    ]
+    keep += [n for n in g if g.nodes[n]["kind"] in ("leaf", "spine")][:4]
+    sub = g.subgraph(keep).copy()
+    layer = {
+        "spine": 0,
+        "leaf": 1,
+        "nic": 2,
+        "pcie_switch": 3,
+        "nvme": 4,
+        "cpu": 4,
+        "hostmem": 5,
+        "gpu": 6,
+        "nvswitch": 7,
+    }
+    for n in sub:
+        sub.nodes[n]["layer"] = layer.get(sub.nodes[n]["kind"], 5)
+    pos = nx.multipartite_layout(sub, subset_key="layer", align="horizontal", scale=2)
+    pos = {n: (x, -y) for n, (x, y) in pos.items()}  # switches on top, GPUs below
+    pl = result.placement
+    ex, ey = [], []
+    for u, v in sub.edges():
+        ex += [pos[u][0], pos[v][0], None]
+        ey += [pos[u][1], pos[v][1], None]
+    fig = go.Figure(
+        go.Scatter(
+            x=ex, y=ey, mode="lines", line={"color": "#bbb", "width": 1}, hoverinfo="none", showlegend=False
+        )
+    )
+    groups = defaultdict(list)  # GPUs by pipeline stage, other devices by kind
+    for n in sub:
+        kind = sub.nodes[n]["kind"]
+        if kind == "gpu":
+            rank = sub.nodes[n]["node"] * result.cluster.gpus_per_node + sub.nodes[n]["local"]
+            stage = pl.coordinate(rank, "pp") if rank < pl.world_size else None
+            label = f"GPUs of stage {stage}" if stage is not None else "unused GPUs"
+            text = (
+                (
+                    f"{n}<br>stage {stage}, tp rank {pl.coordinate(rank, 'tp')}, cp rank {pl.coordinate(rank, 'cp')}, "
+                    f"dp rank {pl.coordinate(rank, 'dp_shard')}"
+                )
+                if stage is not None
+                else n
+            )
+            groups[label].append((n, text, 16))
+        else:
+            groups[kind].append((n, n, 9))
+    for label, members in groups.items():
+        fig.add_trace(
+            go.Scatter(
+                x=[pos[n][0] for n, _, _ in members],
+                y=[pos[n][1] for n, _, _ in members],
+                mode="markers",
+                name=label,
+                text=[t for _, t, _ in members],
+                hoverinfo="text",
+                marker={"size": members[0][2]},
+            )
+        )
+    fig.update_layout(
+        title=f"Topology: first {min(max_nodes, result.cluster.num_nodes)} node(s) of "
+        f"{result.cluster.num_nodes} ({result.cluster.spec.name}); hover a GPU for its groups",
+        xaxis={"visible": False},
+        yaxis={"visible": False},
+        height=460,
+    )
+    return fig
+
+
+def headline_html(result: Result) -> str:
+    m = result.metrics
+    cells = [
+        ("Iteration time", f"{m.iteration_time_s:.3f} s"),
+        ("Tokens/s", f"{m.tokens_per_s:,.0f}"),
+        ("Tokens/s per GPU", f"{m.tokens_per_s_per_gpu:,.1f}"),
+        ("MFU", f"{m.mfu:.1%}"),
+        ("Pipeline bubble", f"{m.bubble_fraction:.1%}"),
+        ("Exposed comm.", f"{m.comm['exposed_s']:.3f} s"),
+        ("Peak memory", f"{m.memory_gib['peak']:.1f} / {m.memory_gib['capacity']:.0f} GiB"),
+        ("GPUs", f"{m.gpus:,}"),
+        ("Strategy", m.strategy),
+    ]
+    tiles = "".join(
+        f'<div class="tile"><div class="v">{html.escape(v)}</div><div class="k">{html.escape(k)}</div></div>'
+        for k, v in cells
+    )
+    return f'<h1>{html.escape(result.scenario.name)}</h1><div class="tiles">{tiles}</div>'
+
+
+STYLE = """<style>body{font-family:system-ui,sans-serif;margin:24px;color:#222}.tiles{display:flex;flex-wrap:wrap;gap:12px}
+.tile{border:1px solid #ddd;border-radius:8px;padding:10px 16px;min-width:150px}.v{font-size:22px;font-weight:600}
+.k{color:#666;font-size:13px}.oom{color:#c00;font-weight:600}</style>"""
+
+
+def write_report(result: Result, path: str | Path) -> None:
+    comm = CollectiveModel(result.cluster, result.placement, result.scenario.parallelism.collective_algorithm)
+    figures = [
+        timeline_figure(result.timeline, "Timeline: one row per simulated rank and stream", max_tasks=6000),
+        memory_figure(result),
+        comm_figure(result),
+        link_figure(result, comm),
+        topology_figure(result),
+    ]
+    parts = [
+        fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=f"panel{i}")
+        for i, fig in enumerate(figures)
+    ]
+    legend = ", ".join(k for k in COLOURS)
+    body = (
+        headline_html(result)
+        + f"<p>Colours by kind: {legend}. Hover any bar for details.</p>"
+        + "".join(parts)
+    )
+    Path(path).write_text(
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(result.scenario.name)}"
+        f"</title>{STYLE}</head><body>{body}</body></html>"
+    )
