@@ -35,8 +35,13 @@ def run(
     ] = False,
     trace: Annotated[Path | None, typer.Option(help="Write a Chrome-trace JSON file (Perfetto).")] = None,
     report: Annotated[Path | None, typer.Option(help="Write a self-contained HTML report.")] = None,
+    image: Annotated[
+        Path | None, typer.Option(help="Write the timeline as a static image (.png or .svg).")
+    ] = None,
 ) -> None:
     """Simulate one training iteration of SCENARIO."""
+    if image and image.suffix.lower() not in (".png", ".svg", ".pdf"):
+        _fail(f"--image: use a .png, .svg or .pdf file name (got {image.name})")
     try:
         result = simulate(load_scenario(scenario))
     except ScenarioError as e:
@@ -47,6 +52,8 @@ def run(
         from simulator.report.html import write_report
 
         write_report(result, report)
+    if image:
+        _write_image(result, image)
     if json_out:
         print(json.dumps({"name": result.scenario.name, **result.metrics.to_dict()}, indent=2))
     else:
@@ -62,6 +69,7 @@ def compare(
     scenarios: Annotated[list[Path], typer.Argument(help="Two or more scenario YAML files.")],
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON list instead of a table.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    report: Annotated[Path | None, typer.Option(help="Write a self-contained HTML comparison.")] = None,
 ) -> None:
     """Simulate several scenarios and show their metrics side by side."""
     try:
@@ -78,6 +86,10 @@ def compare(
             except ScenarioError as e:
                 _fail(f"{s.name}: {e}")
             bar.advance(task)
+    if report:
+        from simulator.report.html import write_compare_report
+
+        write_compare_report(results, report)
     if json_out:
         print(json.dumps([{"name": n, **m.to_dict()} for n, m in results], indent=2))
     else:
@@ -201,6 +213,20 @@ def calibrate(
 def schema() -> None:
     """Print the JSON Schema of scenario files."""
     print(json.dumps(Scenario.model_json_schema(), indent=2))
+
+
+def _write_image(result, path: Path) -> None:
+    """Static export through plotly + kaleido, which drives a Chromium: say so plainly where it is missing."""
+    from simulator.report.figures import timeline_figure
+
+    fig = timeline_figure(result.timeline, f"{result.scenario.name}: {result.metrics.iteration_time_s:.3f} s")
+    try:
+        fig.write_image(path, width=1400, height=fig.layout.height)
+    except Exception as e:  # kaleido missing, or no Chromium for it to drive
+        _fail(
+            f"--image: static export needs kaleido and a Chromium browser (pip install kaleido; "
+            f"apt-get install chromium): {str(e).splitlines()[0][:200]}"
+        )
 
 
 def main() -> None:

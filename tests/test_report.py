@@ -75,3 +75,37 @@ def test_report_renders_in_headless_chromium_without_javascript_errors(report, t
         timeout=120,
     )
     assert shot.stat().st_size > 20_000
+
+
+def test_compare_report_has_throughput_memory_and_breakdown(tmp_path, report):
+    a = report.parent / "s.yaml"
+    b = tmp_path / "b.yaml"
+    b.write_text(SCENARIO.replace("zero_stage: 1", "zero_stage: 0"))
+    out = tmp_path / "cmp.html"
+    r = CliRunner().invoke(app, ["compare", str(a), str(b), "--report", str(out), "--quiet"])
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    for title in ("Throughput (samples/s)", "Peak memory per GPU", "Iteration time breakdown"):
+        assert title in text
+    assert 'id="panel2"' in text
+
+
+def _kaleido_ready() -> bool:
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        return False
+    return CHROMIUM is not None
+
+
+@pytest.mark.skipif(not _kaleido_ready(), reason="static export needs kaleido and Chromium")
+def test_static_timeline_image(report, tmp_path):
+    out = tmp_path / "timeline.png"
+    r = CliRunner().invoke(app, ["run", str(report.parent / "s.yaml"), "--image", str(out)])
+    assert r.exit_code == 0, r.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_image_with_an_unknown_extension_is_refused(report):
+    r = CliRunner().invoke(app, ["run", str(report.parent / "s.yaml"), "--image", "x.gif"])
+    assert r.exit_code == 2 and "use a .png, .svg or .pdf" in r.output
