@@ -41,11 +41,28 @@ def test_report_is_self_contained_with_every_panel(report):
     assert "Iteration time" in text and "Pipeline bubble" in text
 
 
-def test_trace_has_one_process_per_simulated_rank(report):
-    events = json.loads((report.parent / "t.json").read_text())["traceEvents"]
+# Chrome trace event format: required fields per phase type (Trace Event Format, "ph" values X, M, s, f, C)
+TRACE_SCHEMA = {
+    "X": {"name", "ph", "ts", "dur", "pid", "tid"},
+    "M": {"name", "ph", "pid", "args"},
+    "s": {"name", "ph", "ts", "pid", "tid", "id"},
+    "f": {"name", "ph", "ts", "pid", "tid", "id", "bp"},
+    "C": {"name", "ph", "ts", "pid", "args"},
+}
+
+
+def test_trace_is_valid_chrome_trace_with_one_process_per_simulated_rank(report):
+    trace = json.loads((report.parent / "t.json").read_text())
+    events = trace["traceEvents"]
+    for e in events:
+        assert e["ph"] in TRACE_SCHEMA and TRACE_SCHEMA[e["ph"]] <= set(e), e
+        assert all(isinstance(e[k], int | float) and e[k] >= 0 for k in ("ts", "dur") if k in e)
     processes = {e["pid"] for e in events if e.get("name") == "process_name"}
     assert processes == {0, 1}  # two pipeline stages
-    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in events if e["ph"] == "X")
+    starts = {e["id"] for e in events if e["ph"] == "s"}
+    assert starts and starts == {e["id"] for e in events if e["ph"] == "f"}  # every send has its receive
+    counters = [e for e in events if e["ph"] == "C" and e["name"] == "memory (GiB)"]
+    assert {e["pid"] for e in counters} == {0, 1}
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)")
