@@ -38,12 +38,18 @@ def run(
     image: Annotated[
         Path | None, typer.Option(help="Write the timeline as a static image (.png or .svg).")
     ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
 ) -> None:
     """Simulate one training iteration of SCENARIO."""
     if image and image.suffix.lower() not in (".png", ".svg", ".pdf"):
         _fail(f"--image: use a .png, .svg or .pdf file name (got {image.name})")
     try:
-        result = simulate(load_scenario(scenario))
+        s = load_scenario(scenario)
+        if quiet or not sys.stderr.isatty():
+            result = simulate(s)
+        else:
+            with err.status(f"simulating {s.name} ({s.cluster.num_nodes} nodes)..."):
+                result = simulate(s)
     except ScenarioError as e:
         _fail(str(e))
     if trace:
