@@ -10,7 +10,7 @@ from pathlib import Path
 
 from simulator import load_scenario, simulate
 from simulator.hardware.cluster import Cluster
-from simulator.hardware.topology import cluster_spec
+from simulator.hardware.topology import cluster_spec, ideal_network
 from simulator.report.figures import timeline_figure
 from simulator.workload.transformer import Block, build_workload
 
@@ -44,16 +44,7 @@ def scenario(schedule: str, v: int, m: int = 8, p: int = 4):
 
 def ideal(s):
     """Free communication and equal stages: the setting of the closed-form bubble formulas."""
-    spec = cluster_spec(s)
-    node = spec.node.model_copy(
-        update={
-            "nvlink_bandwidth_GBps": 1e30,
-            "pcie_bandwidth_GBps": 1e30,
-            "nvlink_latency_us": 0,
-            "pcie_latency_us": 0,
-        }
-    )
-    cluster = Cluster(spec.model_copy(update={"node": node, "collective_step_latency_us": 0}), 1)
+    cluster = Cluster(ideal_network(cluster_spec(s)), 1)
     empty = Block("none", (), (), (), 0)
     w = build_workload(s)
     return cluster, replace(w, embedding=replace(empty, name="embedding"), head=replace(empty, name="head"))

@@ -3,7 +3,7 @@ import copy
 import pytest
 
 from simulator.hardware.cluster import Cluster
-from simulator.hardware.topology import cluster_spec
+from simulator.hardware.topology import cluster_spec, ideal_network
 from simulator.scenario.loader import load_scenario
 
 GPT_SMALL = {
@@ -29,20 +29,7 @@ def make(model=None, cluster=None, training=None, parallelism=None, name="test")
 
 def ideal_network_cluster(scenario) -> Cluster:
     """The scenario's cluster with every link infinitely fast and without latency."""
-    spec = cluster_spec(scenario)
-    node = spec.node.model_copy(
-        update={
-            "nvlink_bandwidth_GBps": 1e30,
-            "pcie_bandwidth_GBps": 1e30,
-            "nic_bandwidth_gbps": 1e30,
-            "nvlink_latency_us": 0.0,
-            "pcie_latency_us": 0.0,
-            "nic_latency_us": 0.0,
-        }
-    )
-    fabric = spec.fabric.model_copy(update={"switch_latency_us": 0.0})
-    spec = spec.model_copy(update={"node": node, "fabric": fabric, "collective_step_latency_us": 0.0})
-    return Cluster(spec, scenario.cluster.num_nodes)
+    return Cluster(ideal_network(cluster_spec(scenario)), scenario.cluster.num_nodes)
 
 
 @pytest.fixture

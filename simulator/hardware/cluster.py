@@ -44,12 +44,6 @@ class Cluster:
     def num_gpus(self) -> int:
         return self.num_nodes * self.gpus_per_node
 
-    def gpu_name(self, index: int) -> str:
-        return f"n{index // self.gpus_per_node}.gpu{index % self.gpus_per_node}"
-
-    def node_of(self, index: int) -> int:
-        return index // self.gpus_per_node
-
     # -- routing ------------------------------------------------------------------------------------------
     # A link key is (node, from, to) with node-local names for links inside node ``node``, and
     # (-1, from, to) with global names for fabric links (NIC -> leaf -> spine). Node-local paths come from

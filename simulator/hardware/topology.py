@@ -126,6 +126,23 @@ def apply_overrides(spec: TopologySpec, cfg: ClusterConfig) -> TopologySpec:
     )
 
 
+def ideal_network(spec: TopologySpec) -> TopologySpec:
+    """The same cluster with every link infinitely fast and without latency: what-if studies and the
+    closed-form checks (DDP on a free network equals one GPU; bubbles with free communication)."""
+    node = spec.node.model_copy(
+        update={
+            "nvlink_bandwidth_GBps": 1e30,
+            "pcie_bandwidth_GBps": 1e30,
+            "nic_bandwidth_gbps": 1e30,
+            "nvlink_latency_us": 0.0,
+            "pcie_latency_us": 0.0,
+            "nic_latency_us": 0.0,
+        }
+    )
+    fabric = spec.fabric.model_copy(update={"switch_latency_us": 0.0})
+    return spec.model_copy(update={"node": node, "fabric": fabric, "collective_step_latency_us": 0.0})
+
+
 def cluster_spec(scenario: Scenario) -> TopologySpec:
     return apply_overrides(load_topology(scenario.cluster.topology), scenario.cluster)
 
