@@ -94,9 +94,8 @@ class CollectiveModel:
             groups = self.placement.groups(group)
             gpn = self.cluster.gpus_per_node
             if stage is not None:
-                groups = tuple(
-                    g for g in groups if any(self.placement.coordinate(r, "pp") == stage for r in g)
-                )
+                pp = self.placement.stages()
+                groups = tuple(g for g in groups if any(pp[r] == stage for r in g))
             elif all(g[0] // gpn == g[-1] // gpn for g in groups):
                 # groups inside nodes (tensor parallelism): every node is wired alike and runs the same
                 # collective, so the groups of one node give the cost (they still contend with each other)

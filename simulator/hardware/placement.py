@@ -15,6 +15,7 @@ import numpy as np
 DEFAULT_ORDER = "tp-cp-dp-pp"
 
 
+@cache
 def axes_of(order: str) -> tuple[str, ...]:
     """Grid axes outermost -> innermost for an innermost-first order such as ``tp-cp-dp-pp``."""
     parts = order.split("-")
@@ -94,6 +95,11 @@ class Placement:
                 return rank // inner % sizes[a]
             inner *= sizes[a]
         raise ValueError(axis)
+
+    @cache  # noqa: B019 - placements are few and immutable
+    def stages(self) -> tuple[int, ...]:
+        """The pipeline stage of every rank."""
+        return tuple(self.coordinate(r, "pp") for r in range(self.world_size))
 
     def group_size(self, kind: str) -> int:
         return len(self.groups(kind)[0])
