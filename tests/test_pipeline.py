@@ -239,3 +239,19 @@ def test_overlapped_param_gather_runs_under_the_first_forward_instead_of_after_t
     gathers = [t for t in under.program.tasks if t.kind == "all_gather" and t.group == "dp"]
     assert gathers and all(t.phase == "forward" and not t.deps for t in gathers)
     assert under.metrics.iteration_time_s < after.metrics.iteration_time_s
+
+
+def test_pipedream_2bw_has_no_bubble_in_steady_state_and_keeps_two_weight_versions():
+    """No flush: one iteration is m (t_F + t_B) + the optimizer step, against (m + p - 1) (t_F + t_B) + step for
+    1F1B, on the same equal stages with free communication; the second weight version is held as a buffer."""
+    p, m = 4, 8
+    one, bw = pipeline(p, m, "1f1b"), pipeline(p, m, "pipedream-2bw")
+    step = one.metrics.breakdown["optimizer_s"]
+    per_microbatch = (one.metrics.iteration_time_s - step) / (m + p - 1)
+    assert bw.metrics.bubble_fraction == pytest.approx(0.0, abs=1e-12)
+    assert bw.metrics.iteration_time_s == pytest.approx(m * per_microbatch + step, rel=1e-9)
+    stage = bw.program.ranks[0].memory
+    assert stage.buffers == pytest.approx(stage.params)  # 16-bit weights, one more copy
+    assert [r.memory.activations for r in bw.program.ranks] == pytest.approx(
+        [r.memory.activations for r in one.program.ranks]
+    )

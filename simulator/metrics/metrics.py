@@ -78,7 +78,11 @@ def compute_metrics(
     crossing node boundaries and those staying inside a node."""
     program = timeline.program
     tasks = program.tasks
-    T = timeline.makespan_s
+    lo, hi = 0.0, timeline.makespan_s
+    if program.window:  # asynchronous schedules: one steady-state period between two weight updates
+        lo, hi = timeline.end[program.window[0]], timeline.end[program.window[1]]
+        tasks = [t for t in tasks if lo <= timeline.start[t.id] < hi]  # count what starts inside the period
+    T = hi - lo
     gpus = placement.world_size
     tokens = s.training.global_batch_size * s.model.seq_length
     weights = [r.count / gpus for r in program.ranks]  # share of the GPUs each simulated rank stands for
@@ -109,7 +113,7 @@ def compute_metrics(
     by_coll: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for rank, rank_tasks in sorted(by_rank.items()):
         w = weights[rank]
-        r = _rank_metrics(timeline, rank_tasks, T)
+        r = _rank_metrics(timeline, rank_tasks, lo, hi)
         if rank == 0:
             breakdown = r["breakdown"]
         mem_r = program.ranks[rank].memory
@@ -173,7 +177,7 @@ def compute_metrics(
     )
 
 
-def _rank_metrics(timeline: Timeline, rank_tasks: list, T: float) -> dict:
+def _rank_metrics(timeline: Timeline, rank_tasks: list, lo: float, hi: float) -> dict:
     """Breakdown, pipeline bubble and communication of one simulated rank.
 
     The bubble is the compute stream's idle time spent waiting for another rank's work (a pipeline neighbour),
@@ -188,7 +192,7 @@ def _rank_metrics(timeline: Timeline, rank_tasks: list, T: float) -> dict:
         breakdown[t.phase] += timeline.end[i] - timeline.start[i]
         if t.kind != "optimizer":
             busy += timeline.end[i] - timeline.start[i]
-        gap_start, gap_end = timeline.free[i], timeline.start[i]
+        gap_start, gap_end = max(timeline.free[i], lo), timeline.start[i]
         b = timeline.blocker[i]
         if gap_end > gap_start:
             # follow the chain: the dependency may itself have waited for another (a gather for a reduction,
@@ -207,9 +211,9 @@ def _rank_metrics(timeline: Timeline, rank_tasks: list, T: float) -> dict:
             if holder.rank != t.rank and not holder.is_collective:
                 pipeline_idle += gap_end - gap_start
     last_compute = max((timeline.end[t.id] for t in compute), default=0.0)
-    if last_compute < T:  # trailing communication (e.g. ZeRO-1/2 parameter all-gather after the step)
+    if last_compute < hi:  # trailing communication (e.g. ZeRO-1/2 parameter all-gather after the step)
         last = max(rank_tasks, key=lambda t: timeline.end[t.id])
-        breakdown[last.phase] += T - last_compute
+        breakdown[last.phase] += hi - last_compute
 
     compute_u = union((timeline.start[t.id], timeline.end[t.id]) for t in compute)
     comm_u = union((timeline.start[t.id], timeline.end[t.id]) for t in rank_tasks if t.is_collective)

@@ -29,7 +29,7 @@ from simulator.strategy.common import (
     weight_bytes,
 )
 from simulator.strategy.program import COMPUTE, Program, RankClass
-from simulator.strategy.schedules import SPLITS_BACKWARD, Step, get_schedule
+from simulator.strategy.schedules import ASYNCHRONOUS, SPLITS_BACKWARD, Step, get_schedule
 from simulator.workload.memory import (
     MemoryBreakdown,
     activation_bytes_per_layer,
@@ -44,8 +44,6 @@ def check(s: Scenario) -> None:
     """One clear message per combination the modelled frameworks do not support."""
     p, m = s.parallelism, s.model
     pp, v = p.pipeline_parallel, p.virtual_pipeline_stages
-    if p.pipeline_schedule == "pipedream-2bw":
-        raise ScenarioError("parallelism.pipeline_schedule: pipedream-2bw is not simulated yet")
     if v > 1 and p.pipeline_schedule != "interleaved-1f1b":
         raise ScenarioError(
             f"parallelism.virtual_pipeline_stages ({v}) needs pipeline_schedule: interleaved-1f1b "
@@ -147,14 +145,54 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
             return ()
         return (ids[key],) if key in ids else ()
 
+    stage_params = [sum(u.params for c in range(v) for u in chunks[(st, c)]) for st in range(pp)]
     for st in range(pp):
         for kind, mb, c in order[st]:
+            if (
+                kind == "O"
+            ):  # asynchronous schedule: this stage steps its optimizer now, no flush, no global sync
+                add_optimizer(prog, s, stage_params[st], (), rank=st)
+                continue
             fwd, bwd, wgt = ops[(st, c)]
             task_ops, phase = (fwd, "forward") if kind == "F" else ((bwd if kind == "B" else wgt), "backward")
             name = f"{kind}{mb}.{c}" if v > 1 else f"{kind}{mb}"
             prog.add(st, COMPUTE, phase, phase, name, upstream(st, kind, mb, c), ops=task_ops, microbatch=mb)
     last_compute = [ids[(st, *order[st][-1])] for st in range(pp)]
 
+    asynchronous = par.pipeline_schedule in ASYNCHRONOUS
+    if asynchronous:
+        _reduce_per_batch(prog, s, order, ids, stage_params)
+        # one iteration = the steady-state period between stage 0's first and second weight updates
+        prog.window = (ids[(0, "O", 0, 0)], ids[(0, "O", 1, 0)])
+    else:
+        _flush_and_step(prog, s, order, ids, chunks, stage_params, last_compute)
+    for st in range(pp):
+        mine = [u for c in range(v) for u in chunks[(st, c)]]
+        extras = [
+            name
+            for name, unit in (("embedding", "embedding"), ("output layer", "head"))
+            if any(u.name == unit for u in mine)
+        ]
+        label = f"stage {st}: {sum(u.is_layer for u in mine)} layers" + "".join(f" + {e}" for e in extras)
+        prog.ranks.append(
+            RankClass(
+                label,
+                dp * model_parallel_size(s),
+                _stage_memory(
+                    s, gpu, chunks, order[st], st, v, stage_params[st], versions=2 if asynchronous else 1
+                ),
+                stage=st,
+            )
+        )
+    return prog
+
+
+def _flush_and_step(prog: Program, s: Scenario, order, ids, chunks, stage_params, last_compute) -> None:
+    """Synchronous schedules: after the flush each stage reduces its gradients over data parallelism (per chunk
+    as soon as its last backward ends with overlap_grad_reduce), the first and last stage sum the tied word
+    embedding's gradient, every stage agrees on the gradient norm, and each steps its optimizer."""
+    par = s.parallelism
+    pp, v, dp = par.pipeline_parallel, par.virtual_pipeline_stages, grad_group_size(s)
     wb, gb = weight_bytes(s), grad_bytes(s)
     distributed = par.zero_stage == 1
     for st in range(pp):
@@ -192,10 +230,9 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
                     bytes=words * gb,
                 )
             )
-        stage_params = sum(u.params for c in range(v) for u in chunks[(st, c)])
         # gradient clipping all-reduces the norm over every stage: a global sync before the step
         opt = add_optimizer(
-            prog, s, stage_params / (dp if distributed else 1), (*reductions, *last_compute), rank=st
+            prog, s, stage_params[st] / (dp if distributed else 1), (*reductions, *last_compute), rank=st
         )
         if distributed and dp > 1 and par.ddp.overlap_param_gather:
             # the previous step's weights are gathered under this iteration's first forward (steady state)
@@ -207,7 +244,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
                 "param all-gather",
                 (),
                 group=grad_group(s),
-                bytes=stage_params * wb,
+                bytes=stage_params[st] * wb,
             )
             first = prog.tasks[ids[(st, *order[st][0])]]
             first.deps = (*first.deps, gid)
@@ -220,24 +257,32 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
                 "param all-gather",
                 (opt,),
                 group=grad_group(s),
-                bytes=stage_params * wb,
+                bytes=stage_params[st] * wb,
             )
-        mine = [u for c in range(v) for u in chunks[(st, c)]]
-        extras = [
-            name
-            for name, unit in (("embedding", "embedding"), ("output layer", "head"))
-            if any(u.name == unit for u in mine)
-        ]
-        label = f"stage {st}: {sum(u.is_layer for u in mine)} layers" + "".join(f" + {e}" for e in extras)
-        prog.ranks.append(
-            RankClass(
-                label,
-                dp * model_parallel_size(s),
-                _stage_memory(s, gpu, chunks, order[st], st, v, stage_params),
-                stage=st,
+
+
+def _reduce_per_batch(prog: Program, s: Scenario, order, ids, stage_params) -> None:
+    """Asynchronous schedules: before each optimizer step a stage all-reduces that batch's gradients over data
+    parallelism (no flush, no global sync)."""
+    par = s.parallelism
+    if grad_group_size(s) == 1:
+        return
+    for st in range(par.pipeline_parallel):
+        for i, step in enumerate(order[st]):
+            if step.kind != "O":
+                continue
+            rid = prog.add(
+                st,
+                "comm.dp",
+                "all_reduce",
+                "backward",
+                f"batch {step.microbatch} grad all-reduce",
+                (ids[(st, *order[st][i - 1])],),
+                group=grad_group(s),
+                bytes=stage_params[st] * grad_bytes(s),
             )
-        )
-    return prog
+            opt = prog.tasks[ids[(st, *step)]]
+            opt.deps = (*opt.deps, rid)
 
 
 def _chunk_ops(s: Scenario, w: Workload, us: list[Unit], key: tuple[int, int], pp: int, v: int, split: bool):
@@ -279,11 +324,12 @@ def _chunk_ops(s: Scenario, w: Workload, us: list[Unit], key: tuple[int, int], p
 
 
 def _stage_memory(
-    s: Scenario, gpu: GPU, chunks, steps: list[Step], st: int, v: int, params: float
+    s: Scenario, gpu: GPU, chunks, steps: list[Step], st: int, v: int, params: float, versions: int = 1
 ) -> MemoryBreakdown:
     """Model states of the stage's layers (ZeRO-1 / distributed optimizer shards the optimizer states over DP),
     and activations for the microbatches in flight, counted by walking the schedule: +1 at a chunk's forward,
-    -1 at its backward (at W for the half of the activations the weight gradient still needs)."""
+    -1 at its backward (at W for the half of the activations the weight gradient still needs). PipeDream-2BW
+    keeps ``versions`` = 2 copies of the weights (the extra one counted as a buffer)."""
     par = s.parallelism
     w_b, g_b, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
     p_bytes, g_bytes, o_bytes = zero_model_state_bytes(
@@ -298,10 +344,13 @@ def _stage_memory(
         )
     live = peak = 0.0
     for step in steps:
-        live += {"F": 1.0, "B": -0.5 if par.pipeline_schedule in SPLITS_BACKWARD else -1.0, "W": -0.5}[
-            step.kind
-        ] * chunk_act[step.chunk]
+        live += {
+            "F": 1.0,
+            "B": -0.5 if par.pipeline_schedule in SPLITS_BACKWARD else -1.0,
+            "W": -0.5,
+            "O": 0.0,
+        }[step.kind] * chunk_act[step.chunk]
         peak = max(peak, live)
     if s.training.activation_recompute == "full":
         peak += activation_bytes_per_layer(s, recompute="none")
-    return MemoryBreakdown(p_bytes, g_bytes, o_bytes, peak, 0.0, gpu.hbm_bytes)
+    return MemoryBreakdown(p_bytes, g_bytes, o_bytes, peak, (versions - 1) * params * w_b, gpu.hbm_bytes)

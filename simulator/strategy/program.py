@@ -49,6 +49,9 @@ class Program:
     strategy: str
     tasks: list[Task] = field(default_factory=list)
     ranks: list[RankClass] = field(default_factory=list)
+    # asynchronous schedules simulate several batches; one iteration is the period between the ends of these
+    # two tasks (steady state), and metrics count only what starts inside it
+    window: tuple[int, int] | None = None
 
     def add(self, rank: int, stream: str, kind: str, phase: str, name: str, deps=(), **kw) -> int:
         task = Task(
