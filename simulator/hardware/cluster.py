@@ -125,7 +125,8 @@ class Cluster:
 
     @cached_property
     def _node0_graph(self) -> nx.Graph:
-        return self.graph.subgraph([n for n in self.graph if n.startswith("n0.")])
+        # a copy, not a view: shortest paths on a view filter every node they touch
+        return self.graph.subgraph([n for n in self.graph if n.startswith("n0.")]).copy()
 
     def _fabric(self, nic_a: str, nic_b: str) -> tuple[tuple[LinkKey, ...], float]:
         leaf_a, leaf_b = self.graph.nodes[nic_a]["leaf"], self.graph.nodes[nic_b]["leaf"]
@@ -143,7 +144,7 @@ class Cluster:
     def _switch_graph(self) -> nx.Graph:
         return self.graph.subgraph(
             [n for n, d in self.graph.nodes(data=True) if d["kind"] in ("leaf", "spine")]
-        )
+        ).copy()
 
 
 def build_graph(spec: TopologySpec, num_nodes: int, gpu: GPU) -> nx.Graph:
