@@ -51,7 +51,7 @@ def simulate_program(
             free_at = env.now
             deps = t.deps
             if deps:
-                pending = [done[d] for d in deps if not done[d].triggered]
+                pending = [done[d] for d in deps if not done[d].processed]
                 if len(pending) == 1:
                     yield pending[0]
                 elif pending:
@@ -69,7 +69,14 @@ def simulate_program(
                 seconds, parts = task_duration(t)
                 if parts:
                     parts_of[t.id] = parts
-                yield timeout(seconds)
+                ev = timeout(seconds)
+                i = t.id
+                if not done[i].callbacks:  # nobody waits yet: the timeout itself marks the task done
+                    done[i] = ev
+                    yield ev
+                    free[i], start[i], end[i] = free_at, began, env.now
+                    continue
+                yield ev
             i = t.id
             free[i], start[i], end[i] = free_at, began, env.now
             done[i].succeed()
@@ -77,7 +84,7 @@ def simulate_program(
     for queue in streams.values():
         env.process(run_stream(queue))
     env.run()
-    stuck = [t for t in tasks if not done[t.id].triggered]
+    stuck = [t for t in tasks if not done[t.id].processed]
     if stuck:
         t = stuck[0]
         raise DeadlockError(

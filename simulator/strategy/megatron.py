@@ -28,7 +28,7 @@ from simulator.strategy.common import (
     units,
     weight_bytes,
 )
-from simulator.strategy.program import COMPUTE, Program, RankClass
+from simulator.strategy.program import Program, RankClass
 from simulator.strategy.schedules import ASYNCHRONOUS, SPLITS_BACKWARD, Step, get_schedule
 from simulator.workload.memory import (
     MemoryBreakdown,
@@ -156,7 +156,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
             fwd, bwd, wgt = ops[(st, c)]
             task_ops, phase = (fwd, "forward") if kind == "F" else ((bwd if kind == "B" else wgt), "backward")
             name = f"{kind}{mb}.{c}" if v > 1 else f"{kind}{mb}"
-            prog.add(st, COMPUTE, phase, phase, name, upstream(st, kind, mb, c), ops=task_ops, microbatch=mb)
+            prog.add_compute(st, phase, phase, name, upstream(st, kind, mb, c), task_ops, mb)
     last_compute = [ids[(st, *order[st][-1])] for st in range(pp)]
 
     asynchronous = par.pipeline_schedule in ASYNCHRONOUS

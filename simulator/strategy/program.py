@@ -53,6 +53,14 @@ class Program:
     # two tasks (steady state), and metrics count only what starts inside it
     window: tuple[int, int] | None = None
 
+    def add_compute(
+        self, rank: int, kind: str, phase: str, name: str, deps: tuple, ops: tuple, microbatch: int
+    ) -> int:
+        """``add`` for a compute task, without keyword handling: pipelines create tens of thousands."""
+        tid = len(self.tasks)
+        self.tasks.append(Task(tid, rank, COMPUTE, kind, phase, name, deps, ops, None, 0.0, microbatch))
+        return tid
+
     def add(self, rank: int, stream: str, kind: str, phase: str, name: str, deps=(), **kw) -> int:
         task = Task(
             len(self.tasks), rank, stream, kind, phase, name, tuple(d for d in deps if d is not None), **kw
