@@ -148,9 +148,8 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     stage_params = [sum(u.params for c in range(v) for u in chunks[(st, c)]) for st in range(pp)]
     for st in range(pp):
         for kind, mb, c in order[st]:
-            if (
-                kind == "O"
-            ):  # asynchronous schedule: this stage steps its optimizer now, no flush, no global sync
+            if kind == "O":
+                # asynchronous schedule: this stage steps its optimizer now, no flush, no global sync
                 add_optimizer(prog, s, stage_params[st], (), rank=st)
                 continue
             fwd, bwd, wgt = ops[(st, c)]

@@ -66,6 +66,10 @@ def add_sharded_iteration(p: Program, s: Scenario, us: list[Unit], plan: Shardin
             bytes=gather_params(u) * per_param,
         )
 
+    def reduce(kind: str, name: str, after: int, group: str, nbytes: float) -> int:
+        """A gradient reduction step on the reduction stream, after ``after``."""
+        return p.add(0, "comm.rs", kind, "backward", name, (after,), group=group, bytes=nbytes)
+
     extra: dict[tuple, tuple] = {}  # units share blocks: one extended ops tuple per (block, kind, params)
 
     def with_kernel(u: Unit, ops: tuple, name: str, bytes_per_param: float, params: int) -> tuple:
@@ -109,47 +113,31 @@ def add_sharded_iteration(p: Program, s: Scenario, us: list[Unit], plan: Shardin
             nbytes = u.params * plan.grad_bytes
             if plan.quantized_reduce:  # qgZ: all-to-all inside the node, reduce, then across nodes
                 intra, inter, size, per_param = plan.quantized_reduce
-                rid = p.add(
-                    0,
-                    "comm.rs",
+                rid = reduce(
                     "all_to_all",
-                    "backward",
                     f"{u.name} qgZ intra-node all-to-all",
-                    (computes[-1],),
-                    group=intra,
-                    bytes=u.params * per_param,
+                    computes[-1],
+                    intra,
+                    u.params * per_param,
                 )
-                rid = p.add(
-                    0,
-                    "comm.rs",
+                rid = reduce(
                     "all_to_all",
-                    "backward",
                     f"{u.name} qgZ inter-node all-to-all",
-                    (rid,),
-                    group=inter,
-                    bytes=u.params * per_param / size,
+                    rid,
+                    inter,
+                    u.params * per_param / size,
                 )
             else:
-                rid = p.add(
-                    0,
-                    "comm.rs",
-                    "reduce_scatter",
-                    "backward",
-                    f"{u.name} grad reduce-scatter",
-                    (computes[-1],),
-                    group=plan.gather_group,
-                    bytes=nbytes,
+                rid = reduce(
+                    "reduce_scatter", f"{u.name} grad reduce-scatter", computes[-1], plan.gather_group, nbytes
                 )
             if plan.replicate_group:
-                rid = p.add(
-                    0,
-                    "comm.rs",
+                rid = reduce(
                     "all_reduce",
-                    "backward",
                     f"{u.name} grad all-reduce across replicas",
-                    (rid,),
-                    group=plan.replicate_group,
-                    bytes=nbytes / plan.shard_size,
+                    rid,
+                    plan.replicate_group,
+                    nbytes / plan.shard_size,
                 )
             reductions.append(rid)
             blocking = None if plan.overlap_reduce else rid
