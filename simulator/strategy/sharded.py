@@ -66,7 +66,7 @@ def add_sharded_iteration(p: Program, s: Scenario, us: list[Unit], plan: Shardin
             bytes=gather_params(u) * per_param,
         )
 
-    def reduce(kind: str, name: str, after: int, group: str, nbytes: float) -> int:
+    def add_reduction(kind: str, name: str, after: int, group: str, nbytes: float) -> int:
         """A gradient reduction step on the reduction stream, after ``after``."""
         return p.add(0, "comm.rs", kind, "backward", name, (after,), group=group, bytes=nbytes)
 
@@ -113,14 +113,14 @@ def add_sharded_iteration(p: Program, s: Scenario, us: list[Unit], plan: Shardin
             nbytes = u.params * plan.grad_bytes
             if plan.quantized_reduce:  # qgZ: all-to-all inside the node, reduce, then across nodes
                 intra, inter, size, per_param = plan.quantized_reduce
-                rid = reduce(
+                rid = add_reduction(
                     "all_to_all",
                     f"{u.name} qgZ intra-node all-to-all",
                     computes[-1],
                     intra,
                     u.params * per_param,
                 )
-                rid = reduce(
+                rid = add_reduction(
                     "all_to_all",
                     f"{u.name} qgZ inter-node all-to-all",
                     rid,
@@ -128,11 +128,11 @@ def add_sharded_iteration(p: Program, s: Scenario, us: list[Unit], plan: Shardin
                     u.params * per_param / size,
                 )
             else:
-                rid = reduce(
+                rid = add_reduction(
                     "reduce_scatter", f"{u.name} grad reduce-scatter", computes[-1], plan.gather_group, nbytes
                 )
             if plan.replicate_group:
-                rid = reduce(
+                rid = add_reduction(
                     "all_reduce",
                     f"{u.name} grad all-reduce across replicas",
                     rid,

@@ -103,6 +103,14 @@ def run_case(case: dict, framework: Framework | None = None) -> CaseResult:
         r = simulate(s, framework=framework)
     except ScenarioError as e:
         return CaseResult(**base, predicted=None, error_pct=None, status="failed", message=str(e))
+    except Exception as e:  # a bug hit by one case must not hide the others: report it in the table
+        return CaseResult(
+            **base,
+            predicted=None,
+            error_pct=None,
+            status="failed",
+            message=f"internal error: {type(e).__name__}: {e}",
+        )
     m = r.metrics
     model = s.model
     mosaic_params = 6 * r.workload.total_params + 12 * model.num_layers * model.hidden_size * model.seq_length
