@@ -30,14 +30,31 @@ def timeline_figure(timeline: Timeline, title: str = "", max_tasks: int = 20000)
     """Gantt chart: one row per simulated rank and stream, one bar per task, hover with its details."""
     program = timeline.program
     rows: dict[str, dict[str, list]] = {}
-    for t in program.tasks[:max_tasks]:
-        kind = _kind(t)
+
+    def bar(kind: str, row: str, start_s: float, dur_s: float, text: str) -> None:
         d = rows.setdefault(kind, {"y": [], "base": [], "x": [], "text": []})
-        d["y"].append(f"{program.ranks[t.rank].label.split(':')[0]} · {t.stream}")
-        d["base"].append(timeline.start[t.id] * 1e3)
-        d["x"].append((timeline.end[t.id] - timeline.start[t.id]) * 1e3)
+        d["y"].append(row)
+        d["base"].append(start_s * 1e3)
+        d["x"].append(dur_s * 1e3)
+        d["text"].append(f"{text}<br>{dur_s * 1e3:.3f} ms")
+
+    for t in program.tasks[:max_tasks]:
+        rank = program.ranks[t.rank].label.split(":")[0]
+        start, end = timeline.start[t.id], timeline.end[t.id]
         extra = f"<br>{t.bytes / 2**20:.1f} MiB on {t.group}" if t.is_collective else ""
-        d["text"].append(f"{t.name}{extra}<br>{d['x'][-1]:.3f} ms")
+        bar(_kind(t), f"{rank} · {t.stream}", start, end - start, f"{t.name}{extra}")
+        # collectives inside a compute task (tensor-parallel, pipeline send, ring attention): their own rows
+        offset = start
+        for part in timeline.parts.get(t.id, ()):
+            if part.kind != "compute" and part.duration_s > 0:
+                bar(
+                    part.kind,
+                    f"{rank} · {part.group} (inside compute)",
+                    offset,
+                    part.duration_s,
+                    f"{part.name} in {t.name}<br>{part.bytes / 2**20:.1f} MiB",
+                )
+            offset += part.duration_s
     fig = go.Figure()
     for kind, d in rows.items():
         fig.add_trace(
@@ -50,7 +67,7 @@ def timeline_figure(timeline: Timeline, title: str = "", max_tasks: int = 20000)
                 marker_color=COLOURS.get(kind, "#888"),
                 hovertext=d["text"],
                 hoverinfo="text",
-                marker_line_width=0.5,
+                marker_line_width=0.5 if len(d["x"]) < 500 else 0,
                 marker_line_color="white",
             )
         )
