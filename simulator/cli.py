@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated
 
@@ -15,6 +16,7 @@ from simulator.api import simulate
 from simulator.errors import ScenarioError
 from simulator.report.table import print_table
 from simulator.report.trace import write_trace
+from simulator.scenario.deepspeed import DeepSpeedConfigWarning
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
 
@@ -39,12 +41,19 @@ def run(
         Path | None, typer.Option(help="Write the timeline as a static image (.png or .svg).")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
+    deepspeed_config: Annotated[
+        Path | None, typer.Option("--deepspeed-config", help="A DeepSpeed JSON config to take settings from.")
+    ] = None,
 ) -> None:
     """Simulate one training iteration of SCENARIO."""
     if image and image.suffix.lower() not in (".png", ".svg", ".pdf"):
         _fail(f"--image: use a .png, .svg or .pdf file name (got {image.name})")
     try:
-        s = load_scenario(scenario)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", DeepSpeedConfigWarning)
+            s = load_scenario(scenario, deepspeed_config=deepspeed_config)
+        for w in caught:
+            err.print(f"[yellow]warning:[/yellow] {w.message}", highlight=False, soft_wrap=True)
         if quiet or not sys.stderr.isatty():
             result = simulate(s)
         else:

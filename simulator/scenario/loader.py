@@ -12,7 +12,9 @@ from simulator.errors import ScenarioError
 from simulator.scenario.schema import Scenario
 
 
-def load_scenario(source: str | Path | dict, base_dir: Path | None = None) -> Scenario:
+def load_scenario(
+    source: str | Path | dict, base_dir: Path | None = None, deepspeed_config: str | Path | None = None
+) -> Scenario:
     """Load a scenario from a YAML path or an already-parsed dict, validate it and resolve derived values.
 
     Raises :class:`ScenarioError` with a message naming the field and the arithmetic.
@@ -35,6 +37,17 @@ def load_scenario(source: str | Path | dict, base_dir: Path | None = None) -> Sc
         if not isinstance(data, dict):
             raise ScenarioError(f"{label}: expected a mapping with model, cluster, training, parallelism")
         data.setdefault("name", path.stem)
+    ds_path = deepspeed_config or data.get("deepspeed_config")
+    ds_gas = None
+    if ds_path:
+        from simulator.scenario.deepspeed import merge_deepspeed_config, read_deepspeed_config
+
+        path = Path(ds_path)
+        if not path.is_absolute() and base_dir is not None and not deepspeed_config:
+            path = base_dir / path
+        data = merge_deepspeed_config(data, read_deepspeed_config(path), f"deepspeed_config {path.name}")
+        ds_gas = data.pop("_deepspeed_gradient_accumulation_steps", None)
+        data["deepspeed_config"] = str(path)
     try:
         scenario = Scenario.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as e:
@@ -44,7 +57,15 @@ def load_scenario(source: str | Path | dict, base_dir: Path | None = None) -> Sc
     # Imported here: the cluster check needs the topology files (hardware step).
     from simulator.hardware.topology import resolve_cluster_degrees
 
-    return resolve_cluster_degrees(scenario)
+    scenario = resolve_cluster_degrees(scenario)
+    if ds_gas is not None and ds_gas != scenario.gradient_accumulation_steps:
+        t, dp = scenario.training, scenario.parallelism.data_parallel
+        raise ScenarioError(
+            f"deepspeed_config: gradient_accumulation_steps ({ds_gas}) contradicts global_batch_size "
+            f"({t.global_batch_size}) / (micro_batch_size ({t.micro_batch_size}) x data_parallel ({dp})) = "
+            f"{scenario.gradient_accumulation_steps}"
+        )
+    return scenario
 
 
 def format_validation_error(err: dict) -> str:

@@ -190,6 +190,10 @@ class Scenario(_Section):
         "ideal",
         description="Framework-generation profile (simulator/frameworks/*.yaml): kernel efficiency and overhead.",
     )
+    deepspeed_config: str | None = Field(
+        None,
+        description="A DeepSpeed JSON config whose batch, precision, optimizer and ZeRO settings fill this scenario.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Scenario:

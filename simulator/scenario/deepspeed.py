@@ -1,0 +1,158 @@
+"""A real DeepSpeed JSON config as input: its batch, precision, optimizer and ZeRO settings fill the scenario.
+
+Fields the simulator does not model are listed in one warning, never silently ignored; a value that contradicts
+the scenario is an error naming both. ``"auto"`` (Hugging Face Trainer style) means: take the scenario's value.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+from simulator.errors import ScenarioError
+
+
+class DeepSpeedConfigWarning(UserWarning):
+    """Fields of a DeepSpeed config that the simulator does not model."""
+
+
+# zero_optimization keys modelled, under the same names in parallelism.zero
+ZERO_KEYS = {
+    "reduce_bucket_size",
+    "allgather_bucket_size",
+    "overlap_comm",
+    "stage3_prefetch_bucket_size",
+    "stage3_max_live_parameters",
+    "stage3_param_persistence_threshold",
+    "stage3_max_reuse_distance",
+    "zero_quantized_weights",
+    "zero_hpz_partition_size",
+    "zero_quantized_gradients",
+}
+# keys that change nothing the simulator measures (logging, checkpoint layout, numerics of loss scaling)
+NEUTRAL = {
+    "steps_per_print",
+    "wall_clock_breakdown",
+    "gradient_clipping",
+    "prescale_gradients",
+    "scheduler",
+    "zero_allow_untested_optimizer",
+    "dump_state",
+    "tensorboard",
+    "wandb",
+    "csv_monitor",
+    "flops_profiler",
+    "comms_logger",
+    "zero_optimization.contiguous_gradients",
+    "zero_optimization.reduce_scatter",
+    "zero_optimization.allgather_partitions",
+    "zero_optimization.round_robin_gradients",
+    "zero_optimization.sub_group_size",
+    "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+    "zero_optimization.stage3_gather_fp16_weights_on_model_save",
+    "fp16.loss_scale",
+    "fp16.loss_scale_window",
+    "fp16.initial_scale_power",
+    "fp16.hysteresis",
+    "fp16.min_loss_scale",
+    "fp16.auto_cast",
+    "optimizer.params",
+}
+
+
+def read_deepspeed_config(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ScenarioError(f"deepspeed_config: file not found: {path}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ScenarioError(f"deepspeed_config {path}: not valid JSON: line {e.lineno}: {e.msg}") from None
+
+
+def merge_deepspeed_config(data: dict, ds: dict, label: str = "deepspeed_config") -> dict:
+    """The scenario dict with the DeepSpeed config's settings filled in (or checked against it)."""
+    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    training = data.setdefault("training", {})
+    parallelism = data.setdefault("parallelism", {})
+    zero = dict(parallelism.get("zero") or {})
+    unmodelled: list[str] = []
+
+    def put(section: dict, key: str, value, source: str) -> None:
+        if value == "auto" or value is None:
+            return
+        if key in section and section[key] != value:
+            where = (
+                "training"
+                if section is training
+                else "parallelism"
+                if section is parallelism
+                else "parallelism.zero"
+            )
+            raise ScenarioError(f"{label}: {source} ({value}) contradicts {where}.{key} ({section[key]})")
+        section[key] = value
+
+    put(training, "global_batch_size", ds.get("train_batch_size"), "train_batch_size")
+    put(
+        training,
+        "micro_batch_size",
+        ds.get("train_micro_batch_size_per_gpu"),
+        "train_micro_batch_size_per_gpu",
+    )
+    if ds.get("fp16", {}).get("enabled") is True:
+        put(training, "precision", "fp16", "fp16.enabled")
+    if ds.get("bf16", {}).get("enabled") is True:
+        put(training, "precision", "bf16", "bf16.enabled")
+    opt = str(ds.get("optimizer", {}).get("type", "")).lower()
+    if opt:
+        mapped = {
+            "adam": "adam",
+            "adamw": "adamw",
+            "sgd": "sgd",
+            "fusedadam": "adam",
+            "onebitadam": None,
+        }.get(opt)
+        if mapped:
+            put(training, "optimizer", mapped, "optimizer.type")
+        else:
+            unmodelled.append(f"optimizer.type={ds['optimizer']['type']}")
+    gas = ds.get("gradient_accumulation_steps")
+    zopt = ds.get("zero_optimization", {}) or {}
+    if "stage" in zopt:
+        put(parallelism, "zero_stage", zopt["stage"], "zero_optimization.stage")
+    for key, value in zopt.items():
+        if key == "stage":
+            continue
+        if key in ZERO_KEYS:
+            put(zero, key, value, f"zero_optimization.{key}")
+        elif f"zero_optimization.{key}" not in NEUTRAL:
+            unmodelled.append(f"zero_optimization.{key}")
+    if zero:
+        parallelism["zero"] = zero
+    for key, value in ds.items():
+        if (
+            key
+            in (
+                "train_batch_size",
+                "train_micro_batch_size_per_gpu",
+                "gradient_accumulation_steps",
+                "zero_optimization",
+                "optimizer",
+            )
+            or key in NEUTRAL
+        ):
+            continue
+        if key in ("fp16", "bf16"):
+            unmodelled += [f"{key}.{k}" for k in value if k != "enabled" and f"{key}.{k}" not in NEUTRAL]
+            continue
+        unmodelled.append(key)
+    if unmodelled:
+        warnings.warn(
+            f"{label}: not modelled, ignored: {', '.join(sorted(unmodelled))}",
+            DeepSpeedConfigWarning,
+            stacklevel=2,
+        )
+    if gas not in (None, "auto"):
+        data["_deepspeed_gradient_accumulation_steps"] = gas
+    return data

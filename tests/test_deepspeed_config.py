@@ -1,0 +1,120 @@
+"""DeepSpeed JSON configs as input: settings fill the scenario, unmodelled fields are listed, contradictions fail."""
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from simulator import load_scenario, simulate
+from simulator.cli import app
+from simulator.errors import ScenarioError
+from simulator.scenario.deepspeed import DeepSpeedConfigWarning
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = {
+    "model": {
+        "num_layers": 2,
+        "hidden_size": 1024,
+        "num_attention_heads": 16,
+        "seq_length": 512,
+        "vocab_size": 1000,
+    },
+    "cluster": {"topology": "dgx-a100", "num_nodes": 1},
+}
+
+
+def write(tmp_path, config: dict) -> str:
+    p = tmp_path / "ds.json"
+    p.write_text(json.dumps(config))
+    return str(p)
+
+
+def test_batch_precision_optimizer_and_zero_settings_come_from_the_config(tmp_path):
+    cfg = {
+        "train_batch_size": 64,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 4,
+        "bf16": {"enabled": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+        "zero_optimization": {
+            "stage": 3,
+            "reduce_bucket_size": 1e7,
+            "zero_quantized_weights": True,
+            "contiguous_gradients": True,
+        },
+    }
+    s = load_scenario({**BASE, "training": {}}, deepspeed_config=write(tmp_path, cfg))
+    assert (s.training.global_batch_size, s.training.micro_batch_size, s.gradient_accumulation_steps) == (
+        64,
+        2,
+        4,
+    )
+    assert s.training.precision == "bf16" and s.training.optimizer == "adamw"
+    assert s.parallelism.zero_stage == 3 and s.parallelism.zero.reduce_bucket_size == 1e7
+    assert s.parallelism.zero.zero_quantized_weights
+
+
+def test_unmodelled_fields_are_listed_in_one_warning(tmp_path):
+    cfg = {
+        "train_batch_size": 16,
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+        "activation_checkpointing": {"partition_activations": True},
+    }
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_scenario({**BASE, "training": {}}, deepspeed_config=write(tmp_path, cfg))
+    messages = [str(w.message) for w in caught if issubclass(w.category, DeepSpeedConfigWarning)]
+    assert len(messages) == 1
+    assert "activation_checkpointing" in messages[0] and "zero_optimization.offload_optimizer" in messages[0]
+
+
+def test_auto_values_take_the_scenarios_settings(tmp_path):
+    cfg = {
+        "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "zero_optimization": {"stage": 2},
+    }
+    s = load_scenario(
+        {**BASE, "training": {"global_batch_size": 32, "micro_batch_size": 4}},
+        deepspeed_config=write(tmp_path, cfg),
+    )
+    assert (s.training.global_batch_size, s.training.micro_batch_size, s.parallelism.zero_stage) == (32, 4, 2)
+
+
+@pytest.mark.parametrize(
+    "cfg,message",
+    [
+        ({"train_batch_size": 64}, r"train_batch_size \(64\) contradicts training.global_batch_size \(32\)"),
+        (
+            {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2},
+            r"gradient_accumulation_steps \(2\) contradicts global_batch_size \(32\) / \(micro_batch_size \(1\) x "
+            r"data_parallel \(8\)\) = 4",
+        ),
+    ],
+)
+def test_contradictions_with_the_scenario_are_errors(tmp_path, cfg, message):
+    with pytest.raises(ScenarioError, match=message):
+        load_scenario({**BASE, "training": {"global_batch_size": 32}}, deepspeed_config=write(tmp_path, cfg))
+
+
+def test_cli_flag_and_scenario_key_run_the_example_configs(tmp_path):
+    r = CliRunner().invoke(
+        app, ["run", str(ROOT / "scenarios/deepspeed/gpt3-13b-ds-zero3-offload.yaml"), "--json"]
+    )
+    assert r.exit_code == 0, r.output
+    assert "not modelled, ignored: zero_optimization.offload_optimizer" in r.output
+    s = load_scenario(ROOT / "scenarios/deepspeed/llama3-8b-ds-zeropp.yaml")
+    m = simulate(s).metrics
+    assert s.parallelism.zero.zero_hpz_partition_size == 8 and "all_gather:dp/8" in m.comm_by_collective
+    bad = CliRunner().invoke(
+        app,
+        [
+            "run",
+            str(ROOT / "scenarios/quickstart-gpt3-1.3b-ddp-8xa100.yaml"),
+            "--deepspeed-config",
+            str(ROOT / "scenarios/deepspeed/ds_config_zero3_offload.json"),
+        ],
+    )
+    assert bad.exit_code == 2 and "contradicts training.global_batch_size" in bad.output
