@@ -96,3 +96,29 @@ def test_invalid_context_parallel_inputs(model, message):
             training={"global_batch_size": 1},
             parallelism={"context_parallel": 2, "data_parallel": 1},
         )
+
+
+@pytest.mark.parametrize(
+    "par",
+    [
+        {"context_parallel": 2, "data_parallel": 4},
+        {"context_parallel": 2, "data_parallel": 4, "fsdp": {}},
+        {"context_parallel": 2, "data_parallel": 4, "zero_stage": 3},
+        {"context_parallel": 2, "pipeline_parallel": 2, "data_parallel": 2},
+    ],
+)
+def test_simulated_ranks_stand_for_exactly_the_gpus_of_the_job(par):
+    """Each simulated rank stands for every TP x CP x DP rank of its stage: counts add up to the GPUs, and the
+    model FLOPs reported per GPU add up to the job's (they doubled with CP before)."""
+    r = simulate(
+        make(
+            model={**MODEL, "num_layers": 4},
+            cluster={"gpus_per_node": 8},
+            training={"global_batch_size": 8, "micro_batch_size": 1},
+            parallelism=par,
+        )
+    )
+    assert sum(rc.count for rc in r.program.ranks) == r.placement.world_size == 8
+    m = r.metrics
+    job = r.workload.model_flops_per_microbatch * 2 * 8  # per CP rank x 2 CP ranks x 8 microbatches in all
+    assert m.model_tflops_per_gpu * 1e12 * m.iteration_time_s * 8 == pytest.approx(job, rel=1e-9)

@@ -158,6 +158,12 @@ def model_parallel_size(s: Scenario) -> int:
     return s.parallelism.tensor_parallel * s.parallelism.context_parallel
 
 
+def ranks_per_stage(s: Scenario) -> int:
+    """Real ranks one simulated rank stands for: every data-, tensor- and context-parallel rank of a pipeline
+    stage (all ranks when there is no pipeline)."""
+    return grad_group_size(s) * s.parallelism.tensor_parallel
+
+
 def rank_label(s: Scenario) -> str:
     p = s.parallelism
     tp = f" x {p.tensor_parallel} tensor-parallel" if p.tensor_parallel > 1 else ""

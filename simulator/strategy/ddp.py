@@ -18,8 +18,8 @@ from simulator.strategy.common import (
     grad_group,
     grad_group_size,
     memory_breakdown,
-    model_parallel_size,
     rank_label,
+    ranks_per_stage,
     units,
 )
 from simulator.strategy.program import Program, RankClass
@@ -54,7 +54,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
 
     buffers = 2 * cfg.bucket_cap_mb * 2**20 if dp > 1 else 0.0  # buckets in flight
     mem = memory_breakdown(s, w, gpu, dp, 0, buffers)
-    p.ranks.append(RankClass(rank_label(s), s.parallelism.data_parallel * model_parallel_size(s), mem))
+    p.ranks.append(RankClass(rank_label(s), ranks_per_stage(s), mem))
     return p
 
 

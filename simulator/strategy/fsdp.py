@@ -15,7 +15,7 @@ from simulator.strategy.common import (
     grad_group,
     grad_group_size,
     memory_breakdown,
-    model_parallel_size,
+    ranks_per_stage,
     units,
     weight_bytes,
 )
@@ -53,5 +53,5 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
         buffers = w.params_per_rank * wb + block * gb  # every block stays unsharded from forward to backward
     mem = memory_breakdown(s, w, gpu, shard, 3, buffers)
     label = f"all {dp} ranks ({dp // shard} replicas x {shard} shards)" if hybrid else f"all {dp} ranks"
-    p.ranks.append(RankClass(label, dp * model_parallel_size(s), mem))
+    p.ranks.append(RankClass(label, ranks_per_stage(s), mem))
     return p

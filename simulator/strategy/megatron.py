@@ -24,7 +24,7 @@ from simulator.strategy.common import (
     grad_bytes,
     grad_group,
     grad_group_size,
-    model_parallel_size,
+    ranks_per_stage,
     units,
     weight_bytes,
 )
@@ -176,7 +176,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
         prog.ranks.append(
             RankClass(
                 label,
-                dp * model_parallel_size(s),
+                ranks_per_stage(s),
                 _stage_memory(
                     s, gpu, chunks, order[st], st, v, stage_params[st], versions=2 if asynchronous else 1
                 ),

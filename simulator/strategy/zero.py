@@ -31,6 +31,7 @@ from simulator.strategy.common import (
     memory_breakdown,
     model_parallel_size,
     rank_label,
+    ranks_per_stage,
     units,
     weight_bytes,
 )
@@ -72,7 +73,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
         buffers = cfg.reduce_bucket_size * gb + cfg.allgather_bucket_size * wb
     # persistent units keep a full copy of their weights on every rank
     mem = memory_breakdown(s, w, gpu, dp, stage, buffers, sum(u.params for u in us if u.index in persistent))
-    p.ranks.append(RankClass(rank_label(s), s.parallelism.data_parallel * model_parallel_size(s), mem))
+    p.ranks.append(RankClass(rank_label(s), ranks_per_stage(s), mem))
     return p
 
 
