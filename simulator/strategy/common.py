@@ -39,6 +39,12 @@ def units(w: Workload) -> list[Unit]:
     return out
 
 
+def gather_params(w: Workload, u: Unit) -> int:
+    """Parameters a sharded strategy must gather before the unit runs: its own, except that the output head
+    computes logits with the full output weight even when that weight is tied to the embedding."""
+    return w.head.params if u.name == "head" else u.params
+
+
 def add_forward(p: Program, u: Unit, mb: int, deps=(), rank: int = 0, ops: tuple | None = None) -> int:
     return p.add(
         rank,

@@ -43,8 +43,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
         weight_bytes=wb,
         grad_bytes=gb,
     )
-    head_params = w.head.params
-    add_sharded_iteration(p, s, us, plan, lambda u: head_params if u.name == "head" else u.params)
+    add_sharded_iteration(p, s, w, us, plan)
 
     block = w.layer.params
     if cfg.reshard_after_forward:

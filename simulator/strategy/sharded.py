@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simulator.scenario.schema import Scenario
-from simulator.strategy.common import Unit, add_backward, add_forward, add_optimizer
+from simulator.strategy.common import Unit, add_backward, add_forward, add_optimizer, gather_params
 from simulator.strategy.program import Program
-from simulator.workload.transformer import memory_op
+from simulator.workload.transformer import Workload, memory_op
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,9 @@ class ShardingPlan:
     backward_extra_bytes_per_param: float = 0.0  # gradient (de)quantize kernel traffic per parameter
 
 
-def add_sharded_iteration(p: Program, s: Scenario, us: list[Unit], plan: ShardingPlan, gather_params) -> None:
-    """``gather_params(unit)`` is the parameter count the unit must gather (the head also needs a tied
-    embedding's weight); gradients reduced are ``unit.params``."""
+def add_sharded_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], plan: ShardingPlan) -> None:
+    """Units gather ``gather_params`` (the head also needs a tied embedding's weight) and reduce the
+    gradients of their own ``params``."""
     gas = s.gradient_accumulation_steps
     computes: list[int] = []  # compute task ids in execution order, for prefetch limits
     reductions: list[int] = []
@@ -63,7 +63,7 @@ def add_sharded_iteration(p: Program, s: Scenario, us: list[Unit], plan: Shardin
             f"{u.name} param all-gather",
             deps,
             group=group,
-            bytes=gather_params(u) * per_param,
+            bytes=gather_params(w, u) * per_param,
         )
 
     def add_reduction(kind: str, name: str, after: int, group: str, nbytes: float) -> int:
@@ -93,7 +93,7 @@ def add_sharded_iteration(p: Program, s: Scenario, us: list[Unit], plan: Shardin
                 u.block.forward,
                 "qwZ dequantize weights",
                 plan.forward_extra_bytes_per_param,
-                gather_params(u),
+                gather_params(w, u),
             )
             computes.append(
                 add_forward(p, u, mb, gather_deps(u, "forward", sync if i == 0 else None), ops=ops)

@@ -25,6 +25,7 @@ from simulator.strategy.common import (
     add_forward,
     add_optimizer,
     buckets,
+    gather_params,
     grad_bytes,
     grad_group,
     grad_group_size,
@@ -55,18 +56,27 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
             int(cfg.stage3_prefetch_bucket_size // biggest), int(cfg.stage3_max_live_parameters // biggest)
         )
         threshold = cfg.stage3_param_persistence_threshold
-        persistent = frozenset(u.index for u in us if _gather_params(w, u) <= threshold)
+        persistent = frozenset(u.index for u in us if gather_params(w, u) <= threshold)
         kept = _kept_after_forward(us, cfg)
         zpp = _zero_plus_plus(s, dp)
         plan = ShardingPlan(
-            grad_group(s), None, dp, max(1, depth), kept, True, overlap, wb, gb, persistent, **zpp
+            gather_group=grad_group(s),
+            replicate_group=None,
+            shard_size=dp,
+            prefetch_depth=max(1, depth),
+            kept_after_forward=kept,
+            reduce_every_microbatch=True,
+            overlap_reduce=overlap,
+            weight_bytes=wb,
+            grad_bytes=gb,
+            persistent=persistent,
+            **zpp,
         )
-        add_sharded_iteration(p, s, us, plan, lambda u: _gather_params(w, u))
+        add_sharded_iteration(p, s, w, us, plan)
         live = min(cfg.stage3_max_live_parameters, (1 + depth) * biggest)
         buffers = live * wb + cfg.reduce_bucket_size * gb
-        if (
-            cfg.zero_hpz_partition_size > 1
-        ):  # hpZ's secondary copy: the weights sharded over the hpZ group only
+        if cfg.zero_hpz_partition_size > 1:
+            # hpZ's secondary copy: the weights sharded over the hpZ group only
             buffers += w.params_per_rank * wb / cfg.zero_hpz_partition_size
     else:
         _stage_1_2(p, s, w, us, overlap)
@@ -122,11 +132,6 @@ def _kept_after_forward(us: list[Unit], cfg) -> frozenset[int]:
             live += u.params
         later += u.params
     return frozenset(kept)
-
-
-def _gather_params(w: Workload, u: Unit) -> int:
-    """The head computes logits with the full output weight even when it is tied to the embedding."""
-    return w.head.params if u.name == "head" else u.params
 
 
 def _stage_1_2(p: Program, s: Scenario, w: Workload, us: list[Unit], overlap: bool) -> None:
