@@ -32,6 +32,7 @@ class Result:
     cluster: Cluster
     placement: Placement
     metrics: Metrics
+    comm: CollectiveModel  # the collective costs the run used (reports reuse its cached patterns)
 
 
 def placement_for(s: Scenario) -> Placement:
@@ -105,4 +106,4 @@ def simulate(
     )
     metrics.params_billion = workload.total_params / 1e9
     metrics.wall_s = time.perf_counter() - t0
-    return Result(s, workload, program, timeline, cluster, placement, metrics)
+    return Result(s, workload, program, timeline, cluster, placement, metrics, comm)

@@ -47,7 +47,6 @@ class Metrics:
     gpus: int = 0
     strategy: str = ""
     params_billion: float = 0.0
-    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return _plain(asdict(self))

@@ -11,7 +11,6 @@ import networkx as nx
 import plotly.graph_objects as go
 
 from simulator.api import Result
-from simulator.costs.collectives import CollectiveModel
 from simulator.report.figures import COLOURS, timeline_figure
 
 MEMORY_PARTS = [
@@ -69,7 +68,7 @@ def comm_figure(result: Result) -> go.Figure:
     return fig
 
 
-def link_figure(result: Result, comm: CollectiveModel, top: int = 6, bins: int = 200) -> go.Figure:
+def link_figure(result: Result, top: int = 6, bins: int = 200) -> go.Figure:
     """Utilisation over time of the busiest link classes (share of the class's bandwidth in use, from the
     bytes each collective put on it while it ran). Blocking collectives inside compute tasks are not shown."""
     tl, tasks = result.timeline, result.program.tasks
@@ -82,7 +81,7 @@ def link_figure(result: Result, comm: CollectiveModel, top: int = 6, bins: int =
         start, end = tl.start[t.id], tl.end[t.id]
         if end <= start:
             continue
-        for phase in comm.phases(t.kind, t.group, t.bytes, stage_of[t.rank]):
+        for phase in result.comm.phases(t.kind, t.group, t.bytes, stage_of[t.rank]):
             for cls, seconds in phase.demand_s.items():
                 use = min(seconds / (end - start), 1.0)
                 for b in range(int(start / T * bins), min(int(end / T * bins) + 1, bins)):
@@ -211,12 +210,11 @@ STYLE = """<style>body{font-family:system-ui,sans-serif;margin:24px;color:#222}.
 
 
 def write_report(result: Result, path: str | Path) -> None:
-    comm = CollectiveModel(result.cluster, result.placement, result.scenario.parallelism.collective_algorithm)
     figures = [
         timeline_figure(result.timeline, "Timeline: one row per simulated rank and stream", max_tasks=6000),
         memory_figure(result),
         comm_figure(result),
-        link_figure(result, comm),
+        link_figure(result),
         topology_figure(result),
     ]
     parts = [
