@@ -77,6 +77,7 @@ class CollectiveModel:
         # other stages' traffic at other times), so link classes carry the set of stages of their nodes
         gpn = cluster.gpus_per_node
         self._fabric_stages: dict = {}
+        self._cross: dict[tuple[str, str], float] = {}
         self._node_stages = [
             frozenset(
                 placement.coordinate(r, "pp")
@@ -175,16 +176,16 @@ class CollectiveModel:
     def cross_node_fraction(self, op: str, group: str) -> float:
         """Share of a collective's bytes that cross node boundaries (the rest stays on NVLink / PCIe), averaged
         over every group of that kind."""
-        key = ("cross", op, group)
-        if key not in self._phases:
+        key = (op, group)
+        if key not in self._cross:
             groups = self.placement.groups(group)
             kind = {"send_recv": "pairs", "all_to_all": "all_pairs"}.get(op, "ring")
             gpn = self.cluster.gpus_per_node
             hops = self._hops(kind, groups) if len(groups[0]) > 1 else []
             total = sum(share for _, _, share in hops)
             cross = sum(share for a, b, share in hops if a // gpn != b // gpn)
-            self._phases[key] = cross / total if total else 0.0
-        return self._phases[key]
+            self._cross[key] = cross / total if total else 0.0
+        return self._cross[key]
 
     def _pattern(self, kind: str, groups) -> _Pattern:
         key = (kind, groups)
