@@ -167,12 +167,8 @@ def test_each_stage_reduces_its_own_gradients_without_contending_with_other_stag
         },
     )
     r = simulate(s)
-    from simulator.api import placement_for
-    from simulator.costs.collectives import CollectiveModel
-
-    cm = CollectiveModel(r.cluster, placement_for(s))
     for task in (t for t in r.program.tasks if t.kind == "all_reduce"):
-        alone = cm.standalone_time_s("all_reduce", "dp", task.bytes, stage=task.rank)
+        alone = r.comm.standalone_time_s("all_reduce", "dp", task.bytes, stage=task.rank)
         assert r.timeline.end[task.id] - r.timeline.start[task.id] == pytest.approx(alone, rel=1e-9)
 
 
