@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
 from simulator.errors import ScenarioError
-from simulator.hardware.gpus import GPU, get_gpu
+from simulator.hardware.gpus import get_gpu
 from simulator.scenario.schema import ClusterConfig, Scenario
 
 TOPOLOGY_DIR = Path(
@@ -145,10 +145,6 @@ def ideal_network(spec: TopologySpec) -> TopologySpec:
 
 def cluster_spec(scenario: Scenario) -> TopologySpec:
     return apply_overrides(load_topology(scenario.cluster.topology), scenario.cluster)
-
-
-def cluster_gpu(scenario: Scenario) -> GPU:
-    return get_gpu(cluster_spec(scenario).node.gpu)
 
 
 def resolve_cluster_degrees(scenario: Scenario) -> Scenario:

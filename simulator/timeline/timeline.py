@@ -43,9 +43,6 @@ class Timeline:
     def makespan_s(self) -> float:
         return max(self.end, default=0.0)
 
-    def intervals(self, select) -> list[tuple[float, float]]:
-        return [(self.start[t.id], self.end[t.id]) for t in self.tasks if select(t)]
-
 
 def union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
     out: list[list[float]] = []
