@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from simulator.costs.collectives import CollectiveModel
 from simulator.costs.compute import ComputeModel
+from simulator.costs.host import HOST_GROUPS, HostModel
 from simulator.engine.engine import simulate_program
 from simulator.frameworks import Framework, get_framework
 from simulator.hardware.cluster import Cluster
@@ -15,7 +16,7 @@ from simulator.hardware.topology import cluster_spec
 from simulator.metrics.metrics import Metrics, compute_metrics
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
-from simulator.strategy import build_program
+from simulator.strategy import build_program, onebit
 from simulator.strategy.program import Program
 from simulator.timeline.timeline import Part, Timeline
 from simulator.workload.transformer import Workload, build_workload
@@ -33,6 +34,16 @@ class Result:
     placement: Placement
     metrics: Metrics
     comm: CollectiveModel  # the collective costs the run used (reports reuse its cached patterns)
+    host: HostModel  # the host-copy and CPU-step costs (offload)
+
+    def task_phases(self, t, stage: int | None = None):
+        """The phases (latency, link demand) the engine ran task ``t`` as."""
+        return task_phases(self.comm, self.host, t, stage)
+
+
+def task_phases(comm: CollectiveModel, host: HostModel, t, stage: int | None):
+    model = host if t.group in HOST_GROUPS else comm
+    return model.phases(t.kind, t.group, t.bytes, stage)
 
 
 def placement_for(s: Scenario) -> Placement:
@@ -43,8 +54,9 @@ def placement_for(s: Scenario) -> Placement:
     )
 
 
-def split_parts(ops, compute: ComputeModel, comm: CollectiveModel) -> tuple[float, tuple[Part, ...]]:
-    """Seconds of a compute task and, when it holds collectives, its parts in order. A collective that
+def split_parts(ops, compute: ComputeModel, comm_time) -> tuple[float, tuple[Part, ...]]:
+    """Seconds of a compute task and, when it holds collectives (``comm_time(op)`` seconds each), its parts in
+    order. A collective that
     ``overlaps`` the kernel before or after it hides behind that kernel; only what outlasts it adds time."""
     if not any(op.kind == "collective" for op in ops):
         return compute.ops_time_s(ops), ()
@@ -61,7 +73,7 @@ def split_parts(ops, compute: ComputeModel, comm: CollectiveModel) -> tuple[floa
             run = []
         if op is None:
             break
-        seconds = comm.standalone_time_s(op.collective, op.group, op.bytes)
+        seconds = comm_time(op)
         hidden = 0.0
         if op.overlaps == "previous":
             hidden = min(seconds, budget)
@@ -85,25 +97,68 @@ def simulate(
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     cluster = cluster or Cluster(cluster_spec(s), s.cluster.num_nodes)
     workload = workload or build_workload(s)
-    program = build_program(s, workload, cluster.gpu)
     placement = placement_for(s)
     comm = CollectiveModel(cluster, placement, s.parallelism.collective_algorithm)
     compute = ComputeModel(cluster.gpu, s.training.precision, framework or get_framework(s.framework))
-    durations: dict[int, tuple[float, tuple[Part, ...]]] = {}  # tasks share ops tuples: cost each once
+    host = HostModel(comm, s)
+    peak = cluster.gpu.peak_flops(s.training.precision)
 
-    def task_duration(task) -> tuple[float, tuple[Part, ...]]:
-        key = id(task.ops)
-        if key not in durations:
-            durations[key] = split_parts(task.ops, compute, comm)
-        return durations[key]
+    def comm_time(op) -> float:
+        model = host if op.group in HOST_GROUPS else comm
+        return model.standalone_time_s(op.collective, op.group, op.bytes)
 
-    stage_of = [r.stage for r in program.ranks]
-    timeline = simulate_program(
-        program, task_duration, lambda t: comm.phases(t.kind, t.group, t.bytes, stage_of[t.rank])
-    )
-    metrics = compute_metrics(
-        s, timeline, placement, cluster.gpu.peak_flops(s.training.precision), comm.cross_node_fraction
-    )
+    def run(program: Program) -> tuple[Timeline, Metrics]:
+        durations: dict[int, tuple[float, tuple[Part, ...]]] = {}  # tasks share ops tuples: cost each once
+
+        def task_duration(task) -> tuple[float, tuple[Part, ...]]:
+            key = id(task.ops)
+            if key not in durations:
+                durations[key] = split_parts(task.ops, compute, comm_time)
+            return durations[key]
+
+        stage_of = [r.stage for r in program.ranks]
+
+        timeline = simulate_program(
+            program, task_duration, lambda t: task_phases(comm, host, t, stage_of[t.rank])
+        )
+        return timeline, compute_metrics(s, timeline, placement, peak, comm.cross_node_fraction)
+
+    program = build_program(s, workload, cluster.gpu)
+    timeline, metrics = run(program)
+    if s.training.optimizer in ONEBIT:
+        metrics.optimizer_phases = _optimizer_phases(s, workload, cluster, metrics, run)
+        total = s.training.onebit.total_steps
+        if total:
+            steps = sum(ph["steps"] for ph in metrics.optimizer_phases)
+            metrics.amortised_iteration_time_s = (
+                sum(ph["steps"] * ph["iteration_time_s"] for ph in metrics.optimizer_phases) / steps
+            )
     metrics.params_billion = workload.total_params / 1e9
     metrics.wall_s = time.perf_counter() - t0
-    return Result(s, workload, program, timeline, cluster, placement, metrics, comm)
+    return Result(s, workload, program, timeline, cluster, placement, metrics, comm, host)
+
+
+ONEBIT = ("onebit-adam", "zero-one-adam")
+
+
+def _optimizer_phases(
+    s: Scenario, workload: Workload, cluster: Cluster, compressed: Metrics, run
+) -> list[dict]:
+    """1-bit / 0/1 Adam: every kind of step simulated on its own (the result's timeline is the compressed
+    step, the steady state), with the number of steps of each kind in ``training.onebit.total_steps``."""
+    total = s.training.onebit.total_steps
+    counts = onebit.step_counts(s.training.optimizer, s.training.onebit, total) if total else {}
+    kinds = ("warm-up", "compressed") if s.training.optimizer == "onebit-adam" else onebit.PHASES
+    out = []
+    for kind in kinds:
+        m = compressed if kind == "compressed" else run(build_program(s, workload, cluster.gpu, kind))[1]
+        out.append(
+            {
+                "phase": kind,
+                "steps": counts.get(kind),
+                "iteration_time_s": m.iteration_time_s,
+                "bytes_per_gpu": m.comm["bytes_per_gpu"],
+                "exposed_comm_s": m.comm["exposed_s"],
+            }
+        )
+    return out

@@ -44,9 +44,18 @@ def test_run_json_has_the_documented_keys(tmp_path):
         assert key in d
     assert set(d["breakdown"]) == {"forward_s", "backward_s", "optimizer_s"}
     assert {"exposed_s", "overlapped_s"} <= set(d["comm"])
-    assert {"params", "grads", "optimizer", "activations", "buffers", "peak", "capacity"} == set(
-        d["memory_gib"]
-    )
+    assert {
+        "params",
+        "grads",
+        "optimizer",
+        "activations",
+        "buffers",
+        "peak",
+        "capacity",
+        "host",
+        "host_capacity",
+        "nvme",
+    } == set(d["memory_gib"])
     b = d["breakdown"]
     assert b["forward_s"] + b["backward_s"] + b["optimizer_s"] == pytest.approx(
         d["iteration_time_s"], rel=1e-9

@@ -59,15 +59,47 @@ def test_batch_precision_optimizer_and_zero_settings_come_from_the_config(tmp_pa
 def test_unmodelled_fields_are_listed_in_one_warning(tmp_path):
     cfg = {
         "train_batch_size": 16,
-        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
-        "activation_checkpointing": {"partition_activations": True},
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}},
+        "aio": {"single_submit": True},
+        "communication_data_type": "fp32",
     }
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         load_scenario({**BASE, "training": {}}, deepspeed_config=write(tmp_path, cfg))
     messages = [str(w.message) for w in caught if issubclass(w.category, DeepSpeedConfigWarning)]
     assert len(messages) == 1
-    assert "activation_checkpointing" in messages[0] and "zero_optimization.offload_optimizer" in messages[0]
+    for key in ("zero_optimization.offload_optimizer.ratio", "aio.single_submit", "communication_data_type"):
+        assert key in messages[0]
+
+
+def test_offload_aio_checkpointing_and_one_bit_adam_come_from_the_config(tmp_path):
+    cfg = {
+        "train_batch_size": 16,
+        "zero_optimization": {
+            "stage": 3,
+            "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme", "pipeline_read": True},
+            "offload_param": {"device": "cpu", "pin_memory": True},
+        },
+        "aio": {"block_size": 262144, "queue_depth": 16, "thread_count": 2},
+        "activation_checkpointing": {"partition_activations": True, "cpu_checkpointing": True},
+    }
+    s = load_scenario(
+        {**BASE, "training": {"activation_recompute": "full"}}, deepspeed_config=write(tmp_path, cfg)
+    )
+    z = s.parallelism.zero
+    assert (z.offload_optimizer.device, z.offload_optimizer.pipeline_read) == ("nvme", True)
+    assert (z.offload_param.device, z.offload_param.pin_memory) == ("cpu", True)
+    assert (z.aio.block_size, z.aio.queue_depth, z.aio.thread_count) == (262144, 16, 2)
+    assert s.training.partition_activations and s.training.cpu_checkpointing
+    onebit = {
+        "train_batch_size": 16,
+        "optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-4, "freeze_step": 400}},
+    }
+    s = load_scenario({**BASE, "training": {}}, deepspeed_config=write(tmp_path, onebit))
+    assert s.training.optimizer == "onebit-adam" and s.training.onebit.freeze_step == 400
+    legacy = {"train_batch_size": 16, "zero_optimization": {"stage": 2, "cpu_offload": True}}
+    s = load_scenario({**BASE, "training": {}}, deepspeed_config=write(tmp_path, legacy))
+    assert s.parallelism.zero.offload_optimizer.device == "cpu"
 
 
 def test_auto_values_take_the_scenarios_settings(tmp_path):
@@ -104,7 +136,9 @@ def test_cli_flag_and_scenario_key_run_the_example_configs(tmp_path):
         app, ["run", str(ROOT / "scenarios/deepspeed/gpt3-13b-ds-zero3-offload.yaml"), "--json"]
     )
     assert r.exit_code == 0, r.output
-    assert "not modelled, ignored: zero_optimization.offload_optimizer" in r.output
+    assert "not modelled" not in r.output  # offload is modelled now
+    d = json.loads(r.output[r.output.index("{") :])
+    assert d["memory_gib"]["optimizer"] == 0 and d["memory_gib"]["host"] > 0
     s = load_scenario(ROOT / "scenarios/deepspeed/llama3-8b-ds-zeropp.yaml")
     m = simulate(s).metrics
     assert s.parallelism.zero.zero_hpz_partition_size == 8 and "all_gather:dp/8" in m.comm_by_collective

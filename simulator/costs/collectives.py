@@ -237,7 +237,7 @@ class CollectiveModel:
                 raise ValueError(kind)
         return hops
 
-    def _stages_of(self, link) -> frozenset:
+    def stages_of(self, link) -> frozenset:
         if link[0] >= 0:
             return self._node_stages[link[0]]
         if link not in self._fabric_stages:
@@ -258,7 +258,7 @@ class CollectiveModel:
         per_class: dict[LinkClass, float] = {}
         for link, units in load.items():
             s = units / cl.link_info(link).bandwidth_Bps
-            c = (self._stages_of(link), *cl.link_class(link))
+            c = (self.stages_of(link), *cl.link_class(link))
             if s > per_class.get(c, 0.0):
                 per_class[c] = s
         return _Pattern(per_class, worst_latency)

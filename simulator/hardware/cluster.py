@@ -113,6 +113,12 @@ class Cluster:
             out.append(min(near, key=lambda k, i=i: (k - i * nics // self.gpus_per_node) % nics))
         return out
 
+    def local_route(self, node: int, a: str, b: str) -> tuple[tuple[LinkKey, ...], float]:
+        """Directed links between two devices of one node (``gpu3``, ``hostmem``, ``nvme0``...) and their
+        latency: the path a host copy or an NVMe read takes."""
+        links, lat = self._in_node(a, b)
+        return tuple((node, u, v) for u, v in links), lat
+
     @cache  # noqa: B019 - one cluster, a handful of local pairs
     def _in_node(self, a_local: str, b_local: str) -> tuple[tuple[tuple[str, str], ...], float]:
         path = nx.shortest_path(self._node0_graph, f"n0.{a_local}", f"n0.{b_local}", weight="cost")
@@ -211,7 +217,7 @@ def build_graph(spec: TopologySpec, num_nodes: int, gpu: GPU) -> nx.Graph:
             link(p + f"nic{i}", leaf_name, n.nic_kind, nic_GBps, n.nic_latency_us)
         for d in range(n.nvme_drives):
             g.add_node(p + f"nvme{d}", kind="nvme")
-            attach(p, f"nvme{d}", d, n.nvme_drives, "nvme", n.nvme_bandwidth_GBps, 20.0)
+            attach(p, f"nvme{d}", d, n.nvme_drives, "nvme", n.nvme_bandwidth_GBps, n.nvme_latency_us)
     if num_leaves > 1:
         g.add_node("spine", kind="spine")
         uplink_GBps = ports_per_leaf * nic_GBps / spec.fabric.oversubscription

@@ -45,8 +45,18 @@ class NodeSpec(_Spec):
     nic_bandwidth_gbps: float = 200
     nic_kind: Literal["infiniband", "ethernet"] = "infiniband"
     nic_latency_us: float = 2.0
-    nvme_drives: int = 0
+    nvme_drives: int = Field(0, ge=0, description="Drives striped as one volume (RAID-0), as DGX /raid.")
     nvme_bandwidth_GBps: float = 3.5
+    nvme_latency_us: float = Field(
+        80.0, description="Per request (NVMe read latency, typical datacenter SSD)."
+    )
+    cpu_optimizer_params_per_s: float | None = Field(
+        None,
+        gt=0,
+        description="CPU-Adam parameters updated per second by the whole host; default: host memory bandwidth "
+        "/ 30 bytes per parameter (the step streams fp32 weight, gradient, momentum, variance and writes "
+        "them back with a 16-bit copy).",
+    )
 
 
 class FabricSpec(_Spec):
@@ -117,6 +127,9 @@ def apply_overrides(spec: TopologySpec, cfg: ClusterConfig) -> TopologySpec:
         node["nics"] = cfg.nics_per_node
     if cfg.nic_bandwidth_gbps:
         node["nic_bandwidth_gbps"] = cfg.nic_bandwidth_gbps
+    for key in ("pcie_bandwidth_GBps", "nvme_drives", "nvme_bandwidth_GBps", "cpu_optimizer_params_per_s"):
+        if getattr(cfg, key) is not None:
+            node[key] = getattr(cfg, key)
     fabric = {"oversubscription": cfg.oversubscription} if cfg.oversubscription else {}
     return spec.model_copy(
         update={

@@ -18,6 +18,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 
 from simulator.costs.collectives import ring_bytes_per_rank
+from simulator.costs.host import HOST_GROUPS
 from simulator.hardware.placement import Placement
 from simulator.scenario.schema import Scenario
 from simulator.strategy.program import COMPUTE
@@ -42,6 +43,10 @@ class Metrics:
     memory_gib: dict[str, float]
     oom: bool
     events: int
+    host_oom: bool = False  # offloaded states exceed a node's host memory
+    # 1-bit / 0/1 Adam: each kind of step (warm-up, compressed, local) and the average over total_steps
+    optimizer_phases: list[dict] = field(default_factory=list)
+    amortised_iteration_time_s: float | None = None
     stages: list[dict] = field(default_factory=list)  # per simulated rank: bubble, p2p time, memory, OOM
     wall_s: float = 0.0
     gpus: int = 0
@@ -107,7 +112,7 @@ def compute_metrics(
         by_rank[t.rank].append(t)
     breakdown: dict[str, float] = {}
     stages: list[dict] = []
-    bytes_cross = 0.0
+    bytes_cross = bytes_pcie = 0.0
     bubble = exposed = overlapped = total = bytes_per_gpu = 0.0
     by_coll: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for rank, rank_tasks in sorted(by_rank.items()):
@@ -131,10 +136,15 @@ def compute_metrics(
         overlapped += w * r["overlapped"]
         total += w * r["total"]
         for key, d in r["collectives"].items():
-            n = placement.group_size(key.split(":")[1])
+            op, group = key.split(":")
             for name, value in d.items():
                 by_coll[key][name] += w * value
-            op, group = key.split(":")
+            if group in HOST_GROUPS:  # copies to / from host memory and NVMe: not network traffic
+                if op in ("d2h", "h2d"):
+                    by_coll[key]["bytes_pcie_per_gpu"] += w * d["bytes"]
+                    bytes_pcie += w * d["bytes"]
+                continue
+            n = placement.group_size(group)
             sent = w * ring_bytes_per_rank(op, n, d["bytes"])
             by_coll[key]["bytes_sent_per_gpu"] += sent
             bytes_per_gpu += sent
@@ -165,10 +175,12 @@ def compute_metrics(
             "total_s": total,
             "bytes_per_gpu": bytes_per_gpu,
             "bytes_cross_node_per_gpu": bytes_cross,
+            "bytes_host_per_gpu": bytes_pcie,
         },
         comm_by_collective={k: dict(v) for k, v in sorted(by_coll.items())},
         memory_gib=mem.gib(),
         oom=mem.oom,
+        host_oom=any(r.memory.host_oom for r in program.ranks),
         events=timeline.events,
         gpus=gpus,
         strategy=program.strategy,

@@ -81,7 +81,7 @@ def link_figure(result: Result, top: int = 6, bins: int = 200) -> go.Figure:
         start, end = tl.start[t.id], tl.end[t.id]
         if end <= start:
             continue
-        for phase in result.comm.phases(t.kind, t.group, t.bytes, stage_of[t.rank]):
+        for phase in result.task_phases(t, stage_of[t.rank]):
             for cls, seconds in phase.demand_s.items():
                 use = min(seconds / (end - start), 1.0)
                 for b in range(int(start / T * bins), min(int(end / T * bins) + 1, bins)):
@@ -108,7 +108,7 @@ def _link_kind(result: Result, cls) -> str:
     for u, v in ((f"n0.{cls[1]}", f"n0.{cls[2]}"),):
         if g.has_edge(u, v):
             return g.edges[u, v]["info"].kind
-    return "fabric"
+    return {"cpu": "CPU optimizer", "aio": "NVMe queue"}.get(cls[1], "fabric")
 
 
 def topology_figure(result: Result, max_nodes: int = 2) -> go.Figure:

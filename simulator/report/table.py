@@ -38,9 +38,25 @@ ROWS = [
         "{0[0]:.2f} / {0[1]:.0f} GiB",
     ),
     ("Fits in memory", lambda m: "no (OUT OF MEMORY)" if m.oom else "yes", "{}"),
+    (
+        "Host memory per node (offload)",
+        lambda m: (m.memory_gib["host"], m.memory_gib["host_capacity"]),
+        "{0[0]:.1f} / {0[1]:.0f} GiB",
+    ),
+    ("NVMe per node (offload)", lambda m: m.memory_gib["nvme"], "{:.1f} GiB"),
+    ("Fits in host memory", lambda m: "no (OUT OF HOST MEMORY)" if m.host_oom else "yes", "{}"),
+    ("Copied to/from host per GPU", lambda m: m.comm["bytes_host_per_gpu"] / 2**30, "{:.2f} GiB"),
     ("Simulated events", lambda m: m.events, "{:,}"),
     ("Simulator wall time", lambda m: m.wall_s, "{:.3f} s"),
 ]
+
+
+OFFLOAD_ROWS = {
+    "Host memory per node (offload)",
+    "NVMe per node (offload)",
+    "Fits in host memory",
+    "Copied to/from host per GPU",
+}
 
 
 def metrics_table(results: list[tuple[str, Metrics]]) -> Table:
@@ -49,10 +65,15 @@ def metrics_table(results: list[tuple[str, Metrics]]) -> Table:
     for name, _ in results:
         table.add_column(name, justify="right")
     for label, get, fmt in ROWS:
+        if label in OFFLOAD_ROWS and not any(
+            m.memory_gib["host"] or m.memory_gib["nvme"] for _, m in results
+        ):
+            continue
         cells = []
         for _, m in results:
             text = fmt.format(get(m))
-            cells.append(f"[red]{text}[/red]" if label == "Fits in memory" and m.oom else text)
+            bad = (label == "Fits in memory" and m.oom) or (label == "Fits in host memory" and m.host_oom)
+            cells.append(f"[red]{text}[/red]" if bad else text)
         table.add_row(label, *cells)
     return table
 
@@ -77,8 +98,29 @@ def stages_table(m: Metrics, most: int = 16) -> Table:
     return table
 
 
+def phases_table(m: Metrics) -> Table:
+    """1-bit / 0/1 Adam: each kind of step, how many of them, and the average over the run."""
+    table = Table(title="Optimizer phases", show_header=True, header_style="bold")
+    for col in ("Phase", "Steps", "Iteration time", "Bytes sent per GPU", "Exposed comm."):
+        table.add_column(col, justify="right" if col != "Phase" else "left")
+    for ph in m.optimizer_phases:
+        table.add_row(
+            ph["phase"],
+            "-" if ph["steps"] is None else f"{ph['steps']:,}",
+            f"{ph['iteration_time_s']:.3f} s",
+            f"{ph['bytes_per_gpu'] / 2**30:.3f} GiB",
+            f"{ph['exposed_comm_s']:.3f} s",
+        )
+    if m.amortised_iteration_time_s is not None:
+        steps = sum(ph["steps"] for ph in m.optimizer_phases)
+        table.add_row(f"amortised over {steps:,} steps", "", f"{m.amortised_iteration_time_s:.3f} s", "", "")
+    return table
+
+
 def print_table(results: list[tuple[str, Metrics]], console: Console | None = None) -> None:
     console = console or Console()
     console.print(metrics_table(results))
     if len(results) == 1 and len(results[0][1].stages) > 1:
         console.print(stages_table(results[0][1]))
+    if len(results) == 1 and results[0][1].optimizer_phases:
+        console.print(phases_table(results[0][1]))

@@ -30,6 +30,34 @@ ZERO_KEYS = {
     "zero_hpz_partition_size",
     "zero_quantized_gradients",
 }
+# offload sub-keys modelled (same names in parallelism.zero.offload_*); the rest are neutral or unmodelled
+OFFLOAD_KEYS = {
+    "offload_optimizer": {
+        "device",
+        "pin_memory",
+        "buffer_count",
+        "buffer_size",
+        "pipeline_read",
+        "pipeline_write",
+    },
+    "offload_param": {"device", "pin_memory", "buffer_count", "buffer_size", "max_in_cpu"},
+}
+AIO_KEYS = {"block_size", "queue_depth", "thread_count"}
+CHECKPOINTING_KEYS = {"partition_activations", "cpu_checkpointing"}
+# DeepSpeed optimizer type (lower case) -> (training.optimizer, optimizer.params keys modelled in training.onebit)
+OPTIMIZERS = {
+    "adam": ("adam", set()),
+    "adamw": ("adamw", set()),
+    "sgd": ("sgd", set()),
+    "fusedadam": ("adam", set()),
+    "cpuadam": ("adam", set()),
+    "deepspeedcpuadam": ("adam", set()),
+    "onebitadam": ("onebit-adam", {"freeze_step"}),
+    "zerooneadam": (
+        "zero-one-adam",
+        {"var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper"},
+    ),
+}
 # keys that change nothing the simulator measures (logging, checkpoint layout, numerics of loss scaling)
 NEUTRAL = {
     "steps_per_print",
@@ -51,6 +79,13 @@ NEUTRAL = {
     "zero_optimization.sub_group_size",
     "zero_optimization.stage3_gather_16bit_weights_on_model_save",
     "zero_optimization.stage3_gather_fp16_weights_on_model_save",
+    "zero_optimization.offload_optimizer.nvme_path",
+    "zero_optimization.offload_optimizer.fast_init",
+    "zero_optimization.offload_param.nvme_path",
+    "activation_checkpointing.contiguous_memory_optimization",
+    "activation_checkpointing.number_checkpoints",
+    "activation_checkpointing.synchronize_checkpoint_boundary",
+    "activation_checkpointing.profile",
     "fp16.loss_scale",
     "fp16.loss_scale_window",
     "fp16.initial_scale_power",
@@ -79,11 +114,11 @@ def merge_deepspeed_config(data: dict, ds: dict, label: str = "deepspeed_config"
     zero = dict(parallelism.get("zero") or {})
     unmodelled: list[str] = []
 
-    def put(section: dict, key: str, value, source: str) -> None:
+    def put(section: dict, key: str, value, source: str, where: str | None = None) -> None:
         if value == "auto" or value is None:
             return
         if key in section and section[key] != value:
-            where = (
+            where = where or (
                 "training"
                 if section is training
                 else "parallelism"
@@ -106,17 +141,29 @@ def merge_deepspeed_config(data: dict, ds: dict, label: str = "deepspeed_config"
         put(training, "precision", "bf16", "bf16.enabled")
     opt = str(ds.get("optimizer", {}).get("type", "")).lower()
     if opt:
-        mapped = {
-            "adam": "adam",
-            "adamw": "adamw",
-            "sgd": "sgd",
-            "fusedadam": "adam",
-            "onebitadam": None,
-        }.get(opt)
-        if mapped:
+        if opt in OPTIMIZERS:
+            mapped, keys = OPTIMIZERS[opt]
             put(training, "optimizer", mapped, "optimizer.type")
+            params = ds["optimizer"].get("params") or {}
+            onebit = {k: v for k, v in params.items() if k in keys}
+            if onebit:
+                training["onebit"] = {**(training.get("onebit") or {}), **onebit}
         else:
             unmodelled.append(f"optimizer.type={ds['optimizer']['type']}")
+    ckpt = ds.get("activation_checkpointing") or {}
+    for key, value in ckpt.items():
+        if key in CHECKPOINTING_KEYS:
+            put(training, key, value, f"activation_checkpointing.{key}")
+        elif f"activation_checkpointing.{key}" not in NEUTRAL:
+            unmodelled.append(f"activation_checkpointing.{key}")
+    aio = {}
+    for key, value in (ds.get("aio") or {}).items():
+        if key in AIO_KEYS:
+            aio[key] = value
+        else:
+            unmodelled.append(f"aio.{key}")
+    if aio:
+        zero["aio"] = aio
     gas = ds.get("gradient_accumulation_steps")
     zopt = ds.get("zero_optimization", {}) or {}
     if "stage" in zopt:
@@ -126,6 +173,17 @@ def merge_deepspeed_config(data: dict, ds: dict, label: str = "deepspeed_config"
             continue
         if key in ZERO_KEYS:
             put(zero, key, value, f"zero_optimization.{key}")
+        elif key in OFFLOAD_KEYS and isinstance(value, dict):
+            section = dict(zero.get(key) or {})
+            for sub, v in value.items():
+                name = f"zero_optimization.{key}.{sub}"
+                if sub in OFFLOAD_KEYS[key]:
+                    put(section, sub, v, name, f"parallelism.zero.{key}")
+                elif name not in NEUTRAL:
+                    unmodelled.append(name)
+            zero[key] = section
+        elif key == "cpu_offload" and value is True:  # DeepSpeed < 0.3.16 spelling of offload_optimizer: cpu
+            zero["offload_optimizer"] = {**(zero.get("offload_optimizer") or {}), "device": "cpu"}
         elif f"zero_optimization.{key}" not in NEUTRAL:
             unmodelled.append(f"zero_optimization.{key}")
     if zero:
@@ -139,6 +197,8 @@ def merge_deepspeed_config(data: dict, ds: dict, label: str = "deepspeed_config"
                 "gradient_accumulation_steps",
                 "zero_optimization",
                 "optimizer",
+                "activation_checkpointing",
+                "aio",
             )
             or key in NEUTRAL
         ):

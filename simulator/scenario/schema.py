@@ -90,14 +90,105 @@ class ClusterConfig(_Section):
     nics_per_node: PositiveInt | None = None
     nic_bandwidth_gbps: float | None = Field(None, gt=0, description="Per NIC, gigabits per second.")
     oversubscription: float | None = Field(None, ge=1, description="Leaf-to-spine oversubscription ratio.")
+    pcie_bandwidth_GBps: float | None = Field(None, gt=0, description="Per PCIe link, per direction, GB/s.")
+    nvme_drives: int | None = Field(None, ge=0, description="NVMe drives per node (striped).")
+    nvme_bandwidth_GBps: float | None = Field(None, gt=0, description="Per NVMe drive, GB/s.")
+    cpu_optimizer_params_per_s: float | None = Field(
+        None, gt=0, description="CPU-Adam throughput of one host, parameters per second."
+    )
+
+
+class OneBitConfig(_Section):
+    """DeepSpeed's communication-compressed optimizers, with their parameter names and defaults.
+
+    1-bit Adam (Tang et al. 2021): ``freeze_step`` full-precision warm-up steps, then error-compensated 1-bit
+    all-reduce of the momentum. 0/1 Adam (Lu et al. 2022): the variance is updated (full-precision all-reduce)
+    at intervals that double every ``var_update_scaler`` updates until ``var_freeze_step``; other steps use
+    1-bit all-reduce, and after ``var_freeze_step`` only every k-th step synchronises, k doubling every
+    ``local_step_scaler`` steps up to ``local_step_clipper``.
+    """
+
+    freeze_step: PositiveInt = Field(100000, description="1-bit Adam: full-precision warm-up steps.")
+    var_freeze_step: PositiveInt = Field(100000, description="0/1 Adam: last step that updates the variance.")
+    var_update_scaler: PositiveInt = Field(
+        16, description="0/1 Adam: variance updates per interval doubling."
+    )
+    local_step_scaler: PositiveInt = Field(32678, description="0/1 Adam: steps per local-interval doubling.")
+    local_step_clipper: PositiveInt = Field(16, description="0/1 Adam: largest interval between syncs.")
+    total_steps: PositiveInt | None = Field(
+        None, description="Training steps the amortised iteration time averages over."
+    )
 
 
 class TrainingConfig(_Section):
     global_batch_size: PositiveInt
     micro_batch_size: PositiveInt = 1
     precision: Literal["fp16", "bf16", "fp32"] = "bf16"
-    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    optimizer: Literal["adam", "adamw", "sgd", "onebit-adam", "zero-one-adam"] = "adam"
+    onebit: OneBitConfig = OneBitConfig()
     activation_recompute: Literal["none", "selective", "full"] = "none"
+    partition_activations: bool = Field(
+        False,
+        description="DeepSpeed activation checkpointing: split each checkpoint across the tensor-parallel ranks.",
+    )
+    cpu_checkpointing: bool = Field(
+        False,
+        description="DeepSpeed activation checkpointing: keep the (partitioned) checkpoints in host memory.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainingConfig:
+        for key in ("partition_activations", "cpu_checkpointing"):
+            if getattr(self, key) and self.activation_recompute != "full":
+                raise ValueError(
+                    f"training.{key} applies to activation checkpoints: it needs activation_recompute: full "
+                    f"(got {self.activation_recompute})"
+                )
+        if self.cpu_checkpointing and not self.partition_activations:
+            raise ValueError(
+                "training.cpu_checkpointing offloads partitioned checkpoints: it needs partition_activations: true "
+                "(as in DeepSpeed)"
+            )
+        return self
+
+
+class OffloadOptimizerConfig(_Section):
+    """DeepSpeed ``offload_optimizer``: optimizer states (and the step) on the host CPU, states in host memory
+    (``cpu``) or on NVMe (``nvme``, ZeRO-Infinity)."""
+
+    device: Literal["none", "cpu", "nvme"] = "none"
+    pin_memory: bool = Field(False, description="Page-locked host buffers (unpinned copies are staged).")
+    buffer_count: PositiveInt = Field(
+        4, description="NVMe: swap buffers (Adam swaps 4 tensors per parameter)."
+    )
+    buffer_size: float = Field(1e8, gt=0, description="NVMe: elements per swap buffer.")
+    pipeline_read: bool = Field(False, description="NVMe: read the next tile while the CPU steps this one.")
+    pipeline_write: bool = Field(False, description="NVMe: write the previous tile while the CPU steps.")
+    delayed_param_update: bool = Field(
+        False,
+        description="ZeRO-Offload DPU (Ren et al. 2021 Sec. 4.2): the CPU step and parameter upload of one "
+        "iteration overlap the next iteration's forward and backward (parameters one step stale).",
+    )
+
+
+class OffloadParamConfig(_Section):
+    """DeepSpeed ``offload_param`` (ZeRO-3 only): the parameter shards live in host memory or on NVMe and are
+    fetched before every all-gather."""
+
+    device: Literal["none", "cpu", "nvme"] = "none"
+    pin_memory: bool = False
+    buffer_count: PositiveInt = Field(5, description="NVMe: prefetch buffers.")
+    buffer_size: float = Field(1e8, gt=0, description="NVMe: elements per prefetch buffer.")
+    max_in_cpu: float = Field(1e9, ge=0, description="NVMe: parameter elements also kept in host memory.")
+
+
+class AioConfig(_Section):
+    """DeepSpeed ``aio`` (libaio) settings for NVMe offload. Each rank keeps ``thread_count`` x ``queue_depth``
+    requests of ``block_size`` bytes in flight."""
+
+    block_size: PositiveInt = 1048576
+    queue_depth: PositiveInt = 8
+    thread_count: PositiveInt = 1
 
 
 class ZeroConfig(_Section):
@@ -125,6 +216,9 @@ class ZeroConfig(_Section):
     stage3_max_reuse_distance: float = Field(
         1e9, ge=0, description="Parameters reused within this many fetched parameters are not released."
     )
+    offload_optimizer: OffloadOptimizerConfig = OffloadOptimizerConfig()
+    offload_param: OffloadParamConfig = OffloadParamConfig()
+    aio: AioConfig = AioConfig()
 
 
 class FsdpConfig(_Section):
@@ -238,6 +332,33 @@ class Scenario(_Section):
         if zeropp and p.zero_stage != 3:
             raise ValueError(
                 f"parallelism.zero: {', '.join(zeropp)} (ZeRO++) need zero_stage: 3 (got {p.zero_stage})"
+            )
+        opt_dev, param_dev = z.offload_optimizer.device, z.offload_param.device
+        if opt_dev != "none" and p.zero_stage == 0:
+            raise ValueError(
+                f"parallelism.zero.offload_optimizer.device ({opt_dev}) needs zero_stage 1, 2 or 3 (got 0)"
+            )
+        if param_dev != "none" and p.zero_stage != 3:
+            raise ValueError(
+                f"parallelism.zero.offload_param.device ({param_dev}) needs zero_stage: 3 (got {p.zero_stage})"
+            )
+        if z.offload_optimizer.delayed_param_update and (opt_dev == "none" or p.zero_stage == 3):
+            raise ValueError(
+                "parallelism.zero.offload_optimizer.delayed_param_update is ZeRO-Offload's schedule: it needs "
+                f"offload_optimizer.device cpu or nvme with zero_stage 1 or 2 (got device {opt_dev}, "
+                f"zero_stage {p.zero_stage})"
+            )
+        if (opt_dev != "none" or param_dev != "none") and p.pipeline_parallel > 1:
+            raise ValueError(
+                f"parallelism.zero offload is modelled without pipeline parallelism (pipeline_parallel = "
+                f"{p.pipeline_parallel}); DeepSpeed's pipeline engine supports ZeRO stage 1 only"
+            )
+        opt = self.training.optimizer
+        if opt in ("onebit-adam", "zero-one-adam") and (p.zero_stage or p.fsdp or p.pipeline_parallel > 1):
+            raise ValueError(
+                f"training.optimizer {opt} compresses a data-parallel all-reduce: it needs zero_stage 0, no fsdp "
+                f"and pipeline_parallel 1 (got zero_stage {p.zero_stage}, pipeline_parallel "
+                f"{p.pipeline_parallel}); DeepSpeed's 1-bit optimizers do not support ZeRO-2/3"
             )
         if p.fsdp is not None and p.zero_stage:
             raise ValueError(

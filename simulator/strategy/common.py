@@ -3,13 +3,15 @@ forward order, activation-recompute handling, and the optimizer step."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from simulator.hardware.topology import cluster_spec
 from simulator.scenario.schema import Scenario
 from simulator.strategy.program import COMPUTE, Program
 from simulator.workload.memory import (
     MemoryBreakdown,
     activation_bytes_per_layer,
+    checkpoint_bytes_per_layer,
     head_activation_bytes,
     state_bytes_per_param,
     zero_model_state_bytes,
@@ -71,7 +73,7 @@ def add_backward(
             "backward",
             f"{u.name} recompute",
             deps,
-            ops=u.block.forward,
+            ops=u.block.recompute_full or u.block.forward,
             microbatch=mb,
         )
         deps = (rid,)
@@ -156,7 +158,20 @@ def memory_breakdown(
     w_b, g_b, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
     params, grads, opt = zero_model_state_bytes(w.params_per_rank, shards, stage, k_b, w_b, g_b)
     params += unsharded_params * w_b * (1 - 1 / shards)
-    return MemoryBreakdown(params, grads, opt, activation_memory(s, w.num_layers), buffers, gpu.hbm_bytes)
+    mem = MemoryBreakdown(params, grads, opt, activation_memory(s, w.num_layers), buffers, gpu.hbm_bytes)
+    return with_host_checkpoints(s, mem, w.num_layers)
+
+
+def with_host_checkpoints(s: Scenario, mem: MemoryBreakdown, checkpoints: float) -> MemoryBreakdown:
+    """DeepSpeed ``cpu_checkpointing``: ``checkpoints`` layer checkpoints per GPU live in the node's host memory."""
+    if not s.training.cpu_checkpointing:
+        return mem
+    node = cluster_spec(s).node
+    return replace(
+        mem,
+        host=mem.host + checkpoints * checkpoint_bytes_per_layer(s) * node.gpus,
+        host_capacity=node.host_memory_gib * 2**30,
+    )
 
 
 def model_parallel_size(s: Scenario) -> int:

@@ -26,7 +26,9 @@ from simulator.strategy.program import Program, RankClass
 from simulator.workload.transformer import Workload
 
 
-def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
+def build(s: Scenario, w: Workload, gpu: GPU, reduce_gradients: bool = True) -> Program:
+    """``reduce_gradients=False``: forward and backward only, for optimizers that communicate in their step
+    (1-bit Adam's compressed phase)."""
     dp, gas = grad_group_size(s), s.gradient_accumulation_steps
     cfg = s.parallelism.ddp
     p = Program("single-gpu" if dp == 1 else "ddp")
@@ -36,7 +38,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     for mb in range(gas):
         for u in us:
             add_forward(p, u, mb)
-        last = mb == gas - 1 and dp > 1
+        last = mb == gas - 1 and dp > 1 and reduce_gradients
         plan = (
             buckets([(u.index, u.params * gb) for u in reversed(us)], cfg.bucket_cap_mb * 2**20)
             if last
@@ -50,7 +52,8 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
                 reductions.append(_all_reduce(p, closes[u.index], bwd, grad_group(s)))
         if last and not cfg.overlap_grad_reduce:
             reductions += [_all_reduce(p, b, bwd, grad_group(s)) for b in plan]
-    add_optimizer(p, s, w.params_per_rank, reductions)
+    if reduce_gradients:
+        add_optimizer(p, s, w.params_per_rank, reductions)
 
     buffers = 2 * cfg.bucket_cap_mb * 2**20 if dp > 1 else 0.0  # buckets in flight
     mem = memory_breakdown(s, w, gpu, dp, 0, buffers)

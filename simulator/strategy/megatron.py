@@ -27,6 +27,7 @@ from simulator.strategy.common import (
     ranks_per_stage,
     units,
     weight_bytes,
+    with_host_checkpoints,
 )
 from simulator.strategy.program import Program, RankClass
 from simulator.strategy.schedules import ASYNCHRONOUS, SPLITS_BACKWARD, Step, get_schedule
@@ -312,7 +313,7 @@ def _chunk_ops(s: Scenario, w: Workload, us: list[Unit], key: tuple[int, int], p
     wgt: list[Op] = []
     for u in reversed(us):
         if u.is_layer and mode == "full":
-            bwd += u.block.forward
+            bwd += u.block.recompute_full or u.block.forward
         elif u.is_layer and mode == "selective":
             bwd += u.block.recompute_selective
         for op in u.block.backward:
@@ -334,22 +335,27 @@ def _stage_memory(
     p_bytes, g_bytes, o_bytes = zero_model_state_bytes(
         params, grad_group_size(s), par.zero_stage, k_b, w_b, g_b
     )
+    layers = {c: sum(1 for u in chunks[(st, c)] if u.is_layer) for c in range(v)}
+    heads = {c: chunks[(st, c)][-1].name == "head" for c in range(v)}
+
+    def in_flight_peak(chunk_bytes: dict) -> float:
+        live = peak = 0.0
+        for step in steps:
+            live += {
+                "F": 1.0,
+                "B": -0.5 if par.pipeline_schedule in SPLITS_BACKWARD else -1.0,
+                "W": -0.5,
+                "O": 0.0,
+            }[step.kind] * chunk_bytes[step.chunk]
+            peak = max(peak, live)
+        return peak
+
     per_layer = activation_bytes_per_layer(s)
-    chunk_act = {}
-    for c in range(v):
-        us = chunks[(st, c)]
-        chunk_act[c] = sum(per_layer for u in us if u.is_layer) + (
-            head_activation_bytes(s) if us[-1].name == "head" else 0
-        )
-    live = peak = 0.0
-    for step in steps:
-        live += {
-            "F": 1.0,
-            "B": -0.5 if par.pipeline_schedule in SPLITS_BACKWARD else -1.0,
-            "W": -0.5,
-            "O": 0.0,
-        }[step.kind] * chunk_act[step.chunk]
-        peak = max(peak, live)
+    peak = in_flight_peak({c: layers[c] * per_layer + heads[c] * head_activation_bytes(s) for c in range(v)})
     if s.training.activation_recompute == "full":
         peak += activation_bytes_per_layer(s, recompute="none")
-    return MemoryBreakdown(p_bytes, g_bytes, o_bytes, peak, (versions - 1) * params * w_b, gpu.hbm_bytes)
+    mem = MemoryBreakdown(p_bytes, g_bytes, o_bytes, peak, (versions - 1) * params * w_b, gpu.hbm_bytes)
+    if not s.training.cpu_checkpointing:
+        return mem
+    # checkpoints of the microbatches in flight, in host memory instead
+    return with_host_checkpoints(s, mem, in_flight_peak(layers))

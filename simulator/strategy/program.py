@@ -31,7 +31,8 @@ class Task:
 
     @property
     def is_collective(self) -> bool:
-        return self.group is not None
+        """Communication on links (network, PCIe, NVMe); the CPU optimizer step uses none."""
+        return self.group is not None and self.kind != "cpu_optimizer"
 
 
 @dataclass

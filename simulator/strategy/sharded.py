@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from simulator.scenario.schema import Scenario
 from simulator.strategy.common import Unit, add_backward, add_forward, add_optimizer, gather_params
+from simulator.strategy.offload import add_grad_copy, add_host_step, add_param_copy
 from simulator.strategy.program import Program
 from simulator.workload.transformer import Workload, memory_op
 
@@ -39,6 +40,9 @@ class ShardingPlan:
         None  # (intra group, inter group, size, bytes/param)
     )
     backward_extra_bytes_per_param: float = 0.0  # gradient (de)quantize kernel traffic per parameter
+    # ZeRO-Offload / ZeRO-Infinity: where optimizer states and parameter shards live ("cpu", "nvme" or None)
+    offload_optimizer: str | None = None
+    offload_param: str | None = None
 
 
 def add_sharded_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], plan: ShardingPlan) -> None:
@@ -55,6 +59,10 @@ def add_sharded_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], 
         forward = phase == "forward"
         per_param = (plan.forward_gather_bytes or plan.weight_bytes) if forward else plan.weight_bytes
         group = plan.gather_group if forward else (plan.backward_gather_group or plan.gather_group)
+        if plan.offload_param:  # ZeRO-Infinity: the rank's shard comes from host memory or NVMe first
+            where = "host" if plan.offload_param == "cpu" else "nvme"
+            shard = gather_params(w, u) * plan.weight_bytes / plan.shard_size
+            deps = (add_param_copy(p, f"{u.name} param fetch", shard, deps, phase, where),)
         return p.add(
             0,
             "comm.ag",
@@ -139,6 +147,14 @@ def add_sharded_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], 
                     plan.replicate_group,
                     nbytes / plan.shard_size,
                 )
-            reductions.append(rid)
             blocking = None if plan.overlap_reduce else rid
-    add_optimizer(p, s, sum(u.params for u in us) / plan.shard_size, reductions)
+            if plan.offload_optimizer:  # ZeRO-Offload: the reduced shard goes to host memory
+                rid = add_grad_copy(p, u.name, rid, u.params * plan.grad_bytes / plan.shard_size)
+            reductions.append(rid)
+    params = sum(u.params for u in us) / plan.shard_size
+    if not plan.offload_optimizer:
+        add_optimizer(p, s, params, reductions)
+        return
+    step = add_host_step(p, s, params, reductions)
+    if not plan.offload_param:  # updated 16-bit shards back to the GPU for the next gathers
+        add_param_copy(p, "updated weights to GPU", params * plan.weight_bytes, (step,), "optimizer")

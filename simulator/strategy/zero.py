@@ -36,6 +36,14 @@ from simulator.strategy.common import (
     units,
     weight_bytes,
 )
+from simulator.strategy.offload import (
+    add_grad_copy,
+    add_host_step,
+    add_param_copy,
+    offloaded_memory,
+    optimizer_device,
+    param_device,
+)
 from simulator.strategy.program import Program, RankClass
 from simulator.strategy.sharded import ShardingPlan, add_sharded_iteration
 from simulator.workload.transformer import Workload
@@ -70,6 +78,8 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
             weight_bytes=wb,
             grad_bytes=gb,
             persistent=persistent,
+            offload_optimizer=optimizer_device(s),
+            offload_param=param_device(s),
             **zpp,
         )
         add_sharded_iteration(p, s, w, us, plan)
@@ -83,6 +93,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
         buffers = cfg.reduce_bucket_size * gb + cfg.allgather_bucket_size * wb
     # persistent units keep a full copy of their weights on every rank
     mem = memory_breakdown(s, w, gpu, dp, stage, buffers, sum(u.params for u in us if u.index in persistent))
+    mem = offloaded_memory(s, mem, w.params_per_rank, dp, stage)
     p.ranks.append(RankClass(rank_label(s), ranks_per_stage(s), mem))
     return p
 
@@ -135,9 +146,34 @@ def _kept_after_forward(us: list[Unit], cfg) -> frozenset[int]:
 
 
 def _stage_1_2(p: Program, s: Scenario, w: Workload, us: list[Unit], overlap: bool) -> None:
+    """One iteration; with ZeRO-Offload's delayed parameter update three, measured in steady state."""
+    if not s.parallelism.zero.offload_optimizer.delayed_param_update:
+        _iteration_1_2(p, s, w, us, overlap)
+        return
+    # DPU: iteration k computes with the weights of iteration k-2's step, so the CPU step and the upload of
+    # one iteration run under the next one's forward and backward (gathers on their own stream)
+    ends: list[tuple[int, int]] = []
+    for it in range(3):
+        ready = ends[it - 2][1] if it >= 2 else None
+        ends.append(_iteration_1_2(p, s, w, us, overlap, ready, "comm.dp.ag"))
+    p.window = (ends[1][0], ends[2][0])
+
+
+def _iteration_1_2(
+    p: Program,
+    s: Scenario,
+    w: Workload,
+    us: list[Unit],
+    overlap: bool,
+    ready: int | None = None,
+    gather_stream: str = "comm.dp",
+) -> tuple[int, int]:
+    """Tasks of one iteration; returns (its last backward, the task after which updated weights are on every
+    GPU). ``ready``: a task the first forward waits for."""
     stage, cfg, gas = s.parallelism.zero_stage, s.parallelism.zero, s.gradient_accumulation_steps
     dp = grad_group_size(s)
     gb, wb = grad_bytes(s), weight_bytes(s)
+    offload = optimizer_device(s) is not None
     reductions: list[int] = []
     gathers = (
         buckets([(u.index, u.params * wb) for u in us], cfg.allgather_bucket_size * wb) if dp > 1 else []
@@ -158,10 +194,12 @@ def _stage_1_2(p: Program, s: Scenario, w: Workload, us: list[Unit], overlap: bo
                 bytes=nbytes,
             )
             ahead.update(dict.fromkeys(idx, gid))
+    bwd = -1
     for mb in range(gas):
-        for u in us:
-            add_forward(p, u, mb, (ahead.get(u.index) if mb == 0 else None,))
-        reduce = dp > 1 and (stage == 2 or mb == gas - 1)
+        for i, u in enumerate(us):
+            first = ready if mb == 0 and i == 0 else None
+            add_forward(p, u, mb, (ahead.get(u.index) if mb == 0 else None, first))
+        reduce = (dp > 1 or offload) and (stage == 2 or mb == gas - 1)
         plan = (
             buckets([(u.index, u.params * gb) for u in reversed(us)], cfg.reduce_bucket_size * gb)
             if reduce
@@ -174,24 +212,33 @@ def _stage_1_2(p: Program, s: Scenario, w: Workload, us: list[Unit], overlap: bo
             blocking = None
             if u.index in closes:
                 idx, nbytes = closes[u.index]
-                rid = p.add(
-                    0,
-                    "comm.dp",
-                    "reduce_scatter",
-                    "backward",
-                    f"grad reduce-scatter (units {idx[-1]}..{idx[0]})",
-                    (bwd,),
-                    group=grad_group(s),
-                    bytes=nbytes,
-                )
-                reductions.append(rid)
-                blocking = None if overlap else rid
-    opt = add_optimizer(p, s, w.params_per_rank / dp, reductions)
+                name = f"(units {idx[-1]}..{idx[0]})"
+                rid = bwd
+                if dp > 1:
+                    rid = p.add(
+                        0,
+                        "comm.dp",
+                        "reduce_scatter",
+                        "backward",
+                        f"grad reduce-scatter {name}",
+                        (bwd,),
+                        group=grad_group(s),
+                        bytes=nbytes,
+                    )
+                    blocking = None if overlap else rid
+                # ZeRO-Offload: the rank's reduced partition goes to host memory (accumulated there)
+                reductions.append(add_grad_copy(p, name, rid, nbytes / dp) if offload else rid)
+    if offload:
+        step = add_host_step(p, s, w.params_per_rank / dp, reductions)
+        opt = add_param_copy(p, "updated weights to GPU", w.params_per_rank / dp * wb, (step,), "optimizer")
+    else:
+        opt = add_optimizer(p, s, w.params_per_rank / dp, reductions)
+    last = opt
     if not ahead:
         for idx, nbytes in gathers:
-            p.add(
+            last = p.add(
                 0,
-                "comm.dp",
+                gather_stream,
                 "all_gather",
                 "optimizer",
                 f"param all-gather (units {idx[0]}..{idx[-1]})",
@@ -199,3 +246,4 @@ def _stage_1_2(p: Program, s: Scenario, w: Workload, us: list[Unit], overlap: bo
                 group=grad_group(s),
                 bytes=nbytes,
             )
+    return bwd, last

@@ -12,12 +12,17 @@ from simulator.scenario.schema import Scenario
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
+    """GPU memory of one rank, plus what offloading puts in its node's host memory and on its NVMe drives."""
+
     params: float
     grads: float
     optimizer: float
     activations: float
     buffers: float
     capacity: float
+    host: float = 0.0  # bytes per node (every rank of the node together)
+    host_capacity: float = 0.0
+    nvme: float = 0.0  # bytes per node
 
     @property
     def peak(self) -> float:
@@ -26,6 +31,10 @@ class MemoryBreakdown:
     @property
     def oom(self) -> bool:
         return self.peak > self.capacity
+
+    @property
+    def host_oom(self) -> bool:
+        return self.host > self.host_capacity > 0
 
     def gib(self) -> dict[str, float]:
         out = {k: v / 2**30 for k, v in asdict(self).items()}
@@ -40,9 +49,10 @@ def state_bytes_per_param(precision: str, optimizer: str) -> tuple[int, int, int
     (Rajbhandari et al. SC20) Sec. 3.1. fp32 training keeps no master copy: 4 + 4 + 8. SGD with momentum
     keeps K = 4 + 4 (mixed) or 4 (fp32).
     """
+    adam = optimizer != "sgd"  # Adam, AdamW and the 1-bit variants keep momentum and variance
     if precision == "fp32":
-        return 4, 4, 8 if optimizer in ("adam", "adamw") else 4
-    return 2, 2, 12 if optimizer in ("adam", "adamw") else 8
+        return 4, 4, 8 if adam else 4
+    return 2, 2, 12 if adam else 8
 
 
 def zero_model_state_bytes(
@@ -83,7 +93,7 @@ def activation_bytes_per_layer(s: Scenario, recompute: str | None = None) -> flo
     sbh = sq * b * h
     mode = recompute or tr.activation_recompute
     if mode == "full":
-        return 2 * sbh / sp
+        return 0.0 if tr.cpu_checkpointing else checkpoint_bytes_per_layer(s)
     kv = m.query_groups * m.head_dim / h  # K and V width relative to h (1 without GQA)
     f_up = (2 if m.activation == "swiglu" else 1) * m.ffn_size / h
     f = m.ffn_size / h
@@ -98,6 +108,16 @@ def activation_bytes_per_layer(s: Scenario, recompute: str | None = None) -> flo
     if m.attention == "flash":
         sharded += 2 * sbh + 4 * sq * b * a  # attention output kept by the kernel + fp32 log-sum-exp
     return replicated / sp + sharded / t
+
+
+def checkpoint_bytes_per_layer(s: Scenario) -> float:
+    """The layer input full recompute keeps, 2 s b h bytes (16-bit), split over the tensor-parallel ranks by
+    sequence parallelism or by DeepSpeed's ``partition_activations`` (Korthikanti Sec. 5; DeepSpeed
+    activation checkpointing docs)."""
+    m, p, tr = s.model, s.parallelism, s.training
+    sbh = m.seq_length // p.context_parallel * tr.micro_batch_size * m.hidden_size
+    t = p.tensor_parallel
+    return 2 * sbh / (t if p.sequence_parallel or tr.partition_activations else 1)
 
 
 def head_activation_bytes(s: Scenario) -> float:

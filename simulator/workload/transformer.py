@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from simulator.scenario.schema import Scenario
+from simulator.workload.memory import checkpoint_bytes_per_layer
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class Block:
     backward: tuple[Op, ...]
     recompute_selective: tuple[Op, ...]  # forward ops re-run by selective recompute (attention core)
     params: int  # parameters held by one tensor-parallel rank
+    recompute_full: tuple[Op, ...] = ()  # full recompute: fetch the checkpoint, then the forward again
 
     @property
     def forward_model_flops(self) -> float:
@@ -276,7 +278,26 @@ def build_workload(s: Scenario) -> Workload:
         + bias * ((heads + 2 * kv_heads) * d + h + f_up // t + h)
         + 2 * norm_params
     )
-    layer = Block("transformer layer", fwd, bwd, attn_fwd if m.attention == "standard" else (), layer_params)
+    # DeepSpeed activation checkpointing: the checkpoint (layer input) split over the TP ranks
+    # (partition_activations) and kept in host memory (cpu_checkpointing); backward fetches and re-gathers it
+    tr, ckpt = s.training, checkpoint_bytes_per_layer(s)
+    fetch: list[Op] = []
+    recompute = fwd
+    if tr.cpu_checkpointing:
+        fwd = (*fwd, collective_op("checkpoint to host", "d2h", "host", ckpt, overlaps="previous"))
+        fetch.append(collective_op("checkpoint from host", "h2d", "host", ckpt))
+    if tr.partition_activations and t > 1:
+        fetch.append(
+            collective_op("checkpoint all-gather (partition_activations)", "all_gather", "tp", ckpt * t)
+        )
+    layer = Block(
+        "transformer layer",
+        fwd,
+        bwd,
+        attn_fwd if m.attention == "standard" else (),
+        layer_params,
+        (*fetch, *recompute),
+    )
 
     pos = m.position_embedding == "learned"
     embed_params = v * h // t + (m.seq_length * h if pos else 0)
