@@ -36,3 +36,20 @@ def test_published_run_simulates_and_fits_in_memory_as_it_did_on_real_hardware(p
     m = simulate(load_scenario(path)).metrics
     assert m.iteration_time_s > 0
     assert not m.oom, f"{path.stem}: simulated peak {m.memory_gib['peak']:.1f} GiB"
+
+
+FAMILIES = sorted(
+    p
+    for family in ("offload", "onebit", "deepspeed")
+    for p in (Path(__file__).resolve().parents[1] / "scenarios" / family).glob("*.yaml")
+)
+
+
+@pytest.mark.parametrize("path", FAMILIES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_offload_onebit_and_deepspeed_scenarios_run(path):
+    """The one scenario meant not to fit (175B under plain ZeRO-3 on one node) is the only out-of-memory one."""
+    m = simulate(load_scenario(path)).metrics
+    assert m.iteration_time_s > 0 and not m.host_oom
+    assert m.oom == (path.stem == "gpt3-175b-zero3-8xa100")
+    b = m.breakdown
+    assert b["forward_s"] + b["backward_s"] + b["optimizer_s"] == pytest.approx(m.iteration_time_s, rel=1e-9)

@@ -32,6 +32,7 @@ CPU_ADAM_BYTES_PER_PARAM = 30
 # Swapping optimizer states with NVMe (ZeRO-Infinity): fp32 weight, momentum and variance are read before the
 # step and written after it; the fp32 gradient stays in host memory.
 SWAPPED_BYTES_PER_PARAM = 12
+HALF_DUPLEX = ("nvme", "memory")
 COPY_LAUNCH_S = 10e-6  # cudaMemcpyAsync / aio submission overhead per copy
 
 
@@ -143,8 +144,12 @@ class HostModel:
     def _phase(self, load: dict, latency: float) -> Phase:
         demand: dict = {}
         for link, nbytes in load.items():
-            c = (self.comm.stages_of(link), *self.cluster.link_class(link))
-            demand[c] = max(demand.get(c, 0.0), nbytes / self.cluster.link_info(link).bandwidth_Bps)
+            info = self.cluster.link_info(link)
+            u, v = self.cluster.link_class(link)
+            if info.kind in HALF_DUPLEX:  # reads and writes share a drive's flash and a socket's DRAM
+                u, v = sorted((u, v))
+            c = (self.comm.stages_of(link), u, v)
+            demand[c] = demand.get(c, 0.0) + nbytes / info.bandwidth_Bps
         return Phase(latency + COPY_LAUNCH_S, demand)
 
 
