@@ -3,6 +3,7 @@
 import pytest
 import simpy
 
+from simulator.costs.collectives import Phase
 from simulator.engine.engine import DeadlockError, simulate_program
 from simulator.engine.network import FluidNetwork
 from simulator.strategy.program import Program
@@ -52,11 +53,7 @@ def test_stream_order_and_dependencies():
     c = p.add(0, "comm", "all_reduce", "backward", "c", (a,), group="dp", bytes=1)
     p.add(0, "compute", "optimizer", "optimizer", "b", (c,), ops=())
 
-    class Phase:
-        latency_s = 2.0
-        demand_s = {"x": 1.0}
-
-    tl = simulate_program(p, lambda t: ({"a": 1.0, "b": 0.5}[t.name], ()), lambda t: [Phase()])
+    tl = simulate_program(p, lambda t: ({"a": 1.0, "b": 0.5}[t.name], ()), lambda t: [Phase(2.0, {"x": 1.0})])
     assert list(tl.start) == [0.0, 1.0, 4.0]
     assert list(tl.end) == [1.0, 4.0, 4.5]
     assert tl.blocker[2] == c

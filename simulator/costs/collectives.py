@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
@@ -30,10 +31,16 @@ class Phase:
     latency_s: float
     demand_s: dict[LinkClass, float] = field(hash=False)  # seconds of exclusive use per link class
 
+    @cached_property
+    def busiest_s(self) -> float:
+        """Seconds on the busiest link class: the phase's length after its latency when nothing else shares
+        the links (demand dicts of big jobs hold hundreds of classes, so this is computed once)."""
+        return max(self.demand_s.values(), default=0.0)
+
     @property
     def duration_s(self) -> float:
         """Time when nothing else shares the links."""
-        return self.latency_s + max(self.demand_s.values(), default=0.0)
+        return self.latency_s + self.busiest_s
 
 
 def ring_steps(op: str, n: int) -> int:
@@ -123,16 +130,14 @@ class CollectiveModel:
         ring = (self._scaled(self._pattern("ring", groups), ring_steps(op, n), size_bytes / n),)
         if op == "broadcast":
             ring = (self._scaled(self._pattern("ring", groups), n - 1, size_bytes / (n - 1)),)
-        if op != "all_reduce" or self.algorithm == "ring":
+        if op != "all_reduce" or self.algorithm == "ring" or not self._spans_nodes(groups[0]):
             return ring
-        candidates = {"ring": ring}
-        if self._spans_nodes(groups[0]):
-            candidates["tree"] = (self._tree(groups, size_bytes),)
-            candidates["hierarchical"] = self._hierarchical(groups, size_bytes)
-        if self.algorithm in candidates:
-            return candidates[self.algorithm]
-        auto = {k: v for k, v in candidates.items() if k != "hierarchical"}  # NCCL chooses ring or tree
-        return min(auto.values(), key=lambda ph: sum(p.duration_s for p in ph))
+        if self.algorithm == "hierarchical":
+            return self._hierarchical(groups, size_bytes)
+        tree = (self._tree(groups, size_bytes),)
+        if self.algorithm == "tree":
+            return tree
+        return min((ring, tree), key=lambda ph: sum(p.duration_s for p in ph))  # NCCL chooses ring or tree
 
     def _scaled(self, pattern: _Pattern, steps: int, chunk_bytes: float) -> Phase:
         demand = {c: steps * chunk_bytes * s for c, s in pattern.unit_demand_s.items()}

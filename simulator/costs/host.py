@@ -138,8 +138,8 @@ class HostModel:
                 load[link] += total_bytes / drives
         phase = self._phase(load, latency)
         ranks = max(1, len(self._node_gpus(None)[1]))
-        phase.demand_s[(frozenset(), "aio", "queue")] = total_bytes / ranks / self.aio_Bps
-        return phase
+        aio = {(frozenset(), "aio", "queue"): total_bytes / ranks / self.aio_Bps}
+        return Phase(phase.latency_s, {**phase.demand_s, **aio})
 
     def _phase(self, load: dict, latency: float) -> Phase:
         demand: dict = {}

@@ -31,7 +31,9 @@ def simulate_program(
     env = simpy.Environment()
     net = FluidNetwork(env)
     tasks = program.tasks
-    done = [env.event() for _ in tasks]
+    # a task's completion event exists only once someone waits for it; ``finished`` says whether it ran
+    done: list = [None] * len(tasks)
+    finished = [False] * len(tasks)
     timeline = Timeline(program, len(tasks))
     streams: dict[tuple[int, str], list[Task]] = defaultdict(list)
     for t in tasks:
@@ -51,7 +53,12 @@ def simulate_program(
             free_at = env.now
             deps = t.deps
             if deps:
-                pending = [done[d] for d in deps if not done[d].processed]
+                pending = []
+                for d in deps:
+                    if not finished[d]:
+                        if done[d] is None:
+                            done[d] = env.event()
+                        pending.append(done[d])
                 if len(pending) == 1:
                     yield pending[0]
                 elif pending:
@@ -64,27 +71,30 @@ def simulate_program(
                     if phase.latency_s > 0:
                         yield timeout(phase.latency_s)
                     if phase.demand_s:
-                        yield net.transfer(phase.demand_s)
+                        yield net.transfer(phase.demand_s, phase.busiest_s)
             else:
                 seconds, parts = task_duration(t)
                 if parts:
                     parts_of[t.id] = parts
                 ev = timeout(seconds)
                 i = t.id
-                if not done[i].callbacks:  # nobody waits yet: the timeout itself marks the task done
+                if done[i] is None:  # nobody waits yet: whoever comes later waits on the timeout itself
                     done[i] = ev
                     yield ev
                     free[i], start[i], end[i] = free_at, began, env.now
+                    finished[i] = True
                     continue
                 yield ev
             i = t.id
             free[i], start[i], end[i] = free_at, began, env.now
-            done[i].succeed()
+            finished[i] = True
+            if done[i] is not None:
+                done[i].succeed()
 
     for queue in streams.values():
         env.process(run_stream(queue))
     env.run()
-    stuck = [t for t in tasks if not done[t.id].processed]
+    stuck = [t for t in tasks if not finished[t.id]]
     if stuck:
         t = stuck[0]
         raise DeadlockError(

@@ -35,10 +35,12 @@ class FluidNetwork:
         self._last = 0.0
         self._generation = 0
 
-    def transfer(self, demand: dict) -> simpy.Event:
-        """An event that fires when ``demand`` (link class -> seconds alone) has been served."""
+    def transfer(self, demand: dict, alone: float | None = None) -> simpy.Event:
+        """An event that fires when ``demand`` (link class -> seconds alone) has been served; ``alone``, its
+        busiest class's seconds, when the caller already knows it."""
         event = self.env.event()
-        alone = max(demand.values(), default=0.0)
+        if alone is None:
+            alone = max(demand.values(), default=0.0)
         if alone <= 0:
             return event.succeed()
         self._advance()

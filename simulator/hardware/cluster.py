@@ -55,24 +55,40 @@ class Cluster:
         Across nodes each GPU uses its nearest NIC (GPUDirect RDMA through its PCIe switch); the fabric path
         between the two NICs comes from the switch graph (same rail: one leaf; otherwise through the spine).
         """
-        na, nb = divmod(a, self.gpus_per_node)[0], divmod(b, self.gpus_per_node)[0]
-        la, lb = a % self.gpus_per_node, b % self.gpus_per_node
+        na, la = divmod(a, self.gpus_per_node)
+        nb, lb = divmod(b, self.gpus_per_node)
         if na == nb:
             links, lat = self._in_node(f"gpu{la}", f"gpu{lb}")
             return tuple((na, u, v) for u, v in links), lat
-        nic_a, nic_b = self.nearest_nic[la], self.nearest_nic[lb]
-        src, lat_a = self._in_node(f"gpu{la}", f"nic{nic_a}")
-        dst, lat_b = self._in_node(f"nic{nic_b}", f"gpu{lb}")
-        mid, lat_f = self._fabric(f"n{na}.nic{nic_a}", f"n{nb}.nic{nic_b}")
-        return (*((na, u, v) for u, v in src), *mid, *((nb, u, v) for u, v in dst)), lat_a + lat_f + lat_b
+        src, lat_a, up, leaf_a, lat_up = self._to_fabric(na, la)
+        dst, lat_b, down, leaf_b, lat_down = self._to_fabric(nb, lb, inbound=True)
+        mid, lat_f = self._switch_path(leaf_a, leaf_b)
+        return src + (up,) + mid + (down,) + dst, lat_a + lat_up + lat_f + lat_down + lat_b
+
+    @cache  # noqa: B019 - one entry per GPU of the cluster
+    def _to_fabric(self, node: int, local: int, inbound: bool = False) -> tuple:
+        """GPU ``local`` of ``node`` to its nearest NIC's leaf switch (or back, ``inbound``): the node-local
+        links, their latency, the NIC-leaf link, the leaf's name and that link's latency."""
+        nic = self.nearest_nic[local]
+        name = f"n{node}.nic{nic}"
+        leaf = self.graph.nodes[name]["leaf"]
+        ends = (f"nic{nic}", f"gpu{local}") if inbound else (f"gpu{local}", f"nic{nic}")
+        links, lat = self._in_node(*ends)
+        hop = (-1, leaf, name) if inbound else (-1, name, leaf)
+        return tuple((node, u, v) for u, v in links), lat, hop, leaf, self.graph.edges[name, leaf]["info"].latency_s
 
     def link_info(self, key: LinkKey) -> LinkInfo:
         node, u, v = key
         if node >= 0:
             return self._local_info(u, v)
+        return self._fabric_info(u, v)
+
+    @cache  # noqa: B019 - fabric links are few
+    def _fabric_info(self, u: str, v: str) -> LinkInfo:
         return self.graph.edges[u, v]["info"]
 
     @staticmethod
+    @cache
     def link_class(key: LinkKey) -> tuple[str, str]:
         """Node-independent name of a link: the link gpu3 -> nvswitch of node 17 is ``(gpu3, nvswitch)``.
 
@@ -133,12 +149,6 @@ class Cluster:
     def _node0_graph(self) -> nx.Graph:
         # a copy, not a view: shortest paths on a view filter every node they touch
         return self.graph.subgraph([n for n in self.graph if n.startswith("n0.")]).copy()
-
-    def _fabric(self, nic_a: str, nic_b: str) -> tuple[tuple[LinkKey, ...], float]:
-        leaf_a, leaf_b = self.graph.nodes[nic_a]["leaf"], self.graph.nodes[nic_b]["leaf"]
-        mid, lat = self._switch_path(leaf_a, leaf_b)
-        up, down = self.graph.edges[nic_a, leaf_a]["info"], self.graph.edges[nic_b, leaf_b]["info"]
-        return ((-1, nic_a, leaf_a), *mid, (-1, leaf_b, nic_b)), lat + up.latency_s + down.latency_s
 
     @cache  # noqa: B019
     def _switch_path(self, leaf_a: str, leaf_b: str) -> tuple[tuple[LinkKey, ...], float]:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-
-import numpy as np
+from itertools import product
 
 DEFAULT_ORDER = "tp-cp-dp-pp"
 
@@ -79,12 +78,26 @@ class Placement:
         for a in names:
             if a not in self.axes:
                 raise ValueError(f"unknown group kind {kind!r}")
+        # ranks are row-major over the axes (outermost first); a group varies the named axes, in axes order,
+        # with the others fixed (numpy's transpose + reshape of the rank grid, without importing numpy)
         sizes = self.sizes
-        grid = np.arange(self.world_size).reshape([sizes[a] for a in self.axes])
-        keep = [self.axes.index(a) for a in self.axes if a not in names]
-        vary = [self.axes.index(a) for a in self.axes if a in names]
-        arr = grid.transpose(keep + vary).reshape(-1, int(np.prod([sizes[self.axes[i]] for i in vary])))
-        return tuple(tuple(int(x) for x in row) for row in arr)
+        stride, s = {}, 1
+        for a in reversed(self.axes):
+            stride[a] = s
+            s *= sizes[a]
+        keep = [a for a in self.axes if a not in names]
+        vary = [a for a in self.axes if a in names]
+        offsets = [
+            sum(i * stride[a] for a, i in zip(vary, idx, strict=True))
+            for idx in product(*(range(sizes[a]) for a in vary))
+        ]
+        return tuple(
+            tuple(base + o for o in offsets)
+            for base in (
+                sum(i * stride[a] for a, i in zip(keep, idx, strict=True))
+                for idx in product(*(range(sizes[a]) for a in keep))
+            )
+        )
 
     def coordinate(self, rank: int, axis: str) -> int:
         """The index of ``rank`` along ``axis`` (e.g. its pipeline stage for ``pp``)."""
