@@ -48,25 +48,40 @@ def simulate_program(
     )
     timeout = env.timeout
 
+    # A compute task's end is fixed once it is scheduled (no link sharing), so a task that depends only on
+    # scheduled or finished compute tasks needs no wake-up of its own: one timeout covers the wait and the run.
+    planned = end  # for compute tasks: the end time as soon as the task is scheduled
+
     def run_stream(queue: list[Task]):
         for t in queue:
-            free_at = env.now
+            free_at = now = env.now
+            ready = now  # when the dependencies with a known end are done
             deps = t.deps
             if deps:
                 pending = []
                 for d in deps:
-                    if not finished[d]:
-                        if done[d] is None:
-                            done[d] = env.event()
-                        pending.append(done[d])
+                    if finished[d]:
+                        continue
+                    if planned[d] > 0.0 and tasks[d].group is None:
+                        if planned[d] > ready:
+                            ready = planned[d]
+                        continue
+                    if done[d] is None:
+                        done[d] = env.event()
+                    pending.append(done[d])
                 if len(pending) == 1:
                     yield pending[0]
                 elif pending:
                     yield env.all_of(pending)
-                if env.now > free_at:  # the stream sat idle: remember which dependency held it
+                now = env.now
+                if ready < now:
+                    ready = now
+                if ready > free_at:  # the stream sat idle: remember which dependency held it
                     blocker[t.id] = max(deps, key=end.__getitem__)
-            began = env.now
             if t.group is not None:
+                if ready > now:
+                    yield timeout(ready - now)
+                began = env.now
                 for phase in collective_phases(t):
                     if phase.latency_s > 0:
                         yield timeout(phase.latency_s)
@@ -74,17 +89,24 @@ def simulate_program(
                         yield net.transfer(phase.demand_s, phase.busiest_s)
             else:
                 seconds, parts = task_duration(t)
-                if parts:
-                    parts_of[t.id] = parts
-                ev = timeout(seconds)
                 i = t.id
+                if parts:
+                    parts_of[i] = parts
+                began = ready
+                delay = ready + seconds - now
+                planned[i] = now + delay  # exactly the time SimPy will fire the timeout at
+                ev = timeout(delay)
                 if done[i] is None:  # nobody waits yet: whoever comes later waits on the timeout itself
                     done[i] = ev
                     yield ev
-                    free[i], start[i], end[i] = free_at, began, env.now
+                    free[i], start[i] = free_at, began
                     finished[i] = True
                     continue
                 yield ev
+                free[i], start[i] = free_at, began
+                finished[i] = True
+                done[i].succeed()
+                continue
             i = t.id
             free[i], start[i], end[i] = free_at, began, env.now
             finished[i] = True

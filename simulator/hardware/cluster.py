@@ -75,7 +75,13 @@ class Cluster:
         ends = (f"nic{nic}", f"gpu{local}") if inbound else (f"gpu{local}", f"nic{nic}")
         links, lat = self._in_node(*ends)
         hop = (-1, leaf, name) if inbound else (-1, name, leaf)
-        return tuple((node, u, v) for u, v in links), lat, hop, leaf, self.graph.edges[name, leaf]["info"].latency_s
+        return (
+            tuple((node, u, v) for u, v in links),
+            lat,
+            hop,
+            leaf,
+            self.graph.edges[name, leaf]["info"].latency_s,
+        )
 
     def link_info(self, key: LinkKey) -> LinkInfo:
         node, u, v = key

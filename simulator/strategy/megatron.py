@@ -131,32 +131,42 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     ops = {key: _chunk_ops(s, w, us, key, pp, v, split) for key, us in chunks.items()}
 
     prog = Program(f"megatron {par.pipeline_schedule} (tp {par.tensor_parallel} x pp {pp} x dp {dp})")
-    ids: dict[tuple, int] = {}  # ids are sequential, so a step's id is known before its task exists
+    # ids are sequential, so a step's id is known before its task exists; pos[st][step] is that id
+    pos: list[dict[Step, int]] = []
+    n = 0
     for st in range(pp):
-        for kind, mb, c in order[st]:
-            ids[(st, kind, mb, c)] = len(ids)
+        pos.append({step: n + i for i, step in enumerate(order[st])})
+        n += len(order[st])
+    ids = _StepIds(pos)
 
-    def upstream(st: int, kind: str, mb: int, c: int) -> tuple[int, ...]:
-        """The step on the neighbouring stage whose output this step receives (none for W)."""
+    def upstream(st: int, step: Step) -> tuple[int, ...]:
+        """The step on the neighbouring stage whose output this step receives (none for W): the same step one
+        stage up (F) or down (B), or across the chunk boundary between the last and the first stage."""
+        kind, mb, c = step
         if kind == "F":
-            key = (st - 1, "F", mb, c) if st > 0 else (pp - 1, "F", mb, c - 1)
+            i = pos[st - 1].get(step) if st > 0 else pos[pp - 1].get(Step("F", mb, c - 1))
         elif kind == "B":
-            key = (st + 1, "B", mb, c) if st < pp - 1 else (0, "B", mb, c + 1)
+            i = pos[st + 1].get(step) if st < pp - 1 else pos[0].get(Step("B", mb, c + 1))
         else:
             return ()
-        return (ids[key],) if key in ids else ()
+        return () if i is None else (i,)
 
     stage_params = [sum(u.params for c in range(v) for u in chunks[(st, c)]) for st in range(pp)]
+    names: dict[Step, str] = {}  # every stage runs the same steps: one name string per step
+    add = prog.add_compute
     for st in range(pp):
-        for kind, mb, c in order[st]:
+        for step in order[st]:
+            kind, mb, c = step
             if kind == "O":
                 # asynchronous schedule: this stage steps its optimizer now, no flush, no global sync
                 add_optimizer(prog, s, stage_params[st], (), rank=st)
                 continue
             fwd, bwd, wgt = ops[(st, c)]
             task_ops, phase = (fwd, "forward") if kind == "F" else ((bwd if kind == "B" else wgt), "backward")
-            name = f"{kind}{mb}.{c}" if v > 1 else f"{kind}{mb}"
-            prog.add_compute(st, phase, phase, name, upstream(st, kind, mb, c), task_ops, mb)
+            name = names.get(step)
+            if name is None:
+                name = names[step] = f"{kind}{mb}.{c}" if v > 1 else f"{kind}{mb}"
+            add(st, phase, phase, name, upstream(st, step), task_ops, mb)
     last_compute = [ids[(st, *order[st][-1])] for st in range(pp)]
 
     asynchronous = par.pipeline_schedule in ASYNCHRONOUS
@@ -187,6 +197,17 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     return prog
 
 
+class _StepIds:
+    """``ids[(stage, kind, microbatch, chunk)]``: the task id of a stage's step."""
+
+    def __init__(self, pos: list[dict[Step, int]]):
+        self.pos = pos
+
+    def __getitem__(self, key: tuple) -> int:
+        st, *step = key
+        return self.pos[st][Step(*step)]
+
+
 def _flush_and_step(prog: Program, s: Scenario, order, ids, chunks, stage_params, last_compute) -> None:
     """Synchronous schedules: after the flush each stage reduces its gradients over data parallelism (per chunk
     as soon as its last backward ends with overlap_grad_reduce), the first and last stage sum the tied word
@@ -200,7 +221,7 @@ def _flush_and_step(prog: Program, s: Scenario, order, ids, chunks, stage_params
         if dp > 1:
             for c in range(v):
                 params = sum(u.params for u in chunks[(st, c)])
-                last_b = max(ids[(st, *x)] for x in order[st] if x.chunk == c and x.kind != "F")
+                last_b = max(i for x, i in ids.pos[st].items() if x.chunk == c and x.kind != "F")
                 after = last_b if par.ddp.overlap_grad_reduce else last_compute[st]
                 reductions.append(
                     prog.add(
@@ -338,16 +359,14 @@ def _stage_memory(
     layers = {c: sum(1 for u in chunks[(st, c)] if u.is_layer) for c in range(v)}
     heads = {c: chunks[(st, c)][-1].name == "head" for c in range(v)}
 
+    change = {"F": 1.0, "B": -0.5 if par.pipeline_schedule in SPLITS_BACKWARD else -1.0, "W": -0.5, "O": 0.0}
+
     def in_flight_peak(chunk_bytes: dict) -> float:
         live = peak = 0.0
-        for step in steps:
-            live += {
-                "F": 1.0,
-                "B": -0.5 if par.pipeline_schedule in SPLITS_BACKWARD else -1.0,
-                "W": -0.5,
-                "O": 0.0,
-            }[step.kind] * chunk_bytes[step.chunk]
-            peak = max(peak, live)
+        for kind, _, chunk in steps:
+            live += change[kind] * chunk_bytes[chunk]
+            if live > peak:
+                peak = live
         return peak
 
     per_layer = activation_bytes_per_layer(s)
