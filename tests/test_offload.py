@@ -197,3 +197,13 @@ def test_cpu_checkpointing_moves_checkpoints_to_host_memory_over_pcie():
     assert copies["d2h:host"]["bytes_pcie_per_gpu"] == pytest.approx(24 * ckpt * gas)
     assert copies["h2d:host"]["bytes_pcie_per_gpu"] == pytest.approx(24 * ckpt * gas)
     assert cpu.metrics.iteration_time_s > part.metrics.iteration_time_s
+
+
+def test_offload_copies_and_gpudirect_traffic_share_the_pcie_switch():
+    """Across nodes NCCL reaches the NIC through the GPU's PCIe switch, as the offload copies do: the two use
+    the same link classes, so the engine slows them down when they overlap."""
+    r = run(cluster={"num_nodes": 2}, training={"global_batch_size": 16}, offload_optimizer={"device": "cpu"})
+    (copy,) = HostModel(r.comm, r.scenario).phases("d2h", "host", 1e9)
+    ring = r.comm.phases("reduce_scatter", "dp", 1e9)
+    shared = set(copy.demand_s) & {c for p in ring for c in p.demand_s}
+    assert any(c[1].startswith("gpu") and c[2].startswith("pcie") for c in shared)
