@@ -58,12 +58,16 @@ class Cluster:
         na, la = divmod(a, self.gpus_per_node)
         nb, lb = divmod(b, self.gpus_per_node)
         if na == nb:
-            links, lat = self._in_node(f"gpu{la}", f"gpu{lb}")
-            return tuple((na, u, v) for u, v in links), lat
+            return self._gpu_to_gpu(na, la, lb)
         src, lat_a, up, leaf_a, lat_up = self._to_fabric(na, la)
         dst, lat_b, down, leaf_b, lat_down = self._to_fabric(nb, lb, inbound=True)
         mid, lat_f = self._switch_path(leaf_a, leaf_b)
         return src + (up,) + mid + (down,) + dst, lat_a + lat_up + lat_f + lat_down + lat_b
+
+    @cache  # noqa: B019 - one entry per pair of GPUs in a node that talk
+    def _gpu_to_gpu(self, node: int, a: int, b: int) -> tuple[tuple[LinkKey, ...], float]:
+        links, lat = self._in_node(f"gpu{a}", f"gpu{b}")
+        return tuple((node, u, v) for u, v in links), lat
 
     @cache  # noqa: B019 - one entry per GPU of the cluster
     def _to_fabric(self, node: int, local: int, inbound: bool = False) -> tuple:

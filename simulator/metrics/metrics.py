@@ -195,16 +195,18 @@ def _rank_metrics(timeline: Timeline, rank_tasks: list, lo: float, hi: float) ->
     as a fraction of that idle time plus the rank's forward / backward / recompute time.
     """
     tasks = timeline.tasks
+    start, end, free, blocker = timeline.start, timeline.end, timeline.free, timeline.blocker
     breakdown: dict[str, float] = defaultdict(float)
     pipeline_idle = busy = 0.0
     compute = [t for t in rank_tasks if t.stream == COMPUTE]
     for t in compute:
         i = t.id
-        breakdown[t.phase] += timeline.end[i] - timeline.start[i]
+        ran = end[i] - start[i]
+        breakdown[t.phase] += ran
         if t.kind != "optimizer":
-            busy += timeline.end[i] - timeline.start[i]
-        gap_start, gap_end = max(timeline.free[i], lo), timeline.start[i]
-        b = timeline.blocker[i]
+            busy += ran
+        gap_start, gap_end = free[i] if free[i] > lo else lo, start[i]
+        b = blocker[i]
         if gap_end > gap_start:
             # follow the chain: the dependency may itself have waited for another (a gather for a reduction,
             # an all-reduce for the last stage's backward); each stretch goes to the task that held it, and
@@ -212,22 +214,22 @@ def _rank_metrics(timeline: Timeline, rank_tasks: list, lo: float, hi: float) ->
             holder = t
             while b >= 0 and gap_end > gap_start:
                 holder = tasks[b]
-                own_start = max(gap_start, timeline.start[b])
+                own_start = max(gap_start, start[b])
                 breakdown[holder.phase] += gap_end - own_start
                 if holder.rank != t.rank and not holder.is_collective:
                     pipeline_idle += gap_end - own_start
                 gap_end = own_start
-                b = timeline.blocker[b]
+                b = blocker[b]
             breakdown[holder.phase] += gap_end - gap_start
             if holder.rank != t.rank and not holder.is_collective:
                 pipeline_idle += gap_end - gap_start
-    last_compute = max((timeline.end[t.id] for t in compute), default=0.0)
+    last_compute = max((end[t.id] for t in compute), default=0.0)
     if last_compute < hi:  # trailing communication (e.g. ZeRO-1/2 parameter all-gather after the step)
         last = max(rank_tasks, key=lambda t: timeline.end[t.id])
         breakdown[last.phase] += hi - last_compute
 
-    compute_u = union((timeline.start[t.id], timeline.end[t.id]) for t in compute)
-    comm_u = union((timeline.start[t.id], timeline.end[t.id]) for t in rank_tasks if t.is_collective)
+    compute_u = union((start[t.id], end[t.id]) for t in compute)
+    comm_u = union((start[t.id], end[t.id]) for t in rank_tasks if t.is_collective)
     overlapped = intersection_length(compute_u, comm_u)
     collectives: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     embedded = hidden = 0.0
