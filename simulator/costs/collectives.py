@@ -252,18 +252,19 @@ class CollectiveModel:
 
     def _loads(self, hops) -> _Pattern:
         cl = self.cluster
+        route, info, cls, stages = cl.route, cl.link_info, cl.link_class, self.stages_of
         load: dict = defaultdict(float)
         worst_latency = 0.0
         for a, b, share in hops:
-            links, latency = cl.route(a, b)
+            links, latency = route(a, b)
             if latency > worst_latency:
                 worst_latency = latency
             for link in links:
                 load[link] += share
         per_class: dict[LinkClass, float] = {}
         for link, units in load.items():
-            s = units / cl.link_info(link).bandwidth_Bps
-            c = (self.stages_of(link), *cl.link_class(link))
+            s = units / info(link).bandwidth_Bps
+            c = (stages(link), *cls(link))
             if s > per_class.get(c, 0.0):
                 per_class[c] = s
         return _Pattern(per_class, worst_latency)

@@ -162,9 +162,13 @@ class Cluster:
 
     @cache  # noqa: B019
     def _switch_path(self, leaf_a: str, leaf_b: str) -> tuple[tuple[LinkKey, ...], float]:
-        path = nx.shortest_path(self._switch_graph, leaf_a, leaf_b, weight="cost")
+        path = self._switch_paths_from(leaf_a)[leaf_b]
         links = tuple((-1, u, v) for u, v in zip(path[:-1], path[1:], strict=False))
-        return links, sum(self.graph.edges[u, v]["info"].latency_s for _, u, v in links)
+        return links, sum(self._fabric_info(u, v).latency_s for _, u, v in links)
+
+    @cache  # noqa: B019 - one shortest-path tree per leaf switch, instead of one search per pair of leaves
+    def _switch_paths_from(self, leaf: str) -> dict[str, list[str]]:
+        return nx.single_source_dijkstra_path(self._switch_graph, leaf, weight="cost")
 
     @cached_property
     def _switch_graph(self) -> nx.Graph:
