@@ -92,10 +92,14 @@ def simulate_program(
                     parts_of[i] = parts
                 if begin > clock:  # the stream sat idle: remember which dependency held it
                     blocker[i] = max(t.deps, key=end.__getitem__)
-                free[i], start[i], end[i] = clock, begin, begin + seconds
-                clock = end[i]
+                free[i] = clock
+                start[i] = begin
+                end[i] = clock = begin + seconds
                 k += 1
-                became_known(i, work)
+                if announce[i] is None and i not in blocked_on:
+                    known[i] = True  # nobody waits for it yet
+                else:
+                    became_known(i, work)
             s[1], s[2] = k, clock
 
     def run_stream(queue: list[Task]):

@@ -155,14 +155,18 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     names: dict[Step, str] = {}  # every stage runs the same steps: one name string per step
     add = prog.add_compute
     for st in range(pp):
+        # (ops, phase) of each step kind, per chunk
+        work = [
+            {"F": (f, "forward"), "B": (b, "backward"), "W": (wg, "backward")}
+            for f, b, wg in (ops[(st, c)] for c in range(v))
+        ]
         for step in order[st]:
             kind, mb, c = step
             if kind == "O":
                 # asynchronous schedule: this stage steps its optimizer now, no flush, no global sync
                 add_optimizer(prog, s, stage_params[st], (), rank=st)
                 continue
-            fwd, bwd, wgt = ops[(st, c)]
-            task_ops, phase = (fwd, "forward") if kind == "F" else ((bwd if kind == "B" else wgt), "backward")
+            task_ops, phase = work[c][kind]
             name = names.get(step)
             if name is None:
                 name = names[step] = f"{kind}{mb}.{c}" if v > 1 else f"{kind}{mb}"
