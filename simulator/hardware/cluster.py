@@ -162,13 +162,27 @@ class Cluster:
 
     @cache  # noqa: B019
     def _switch_path(self, leaf_a: str, leaf_b: str) -> tuple[tuple[LinkKey, ...], float]:
-        path = self._switch_paths_from(leaf_a)[leaf_b]
+        root_paths = self._switch_tree_paths
+        if root_paths is None:
+            path = nx.shortest_path(self._switch_graph, leaf_a, leaf_b, weight="cost")
+        else:  # a tree: up from leaf_a to the last switch both share on their way from the root, then down
+            pa, pb = root_paths[leaf_a], root_paths[leaf_b]
+            common = 0
+            while common < min(len(pa), len(pb)) and pa[common] == pb[common]:
+                common += 1
+            path = pa[common - 1 :][::-1] + pb[common:]
         links = tuple((-1, u, v) for u, v in zip(path[:-1], path[1:], strict=False))
         return links, sum(self._fabric_info(u, v).latency_s for _, u, v in links)
 
-    @cache  # noqa: B019 - one shortest-path tree per leaf switch, instead of one search per pair of leaves
-    def _switch_paths_from(self, leaf: str) -> dict[str, list[str]]:
-        return nx.single_source_dijkstra_path(self._switch_graph, leaf, weight="cost")
+    @cached_property
+    def _switch_tree_paths(self) -> dict[str, list[str]] | None:
+        """When the switches form a tree (a two-level fat tree does: leaves under one spine), the path from
+        the root to every switch; any route between two switches follows from two of them. None otherwise."""
+        g = self._switch_graph
+        if g.number_of_nodes() == 0 or not nx.is_tree(g):
+            return None
+        root = max(g.degree, key=lambda nd: nd[1])[0]
+        return nx.single_source_shortest_path(g, root)
 
     @cached_property
     def _switch_graph(self) -> nx.Graph:
@@ -182,9 +196,17 @@ def build_graph(spec: TopologySpec, num_nodes: int, gpu: GPU) -> nx.Graph:
     n, eff = spec.node, spec.efficiency
     g = nx.Graph()
 
+    kinds: dict[tuple, dict] = {}  # every node repeats the same few link kinds: one attribute set each
+
     def link(u: str, v: str, kind: str, GBps: float, latency_us: float) -> None:
-        bw = GBps * 1e9 * getattr(eff, kind)
-        g.add_edge(u, v, info=LinkInfo(kind, bw, latency_us * 1e-6), cost=1.0 / bw + latency_us * 1e-12)
+        key = (kind, GBps, latency_us)
+        if key not in kinds:
+            bw = GBps * 1e9 * getattr(eff, kind)
+            kinds[key] = {
+                "info": LinkInfo(kind, bw, latency_us * 1e-6),
+                "cost": 1.0 / bw + latency_us * 1e-12,
+            }
+        g.add_edge(u, v, **kinds[key])
 
     nvlink_GBps = n.nvlink_bandwidth_GBps or gpu.nvlink_bandwidth_GBps
     pcie_GBps = n.pcie_bandwidth_GBps or gpu.pcie_bandwidth_GBps
