@@ -65,3 +65,28 @@ def test_a_cycle_is_reported_not_hung():
     p.add(0, "s2", "forward", "forward", "b", (0,), ops=())
     with pytest.raises(DeadlockError, match="never ran"):
         simulate_program(p, lambda t: (1.0, ()), lambda t: [])
+
+
+def test_compute_planned_ahead_and_collectives_in_simulated_time_agree():
+    """Compute streams are planned without events (their ends are fixed); a collective that depends on a
+    compute task planned for later waits until then, and contends with another collective on the link.
+
+    rank 0: a (2 s) -> collective c1 (1 s of link "x" alone)
+    rank 1: b (1 s) -> collective c2 (1 s of "x"): alone from 1 to 2, ends as c1 starts
+            d (0.5 s) after c2 and a; then on a mixed stream e (0.25 s) and collective f (1 s of "x")
+    c1 runs alone 2 -> 2.75 (0.75 done), shares x with f until it ends at 3.25; f then finishes alone at 4."""
+    p = Program("test")
+    a = p.add(0, "compute", "forward", "forward", "a", ops=())
+    b = p.add(1, "compute", "forward", "forward", "b", ops=())
+    c1 = p.add(0, "comm", "all_reduce", "backward", "c1", (a,), group="dp", bytes=1)
+    c2 = p.add(1, "comm", "all_reduce", "backward", "c2", (b,), group="dp", bytes=1)
+    d = p.add(1, "compute", "forward", "forward", "d", (c2, a), ops=())
+    e = p.add(1, "mixed", "forward", "forward", "e", (d,), ops=())
+    f = p.add(1, "mixed", "all_reduce", "backward", "f", (e,), group="dp", bytes=1)
+    seconds = {"a": 2.0, "b": 1.0, "d": 0.5, "e": 0.25}
+    tl = simulate_program(p, lambda t: (seconds[t.name], ()), lambda t: [Phase(0.0, {"x": 1.0})])
+    assert (tl.start[c2], tl.end[c2]) == pytest.approx((1.0, 2.0))
+    assert (tl.start[c1], tl.end[c1]) == pytest.approx((2.0, 3.25))
+    assert (tl.start[d], tl.end[d]) == pytest.approx((2.0, 2.5))  # waits for c2 (2.0) and a (2.0)
+    assert (tl.start[e], tl.end[e]) == pytest.approx((2.5, 2.75))
+    assert (tl.start[f], tl.end[f]) == pytest.approx((2.75, 4.0))
