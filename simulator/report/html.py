@@ -38,6 +38,13 @@ def memory_figure(result: Result) -> go.Figure:
     )
     oom = [label for label, r in zip(labels, ranks, strict=True) if r.memory.oom]
     verdict = f"OUT OF MEMORY on {', '.join(oom)}" if oom else "fits on every GPU"
+    m = max((r.memory for r in ranks), key=lambda mem: mem.host)
+    if m.host or m.nvme:  # offload: what the node's host memory and NVMe drives hold
+        host = "OUT OF HOST MEMORY" if m.host_oom else "fits"
+        verdict += (
+            f"<br>host memory per node {m.host / 2**30:.0f} / {m.host_capacity / 2**30:.0f} GiB ({host})"
+            + (f", NVMe {m.nvme / 2**30:.0f} GiB" if m.nvme else "")
+        )
     fig.update_layout(
         barmode="stack", title=f"Memory per GPU (GiB): {verdict}", yaxis_title="GiB", height=420
     )
