@@ -13,6 +13,11 @@ ROWS = [
     ("GPUs", lambda m: m.gpus, "{:,}"),
     ("Parameters", lambda m: m.params_billion, "{:.2f} B"),
     ("Iteration time", lambda m: m.iteration_time_s, "{:.3f} s"),
+    (
+        "Iteration time, amortised over all steps",
+        lambda m: m.amortised_iteration_time_s or m.iteration_time_s,
+        "{:.3f} s",
+    ),
     ("Tokens/s", lambda m: m.tokens_per_s, "{:,.0f}"),
     ("Tokens/s per GPU", lambda m: m.tokens_per_s_per_gpu, "{:,.1f}"),
     ("Samples/s", lambda m: m.samples_per_s, "{:,.2f}"),
@@ -67,6 +72,10 @@ def metrics_table(results: list[tuple[str, Metrics]]) -> Table:
     for label, get, fmt in ROWS:
         if label in OFFLOAD_ROWS and not any(
             m.memory_gib["host"] or m.memory_gib["nvme"] for _, m in results
+        ):
+            continue
+        if label.endswith("amortised over all steps") and not any(
+            m.amortised_iteration_time_s for _, m in results
         ):
             continue
         cells = []
