@@ -23,7 +23,6 @@ from simulator.errors import ScenarioError
 from simulator.scenario.schema import Scenario
 
 HOST_GROUPS = frozenset({"host", "nvme"})
-HOST_KINDS = ("d2h", "h2d", "nvme_read", "nvme_write", "cpu_optimizer")
 
 # CPU-Adam streams, per parameter, fp32 weight, gradient, momentum and variance in (16 bytes), the updated
 # weight, momentum and variance out (12) and a 16-bit weight copy for the GPU (2): memory-bound on a
