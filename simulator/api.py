@@ -43,9 +43,13 @@ class Result:
         return task_phases(self.comm, self.host, t, stage)
 
 
+def cost_model(comm: CollectiveModel, host: HostModel, group: str) -> CollectiveModel | HostModel:
+    """Which model costs a transfer on ``group``: host copies (``host``, ``nvme``) or collectives."""
+    return host if group in HOST_GROUPS else comm
+
+
 def task_phases(comm: CollectiveModel, host: HostModel, t, stage: int | None):
-    model = host if t.group in HOST_GROUPS else comm
-    return model.phases(t.kind, t.group, t.bytes, stage)
+    return cost_model(comm, host, t.group).phases(t.kind, t.group, t.bytes, stage)
 
 
 def placement_for(s: Scenario) -> Placement:
@@ -58,8 +62,8 @@ def placement_for(s: Scenario) -> Placement:
 
 def split_parts(ops, compute: ComputeModel, comm_time) -> tuple[float, tuple[Part, ...]]:
     """Seconds of a compute task and, when it holds collectives (``comm_time(op)`` seconds each), its parts in
-    order. A collective that
-    ``overlaps`` the kernel before or after it hides behind that kernel; only what outlasts it adds time."""
+    order. A collective that ``overlaps`` the kernel before or after it hides behind that kernel; only what
+    outlasts it adds time."""
     if not any(op.kind == "collective" for op in ops):
         return compute.ops_time_s(ops), ()
     parts: list[Part] = []
@@ -124,8 +128,7 @@ def _simulate(scenario, cluster, workload, framework) -> Result:
     peak = cluster.gpu.peak_flops(s.training.precision)
 
     def comm_time(op) -> float:
-        model = host if op.group in HOST_GROUPS else comm
-        return model.standalone_time_s(op.collective, op.group, op.bytes)
+        return cost_model(comm, host, op.group).standalone_time_s(op.collective, op.group, op.bytes)
 
     def run(program: Program) -> tuple[Timeline, Metrics]:
         durations: dict[int, tuple[float, tuple[Part, ...]]] = {}  # tasks share ops tuples: cost each once
@@ -145,7 +148,7 @@ def _simulate(scenario, cluster, workload, framework) -> Result:
 
     program = build_program(s, workload, cluster.gpu)
     timeline, metrics = run(program)
-    if s.training.optimizer in ONEBIT:
+    if s.training.optimizer in onebit.OPTIMIZERS:
         metrics.optimizer_phases = _optimizer_phases(s, workload, cluster, metrics, run)
         total = s.training.onebit.total_steps
         if total:
@@ -156,9 +159,6 @@ def _simulate(scenario, cluster, workload, framework) -> Result:
     metrics.params_billion = workload.total_params / 1e9
     metrics.wall_s = time.perf_counter() - t0
     return Result(s, workload, program, timeline, cluster, placement, metrics, comm, host)
-
-
-ONEBIT = ("onebit-adam", "zero-one-adam")
 
 
 def _optimizer_phases(

@@ -112,7 +112,7 @@ def compute_metrics(
         by_rank[t.rank].append(t)
     breakdown: dict[str, float] = {}
     stages: list[dict] = []
-    bytes_cross = bytes_pcie = 0.0
+    bytes_cross = bytes_host = 0.0
     bubble = exposed = overlapped = total = bytes_per_gpu = 0.0
     by_coll: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for rank, rank_tasks in sorted(by_rank.items()):
@@ -142,7 +142,7 @@ def compute_metrics(
             if group in HOST_GROUPS:  # copies to / from host memory and NVMe: not network traffic
                 if op in ("d2h", "h2d"):
                     by_coll[key]["bytes_pcie_per_gpu"] += w * d["bytes"]
-                    bytes_pcie += w * d["bytes"]
+                    bytes_host += w * d["bytes"]
                 continue
             n = placement.group_size(group)
             sent = w * ring_bytes_per_rank(op, n, d["bytes"])
@@ -175,7 +175,7 @@ def compute_metrics(
             "total_s": total,
             "bytes_per_gpu": bytes_per_gpu,
             "bytes_cross_node_per_gpu": bytes_cross,
-            "bytes_host_per_gpu": bytes_pcie,
+            "bytes_host_per_gpu": bytes_host,
         },
         comm_by_collective={k: dict(v) for k, v in sorted(by_coll.items())},
         memory_gib=mem.gib(),

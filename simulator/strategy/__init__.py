@@ -12,7 +12,7 @@ from simulator.workload.transformer import Workload
 def build_program(s: Scenario, w: Workload, gpu: GPU, phase: str | None = None) -> Program:
     """``phase``: for optimizers whose steps differ over training (1-bit Adam), which kind of step."""
     p = s.parallelism
-    if s.training.optimizer in ("onebit-adam", "zero-one-adam"):
+    if s.training.optimizer in onebit.OPTIMIZERS:
         return onebit.build(s, w, gpu, phase or "compressed")
     if p.pipeline_parallel > 1:
         return megatron.build(s, w, gpu)

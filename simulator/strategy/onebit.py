@@ -25,6 +25,7 @@ from simulator.strategy.common import add_optimizer, grad_group, grad_group_size
 from simulator.strategy.program import COMPUTE, Program
 from simulator.workload.transformer import Workload, memory_op
 
+OPTIMIZERS = ("onebit-adam", "zero-one-adam")  # training.optimizer values this module builds
 PHASES = ("warm-up", "compressed", "local")
 SCALE_BYTES = 4  # one fp32 scale per rank's chunk
 # GPU memory traffic of compression per momentum element: the worker reads the momentum and its error buffer
