@@ -43,7 +43,10 @@ class HostModel:
         self.cluster = comm.cluster
         node = self.cluster.spec.node
         z = s.parallelism.zero
-        self.pinned = {"h2d": z.offload_param.pin_memory, "d2h": z.offload_optimizer.pin_memory}
+        # copies to the GPU are parameter fetches when parameters are offloaded (offload_param's buffers),
+        # otherwise updated weights from the optimizer's buffers; copies to the host are gradients
+        fetches = z.offload_param if z.offload_param.device != "none" else z.offload_optimizer
+        self.pinned = {"h2d": fetches.pin_memory, "d2h": z.offload_optimizer.pin_memory}
         self.pipelined = z.offload_optimizer.pipeline_read or z.offload_optimizer.pipeline_write
         self.optimizer_device = z.offload_optimizer.device
         memory_Bps = node.host_memory_bandwidth_GBps * 1e9 * self.cluster.spec.efficiency.memory
