@@ -207,3 +207,17 @@ def test_offload_copies_and_gpudirect_traffic_share_the_pcie_switch():
     ring = r.comm.phases("reduce_scatter", "dp", 1e9)
     shared = set(copy.demand_s) & {c for p in ring for c in p.demand_s}
     assert any(c[1].startswith("gpu") and c[2].startswith("pcie") for c in shared)
+
+
+def test_pin_memory_follows_the_buffers_a_copy_uses():
+    """ZeRO-2 offload uploads updated weights from the optimizer's buffers, so offload_optimizer.pin_memory
+    decides whether that copy is staged (two more passes over host memory); offload_param's does not."""
+
+    def hostmem_demand(**zero):
+        r = run(**zero)
+        (phase,) = HostModel(r.comm, r.scenario).phases("h2d", "host", 1e9)
+        return sum(d for c, d in phase.demand_s.items() if "hostmem" in c[1:])
+
+    pinned = hostmem_demand(offload_optimizer={"device": "cpu", "pin_memory": True})
+    staged = hostmem_demand(offload_optimizer={"device": "cpu", "pin_memory": False})
+    assert staged == pytest.approx(3 * pinned)
