@@ -66,8 +66,7 @@ class Cluster:
 
     @cache  # noqa: B019 - one entry per pair of GPUs in a node that talk
     def _gpu_to_gpu(self, node: int, a: int, b: int) -> tuple[tuple[LinkKey, ...], float]:
-        links, lat = self._in_node(f"gpu{a}", f"gpu{b}")
-        return tuple((node, u, v) for u, v in links), lat
+        return self.local_route(node, f"gpu{a}", f"gpu{b}")
 
     @cache  # noqa: B019 - one entry per GPU of the cluster
     def _to_fabric(self, node: int, local: int, inbound: bool = False) -> tuple:
@@ -77,10 +76,10 @@ class Cluster:
         name = f"n{node}.nic{nic}"
         leaf = self.graph.nodes[name]["leaf"]
         ends = (f"nic{nic}", f"gpu{local}") if inbound else (f"gpu{local}", f"nic{nic}")
-        links, lat = self._in_node(*ends)
+        links, lat = self.local_route(node, *ends)
         hop = (-1, leaf, name) if inbound else (-1, name, leaf)
         return (
-            tuple((node, u, v) for u, v in links),
+            links,
             lat,
             hop,
             leaf,

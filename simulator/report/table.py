@@ -7,7 +7,16 @@ from rich.table import Table
 
 from simulator.metrics.metrics import Metrics
 
-# (label, getter, format) rows shared by `run` and `compare`
+
+def _offloads(m: Metrics) -> bool:
+    return bool(m.memory_gib["host"] or m.memory_gib["nvme"])
+
+
+def _phased(m: Metrics) -> bool:
+    return m.amortised_iteration_time_s is not None
+
+
+# (label, getter, format[, shown only when some result satisfies this]) rows shared by `run` and `compare`
 ROWS = [
     ("Strategy", lambda m: m.strategy, "{}"),
     ("GPUs", lambda m: m.gpus, "{:,}"),
@@ -17,6 +26,7 @@ ROWS = [
         "Iteration time, amortised over all steps",
         lambda m: m.amortised_iteration_time_s or m.iteration_time_s,
         "{:.3f} s",
+        _phased,
     ),
     ("Tokens/s", lambda m: m.tokens_per_s, "{:,.0f}"),
     ("Tokens/s per GPU", lambda m: m.tokens_per_s_per_gpu, "{:,.1f}"),
@@ -47,21 +57,14 @@ ROWS = [
         "Host memory per node (offload)",
         lambda m: (m.memory_gib["host"], m.memory_gib["host_capacity"]),
         "{0[0]:.1f} / {0[1]:.0f} GiB",
+        _offloads,
     ),
-    ("NVMe per node (offload)", lambda m: m.memory_gib["nvme"], "{:.1f} GiB"),
-    ("Fits in host memory", lambda m: "no (OUT OF HOST MEMORY)" if m.host_oom else "yes", "{}"),
-    ("Copied to/from host per GPU", lambda m: m.comm["bytes_host_per_gpu"] / 2**30, "{:.2f} GiB"),
+    ("NVMe per node (offload)", lambda m: m.memory_gib["nvme"], "{:.1f} GiB", _offloads),
+    ("Fits in host memory", lambda m: "no (OUT OF HOST MEMORY)" if m.host_oom else "yes", "{}", _offloads),
+    ("Copied to/from host per GPU", lambda m: m.comm["bytes_host_per_gpu"] / 2**30, "{:.2f} GiB", _offloads),
     ("Simulated events", lambda m: m.events, "{:,}"),
     ("Simulator wall time", lambda m: m.wall_s, "{:.3f} s"),
 ]
-
-
-OFFLOAD_ROWS = {
-    "Host memory per node (offload)",
-    "NVMe per node (offload)",
-    "Fits in host memory",
-    "Copied to/from host per GPU",
-}
 
 
 def metrics_table(results: list[tuple[str, Metrics]]) -> Table:
@@ -69,14 +72,8 @@ def metrics_table(results: list[tuple[str, Metrics]]) -> Table:
     table.add_column("Metric")
     for name, _ in results:
         table.add_column(name, justify="right")
-    for label, get, fmt in ROWS:
-        if label in OFFLOAD_ROWS and not any(
-            m.memory_gib["host"] or m.memory_gib["nvme"] for _, m in results
-        ):
-            continue
-        if label.endswith("amortised over all steps") and not any(
-            m.amortised_iteration_time_s for _, m in results
-        ):
+    for label, get, fmt, *shown in ROWS:
+        if shown and not any(shown[0](m) for _, m in results):
             continue
         cells = []
         for _, m in results:
