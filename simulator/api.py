@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import gc
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
+from simulator.calibration.table import CostTable, CostTableWarning, resolve_table
 from simulator.costs.collectives import CollectiveModel
-from simulator.costs.compute import ComputeModel
+from simulator.costs.compute import ComputeModel, shape_roofline_s
 from simulator.costs.host import HOST_GROUPS, HostModel
+from simulator.costs.lookup import MODELLED, CollectiveLookup, KernelLookup
 from simulator.engine.engine import simulate_program
 from simulator.frameworks import Framework, get_framework
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
 from simulator.hardware.topology import cluster_spec
 from simulator.metrics.metrics import Metrics, compute_metrics
+from simulator.metrics.sources import cost_sources
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
 from simulator.strategy import build_program, onebit
@@ -37,6 +42,7 @@ class Result:
     metrics: Metrics
     comm: CollectiveModel  # the collective costs the run used (reports reuse its cached patterns)
     host: HostModel  # the host-copy and CPU-step costs (offload)
+    compute: ComputeModel  # the kernel costs the run used, with their sources
 
     def task_phases(self, t, stage: int | None = None):
         """The phases (latency, link demand) the engine ran task ``t`` as."""
@@ -50,6 +56,45 @@ def cost_model(comm: CollectiveModel, host: HostModel, group: str) -> Collective
 
 def task_phases(comm: CollectiveModel, host: HostModel, t, stage: int | None):
     return cost_model(comm, host, t.group).phases(t.kind, t.group, t.bytes, stage)
+
+
+_lookups: dict[
+    tuple, tuple
+] = {}  # (table directory, GPU, fabric) -> lookups built from it (tables are cached)
+
+
+def table_lookups(
+    table: CostTable | None, cluster: Cluster
+) -> tuple[KernelLookup | None, CollectiveLookup | None, dict]:
+    """The kernel and collective lookups a run uses, and what it says about them (``Metrics.cost_tables``)."""
+    if table is None:
+        return None, None, {"table": None}
+    gpu = cluster.gpu
+    nvlink = cluster.spec.node.nvlink_bandwidth_GBps or gpu.nvlink_bandwidth_GBps
+    key = (str(table.path), gpu.name, cluster.spec.model_dump_json())
+    if key not in _lookups:
+        notes = []
+        if table.meta.gpu not in (None, gpu.name) and table.kernels:
+            notes.append(
+                f"kernels measured on {table.meta.gpu} ({table.meta.device.model or 'unnamed device'}), used for {gpu.name} as asked"
+            )
+        rows, why = table.collectives_for(cluster.spec, nvlink)
+        if why:
+            notes.append(why + ": those collectives are modelled")
+        kernels = KernelLookup(table.kernels, partial(shape_roofline_s, gpu)) if table.kernels else None
+        colls = CollectiveLookup(rows) if rows else None
+        info = {
+            "table": table.label,
+            "kernel_rows": len(table.kernels),
+            "collective_rows": len(rows),
+            "notes": notes,
+        }
+        _lookups[key] = (kernels, colls, info)
+    kernels, colls, info = _lookups[key]
+    for note in info["notes"]:
+        if note.startswith("kernels measured on"):
+            warnings.warn(f"--kernels {table.label}: {note}", CostTableWarning, stacklevel=3)
+    return kernels, colls, info
 
 
 def placement_for(s: Scenario) -> Placement:
@@ -122,8 +167,11 @@ def _simulate(scenario, cluster, workload, framework) -> Result:
     cluster = cluster or Cluster(cluster_spec(s), s.cluster.num_nodes)
     workload = workload or build_workload(s)
     placement = placement_for(s)
-    comm = CollectiveModel(cluster, placement, s.parallelism.collective_algorithm)
-    compute = ComputeModel(cluster.gpu, s.training.precision, framework or get_framework(s.framework))
+    kernels, measured_comm, table_info = table_lookups(resolve_table(s.kernels, cluster.gpu.name), cluster)
+    comm = CollectiveModel(cluster, placement, s.parallelism.collective_algorithm, measured_comm)
+    compute = ComputeModel(
+        cluster.gpu, s.training.precision, framework or get_framework(s.framework), kernels
+    )
     host = HostModel(comm, s)
     peak = cluster.gpu.peak_flops(s.training.precision)
 
@@ -144,7 +192,16 @@ def _simulate(scenario, cluster, workload, framework) -> Result:
         timeline = simulate_program(
             program, task_duration, lambda t: task_phases(comm, host, t, stage_of[t.rank])
         )
-        return timeline, compute_metrics(s, timeline, placement, peak, comm.cross_node_fraction)
+        metrics = compute_metrics(s, timeline, placement, peak, comm.cross_node_fraction)
+        lo, hi = (timeline.end[w] for w in program.window) if program.window else (0.0, timeline.makespan_s)
+        metrics.cost_sources, metrics.largest_modelled = cost_sources(
+            timeline, lo, hi, compute.op_cost, comm_source
+        )
+        metrics.cost_tables = table_info
+        return timeline, metrics
+
+    def comm_source(kind: str, group: str, nbytes: float, stage: int | None) -> str:
+        return MODELLED if group in HOST_GROUPS else comm.source(kind, group, nbytes, stage)
 
     program = build_program(s, workload, cluster.gpu)
     timeline, metrics = run(program)
@@ -158,7 +215,7 @@ def _simulate(scenario, cluster, workload, framework) -> Result:
             )
     metrics.params_billion = workload.total_params / 1e9
     metrics.wall_s = time.perf_counter() - t0
-    return Result(s, workload, program, timeline, cluster, placement, metrics, comm, host)
+    return Result(s, workload, program, timeline, cluster, placement, metrics, comm, host, compute)
 
 
 def _optimizer_phases(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +14,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from simulator.api import simulate
+from simulator.calibration.table import CostTableWarning, check_choice
 from simulator.errors import ScenarioError
 from simulator.report.table import print_table
 from simulator.report.trace import write_trace
@@ -27,6 +29,36 @@ err = Console(stderr=True)
 def _fail(message: str) -> None:
     err.print(f"[bold red]error:[/bold red] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
+
+
+KERNELS_HELP = (
+    "Measured costs: a table directory, a shipped table's name, 'auto' (the shipped table of the cluster's GPU, "
+    "the default) or 'none' (the pure model)."
+)
+
+
+@contextmanager
+def _shown_warnings():
+    """Print the simulator's own warnings (DeepSpeed keys not modelled, tables used on other hardware)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeepSpeedConfigWarning)
+        warnings.simplefilter("always", CostTableWarning)
+        try:
+            yield
+        finally:
+            seen = set()
+            for w in caught:
+                text = str(w.message)
+                if issubclass(w.category, (DeepSpeedConfigWarning, CostTableWarning)) and text not in seen:
+                    seen.add(text)
+                    err.print(f"[yellow]warning:[/yellow] {text}", highlight=False, soft_wrap=True)
+
+
+def _with_kernels(s: Scenario, kernels: str | None) -> Scenario:
+    """The scenario with ``--kernels`` applied (a directory is relative to the working directory)."""
+    if kernels is None:
+        return s
+    return s.model_copy(update={"kernels": check_choice(kernels, "--kernels")})
 
 
 @app.command()
@@ -44,21 +76,19 @@ def run(
     deepspeed_config: Annotated[
         Path | None, typer.Option("--deepspeed-config", help="A DeepSpeed JSON config to take settings from.")
     ] = None,
+    kernels: Annotated[str | None, typer.Option("--kernels", help=KERNELS_HELP)] = None,
 ) -> None:
     """Simulate one training iteration of SCENARIO."""
     if image and image.suffix.lower() not in (".png", ".svg", ".pdf"):
         _fail(f"--image: use a .png, .svg or .pdf file name (got {image.name})")
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", DeepSpeedConfigWarning)
-            s = load_scenario(scenario, deepspeed_config=deepspeed_config)
-        for w in caught:
-            err.print(f"[yellow]warning:[/yellow] {w.message}", highlight=False, soft_wrap=True)
-        if quiet or not sys.stderr.isatty():
-            result = simulate(s)
-        else:
-            with err.status(f"simulating {s.name} ({s.cluster.num_nodes} nodes)..."):
+        with _shown_warnings():
+            s = _with_kernels(load_scenario(scenario, deepspeed_config=deepspeed_config), kernels)
+            if quiet or not sys.stderr.isatty():
                 result = simulate(s)
+            else:
+                with err.status(f"simulating {s.name} ({s.cluster.num_nodes} nodes)..."):
+                    result = simulate(s)
     except ScenarioError as e:
         _fail(str(e))
     if trace:
@@ -85,15 +115,16 @@ def compare(
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON list instead of a table.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
     report: Annotated[Path | None, typer.Option(help="Write a self-contained HTML comparison.")] = None,
+    kernels: Annotated[str | None, typer.Option("--kernels", help=KERNELS_HELP)] = None,
 ) -> None:
     """Simulate several scenarios and show their metrics side by side."""
     try:
-        loaded = [load_scenario(p) for p in scenarios]
+        loaded = [_with_kernels(load_scenario(p), kernels) for p in scenarios]
     except ScenarioError as e:
         _fail(str(e))
     results = []
     show = not quiet and sys.stderr.isatty() and len(loaded) > 1
-    with Progress(console=err, transient=True, disable=not show) as bar:
+    with _shown_warnings(), Progress(console=err, transient=True, disable=not show) as bar:
         task = bar.add_task("simulating", total=len(loaded))
         for s in loaded:
             try:
@@ -122,11 +153,13 @@ def validate(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
     check: Annotated[bool, typer.Option(help="Exit 1 when the summary misses the CI gate.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    kernels: Annotated[str | None, typer.Option("--kernels", help=KERNELS_HELP)] = None,
 ) -> None:
     """Predict published measured runs and report the error, case by case and per source."""
     from simulator.validation import runner
 
     try:
+        kernels = check_choice(kernels, "--kernels") if kernels is not None else None
         selected = [
             c
             for c in runner.load_cases(cases)
@@ -139,7 +172,9 @@ def validate(
     show = not quiet and not json_out and sys.stderr.isatty()
     with Progress(console=err, transient=True, disable=not show) as bar:
         task = bar.add_task("validating", total=len(selected))
-        results = runner.run_cases(selected, lambda case_id: bar.update(task, advance=1, description=case_id))
+        results = runner.run_cases(
+            selected, lambda case_id: bar.update(task, advance=1, description=case_id), kernels=kernels
+        )
     summary = runner.summarize(results)
     if json_out:
         print(
@@ -171,8 +206,15 @@ def validate(
         raise typer.Exit(1)
 
 
-@app.command()
-def calibrate(
+calibrate_app = typer.Typer(
+    no_args_is_help=True,
+    help="Ground the cost model in measurements: fit framework profiles, time kernels, import measured tables.",
+)
+app.add_typer(calibrate_app, name="calibrate")
+
+
+@calibrate_app.command("profile")
+def calibrate_profile(
     filter_text: Annotated[
         str, typer.Option("--filter", help="Comma-separated case ids (or id fragments) to fit on.")
     ],
@@ -182,6 +224,9 @@ def calibrate(
     params: Annotated[
         str, typer.Option(help="Comma-separated parameters to fit.")
     ] = "gemm_efficiency,memory_efficiency",
+    gpu: Annotated[
+        str | None, typer.Option(help="Fit the profile's factors for this GPU only (catalogue name).")
+    ] = None,
     cases: Annotated[
         Path | None, typer.Option(help="Cases file (default: the built-in published runs).")
     ] = None,
@@ -191,11 +236,14 @@ def calibrate(
     import yaml
 
     from simulator.frameworks import get_framework
+    from simulator.hardware.gpus import get_gpu
     from simulator.validation import calibrate as cal
     from simulator.validation import runner
 
     try:
         start = get_framework(framework)
+        if gpu:
+            get_gpu(gpu, "--gpu")
         wanted = [f.strip().lower() for f in filter_text.split(",") if f.strip()]
         chosen = [
             c for c in runner.load_cases(cases) if any(w in str(c.get("id", "")).lower() for w in wanted)
@@ -211,16 +259,23 @@ def calibrate(
     err.print(f"fitting {', '.join(names)} on {len(chosen)} cases: {', '.join(c['id'] for c in chosen)}")
     with Progress(console=err, transient=True, disable=not sys.stderr.isatty()) as bar:
         task = bar.add_task("fitting", total=None)
-        fitted = cal.fit(chosen, start, names, progress=lambda msg: bar.update(task, description=msg))
+        fitted = cal.fit(
+            chosen, start, names, progress=lambda msg: bar.update(task, description=msg), gpu=gpu
+        )
     before, after = runner.run_cases(chosen, framework=start), runner.run_cases(chosen, framework=fitted)
     for name in names:
-        print(f"{name}: {getattr(start, name):.4g} -> {getattr(fitted, name):.4g}")
+        print(
+            f"{name}{f' on {gpu}' if gpu else ''}: {cal.value_of(start, name, gpu):.4g} -> {cal.value_of(fitted, name, gpu):.4g}"
+        )
     print("before: " + runner.summary_line(runner.summarize(before)))
     print("after:  " + runner.summary_line(runner.summarize(after)))
     if write:
-        data = fitted.model_dump()
-        data["fitted"] = f"clustersim calibrate --params {','.join(names)} --filter {filter_text}"
-        write.write_text(yaml.safe_dump(data, sort_keys=False))
+        how = f"clustersim calibrate profile --params {','.join(names)} --filter {filter_text}"
+        if gpu:
+            fitted = cal.with_value(fitted, "fitted", how, gpu)
+        else:
+            fitted = fitted.model_copy(update={"fitted": how})
+        write.write_text(yaml.safe_dump(fitted.model_dump(exclude_defaults=True), sort_keys=False))
         print(f"profile written to {write}")
 
 

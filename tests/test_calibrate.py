@@ -39,6 +39,6 @@ def test_framework_profiles_slow_kernels_down_and_unknown_names_are_reported():
     ideal = run_case(CASE).predicted
     slower = run_case(CASE, Framework(name="x", gemm_efficiency=0.5)).predicted
     assert slower > 1.3 * ideal
-    r = CliRunner().invoke(app, ["calibrate", "--filter", "NAR21-T1-1.7B", "--framework", "nope"])
+    r = CliRunner().invoke(app, ["calibrate", "profile", "--filter", "NAR21-T1-1.7B", "--framework", "nope"])
     assert r.exit_code == 2 and "unknown framework 'nope'" in r.output
     assert get_framework("megatron-2021").gemm_efficiency < 1

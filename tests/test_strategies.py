@@ -15,10 +15,12 @@ def test_one_gpu_iteration_equals_the_sum_of_its_operation_costs():
         cluster={"gpus_per_node": 1},
         training={"global_batch_size": 4, "micro_batch_size": 2, "activation_recompute": "full"},
     )
-    r = simulate(s)
-    cm = ComputeModel(r.cluster.gpu, "bf16")
-    expected = sum(cm.ops_time_s(t.ops) for t in r.program.tasks)
-    assert r.metrics.iteration_time_s == pytest.approx(expected, rel=1e-12)
+    for kernels in ("none", "auto"):  # the pure model, then the shipped A100 table
+        r = simulate(s.model_copy(update={"kernels": kernels}))
+        expected = sum(r.compute.ops_time_s(t.ops) for t in r.program.tasks)
+        assert r.metrics.iteration_time_s == pytest.approx(expected, rel=1e-12)
+    pure = ComputeModel(r.cluster.gpu, "bf16")
+    assert r.compute.kernels is not None and pure.kernels is None
     # two microbatches, each: 6 units forward, 6 backward, 4 layer recomputes; one optimizer step
     assert len(r.program.tasks) == 2 * (6 + 6 + 4) + 1
 

@@ -78,10 +78,12 @@ def test_activation_memory_per_layer_follows_korthikanti_2022(tp, sp, recompute,
     assert activation_bytes_per_layer(s) == pytest.approx(formula(2048, 4, 6144, 64, tp), rel=1e-12)
 
 
-def test_large_square_gemm_reaches_the_measured_best_efficiency_less_the_depth_term():
+def test_large_square_gemm_reaches_the_profile_best_efficiency_less_the_depth_term():
     a100 = get_gpu("a100-sxm4-80gb")
     eff = gemm_efficiency(a100, 256 * 108, 128 * 4, 8192)  # exactly 4 full waves of 256x128 tiles
-    assert eff == pytest.approx(0.869 * 8192 / (8192 + 64), rel=1e-12)
+    best, k_half = a100.gemm.max_efficiency, a100.gemm.k_half
+    assert (best, k_half) == (0.82, 192)  # fitted on the shipped A100 table's GEMMs (docs/calibration.md)
+    assert eff == pytest.approx(best * 8192 / (8192 + k_half), rel=1e-12)
 
 
 def test_wave_quantization_one_tile_too_many_costs_a_whole_wave():

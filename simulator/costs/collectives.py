@@ -18,6 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from simulator.costs.lookup import MODELLED, CollectiveLookup
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
 
@@ -73,13 +74,22 @@ class _Pattern:
 class CollectiveModel:
     """Costs collectives of named groups (``dp``, ``tp``, ...) on a cluster; patterns and phases are cached."""
 
-    def __init__(self, cluster: Cluster, placement: Placement, algorithm: str = "auto"):
+    def __init__(
+        self,
+        cluster: Cluster,
+        placement: Placement,
+        algorithm: str = "auto",
+        measured: CollectiveLookup | None = None,
+    ):
         self.cluster = cluster
         self.placement = placement
         self.algorithm = algorithm
+        # measured times embody NCCL's own choice of algorithm: a forced algorithm is a what-if for the model
+        self.measured = measured if algorithm == "auto" else None
         self.step_latency_s = cluster.spec.collective_step_latency_us * 1e-6
         self._patterns: dict[tuple, _Pattern] = {}
         self._phases: dict[tuple, tuple[Phase, ...]] = {}
+        self._sources: dict[tuple, str] = {}
         # nodes that host the same pipeline stages are interchangeable; others are not (their links carry
         # other stages' traffic at other times), so link classes carry the set of stages of their nodes
         gpn = cluster.gpus_per_node
@@ -109,11 +119,36 @@ class CollectiveModel:
                 # collective, so the groups of one node give the cost (they still contend with each other)
                 first = groups[0][0] // gpn
                 groups = tuple(g for g in groups if g[0] // gpn == first)
-            self._phases[key] = self._cost(op, groups, size_bytes)
+            phases, source = self._cost(op, groups, size_bytes), MODELLED
+            if self.measured is not None and phases:
+                phases, source = self._calibrated(op, groups, size_bytes, phases)
+            self._phases[key], self._sources[key] = phases, source
         return self._phases[key]
 
     def standalone_time_s(self, op: str, group: str, size_bytes: float, stage: int | None = None) -> float:
         return sum(p.duration_s for p in self.phases(op, group, size_bytes, stage))
+
+    def source(self, op: str, group: str, size_bytes: float, stage: int | None = None) -> str:
+        """Where the cost of this collective came from: measured | interpolated | modelled."""
+        self.phases(op, group, size_bytes, stage)
+        return self._sources[(op, group, size_bytes, stage)]
+
+    def _calibrated(self, op: str, groups, size_bytes: float, phases: tuple[Phase, ...]):
+        """Phases rescaled so that one group alone takes the measured time: which links the collective loads
+        stays the model's, so groups that run together still share them (all DP groups' NICs)."""
+        grp = groups[0][:2] if op == "send_recv" else groups[0]  # one transfer between pipeline neighbours
+        gpn = self.cluster.gpus_per_node
+        nodes = len({g // gpn for g in grp})
+        if len(grp) % nodes:
+            return phases, MODELLED
+        hit = self.measured.cost(op, len(grp), nodes, len(grp) // nodes, size_bytes)
+        alone = sum(p.duration_s for p in self._cost(op, (tuple(grp),), size_bytes))
+        if hit is None or alone <= 0:
+            return phases, MODELLED
+        f = hit[0] / alone
+        return tuple(Phase(p.latency_s * f, {c: s * f for c, s in p.demand_s.items()}) for p in phases), hit[
+            1
+        ]
 
     # -- algorithms -----------------------------------------------------------------------------------------
     def _cost(self, op: str, groups, size_bytes: float) -> tuple[Phase, ...]:

@@ -7,7 +7,8 @@ GEMM efficiency = best large-GEMM efficiency (measured, per GPU) x wave quantiza
     (NVIDIA "Matrix Multiplication Background User's Guide", sections "Tile quantization" / "Wave quantization");
     the best of the GPU's tile shapes is taken, each with its own relative efficiency.
   * reduction depth: short K leaves too little work per tile to hide loads: k / (k + k_half).
-Every number comes from the GPU's data file (``simulator/hardware/gpus/*.yaml``).
+Every number comes from the GPU's data file (``simulator/hardware/gpus/*.yaml``). Where a calibration table
+(``simulator/calibration/``) measured the kernel, or shapes around it, its time replaces the roofline.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ from __future__ import annotations
 from functools import lru_cache
 from math import ceil
 
+from simulator.costs.lookup import MODELLED, SHAPED, KernelLookup, work
 from simulator.frameworks import Framework
 from simulator.hardware.gpus import GPU
 from simulator.workload.transformer import Op
+
+ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "tf32": 4, "fp8": 1, "int8": 1}
 
 
 def gemm_efficiency(gpu: GPU, m: int, n: int, k: int, batch: int = 1) -> float:
@@ -36,16 +40,59 @@ def memory_time_s(gpu: GPU, nbytes: float) -> float:
     return nbytes / (gpu.hbm_bytes_per_s * gpu.memory_efficiency)
 
 
+def shape_roofline_s(
+    gpu: GPU, op: str, direction: str, dtype: str, m: int, n: int, k: int, batch: int
+) -> float:
+    """The roofline of a shaped kernel (GEMM, batched GEMM, FlashAttention) from its shape alone, without any
+    framework factor: the reference that measured rows are interpolated relative to (costs/lookup.py)."""
+    peak = gpu.peak_tflops.get(dtype, max(gpu.peak_tflops.values())) * 1e12
+    flops = work(op, direction, m, n, k, batch)
+    if op == "flash_attention":
+        return flops / (peak * gpu.flash_attention_efficiency)
+    nbytes = ELEMENT_BYTES.get(dtype, 2) * batch * (m * k + k * n + m * n)
+    return max(flops / (peak * gemm_efficiency(gpu, m, n, k, batch)), memory_time_s(gpu, nbytes))
+
+
 class ComputeModel:
-    """Kernel times for one GPU type and precision, cached per operation."""
+    """Kernel times for one GPU type and precision, cached per operation: a calibration table's measured or
+    interpolated time where it has one (``kernels``), else the roofline above. Framework factors apply to
+    either (a framework generation's kernels relative to the reference the table or the roofline gives)."""
 
-    def __init__(self, gpu: GPU, precision: str, framework: Framework | None = None):
+    def __init__(
+        self,
+        gpu: GPU,
+        precision: str,
+        framework: Framework | None = None,
+        kernels: KernelLookup | None = None,
+    ):
         self.gpu = gpu
+        self.precision = precision
         self.peak = gpu.peak_flops(precision)
-        self.framework = framework or Framework(name="ideal")
-        self.op_time_s = lru_cache(maxsize=None)(self._op_time_s)
+        self.framework = (framework or Framework(name="ideal")).on_gpu(gpu.name)
+        self.kernels = kernels
+        self.op_cost = lru_cache(maxsize=None)(self._op_cost)
 
-    def _op_time_s(self, op: Op) -> float:
+    def op_time_s(self, op: Op) -> float:
+        return self.op_cost(op)[0]
+
+    def _op_cost(self, op: Op) -> tuple[float, str]:
+        """Seconds and source (measured | interpolated | modelled) of one kernel."""
+        g, f = self.gpu, self.framework
+        if self.kernels is not None and op.kernel:
+            shape = (op.kernel, op.direction, self.precision, op.m, op.n, op.k, op.batch)
+            roof = shape_roofline_s(g, *shape) if op.kernel in SHAPED else 0.0
+            hit = self.kernels.cost(*shape, roof)
+            if hit is not None:
+                return hit[0] / self._factor(op.kernel) + g.kernel_launch_s + f.kernel_overhead_s, hit[1]
+        return self._modelled_s(op), MODELLED
+
+    def _factor(self, kernel: str) -> float:
+        f = self.framework
+        if kernel in ("gemm", "batched_gemm"):
+            return f.gemm_efficiency
+        return f.attention_efficiency if kernel == "flash_attention" else f.memory_efficiency
+
+    def _modelled_s(self, op: Op) -> float:
         g, f = self.gpu, self.framework
         mem = memory_time_s(g, op.bytes) / f.memory_efficiency
         if op.kind == "gemm":

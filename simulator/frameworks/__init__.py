@@ -20,6 +20,18 @@ from simulator.errors import ScenarioError
 PROFILE_DIR = Path(__file__).parent
 
 
+class GpuFactors(BaseModel):
+    """Factors of a framework generation on one GPU where it ran differently there (early kernels for a new
+    architecture): each given one replaces the profile's own on that GPU."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    gemm_efficiency: float | None = Field(None, gt=0, le=1.5)
+    attention_efficiency: float | None = Field(None, gt=0, le=1.5)
+    memory_efficiency: float | None = Field(None, gt=0, le=1.5)
+    kernel_overhead_s: float | None = Field(None, ge=0)
+    fitted: str = ""
+
+
 class Framework(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str
@@ -35,6 +47,18 @@ class Framework(BaseModel):
         0.0, ge=0, description="Extra seconds per kernel (launch gaps, dispatch)."
     )
     fitted: str = Field("", description="How the numbers were obtained: cases, command, date.")
+    gpus: dict[str, GpuFactors] = Field(
+        default_factory=dict, description="Per-GPU factors (catalogue name -> factors) replacing those above."
+    )
+
+    def on_gpu(self, gpu: str) -> Framework:
+        """The profile as it applies on ``gpu``."""
+        factors = self.gpus.get(gpu)
+        if factors is None:
+            return self
+        return self.model_copy(
+            update={k: v for k, v in factors.model_dump(exclude={"fitted"}).items() if v is not None}
+        )
 
 
 def available_frameworks() -> list[str]:

@@ -48,6 +48,11 @@ class Metrics:
     optimizer_phases: list[dict] = field(default_factory=list)
     amortised_iteration_time_s: float | None = None
     stages: list[dict] = field(default_factory=list)  # per simulated rank: bubble, p2p time, memory, OOM
+    # calibration: share of compute / communication time measured, interpolated or modelled; the largest
+    # modelled ops; which table was used (simulator/metrics/sources.py)
+    cost_sources: dict[str, dict[str, float]] = field(default_factory=dict)
+    largest_modelled: list[dict] = field(default_factory=list)
+    cost_tables: dict = field(default_factory=dict)
     wall_s: float = 0.0
     gpus: int = 0
     strategy: str = ""

@@ -16,6 +16,8 @@ def _phased(m: Metrics) -> bool:
     return m.amortised_iteration_time_s is not None
 
 
+_SOURCES = "{0[measured]:.0%} / {0[interpolated]:.0%} / {0[modelled]:.0%}"
+
 # (label, getter, format[, shown only when some result satisfies this]) rows shared by `run` and `compare`
 ROWS = [
     ("Strategy", lambda m: m.strategy, "{}"),
@@ -62,6 +64,9 @@ ROWS = [
     ("NVMe per node (offload)", lambda m: m.memory_gib["nvme"], "{:.1f} GiB", _offloads),
     ("Fits in host memory", lambda m: "no (OUT OF HOST MEMORY)" if m.host_oom else "yes", "{}", _offloads),
     ("Copied to/from host per GPU", lambda m: m.comm["bytes_host_per_gpu"] / 2**30, "{:.2f} GiB", _offloads),
+    ("Cost table", lambda m: m.cost_tables.get("table") or "none (pure model)", "{}"),
+    ("Compute time: measured / interp. / modelled", lambda m: m.cost_sources["compute"], _SOURCES),
+    ("Comm. time: measured / interp. / modelled", lambda m: m.cost_sources["communication"], _SOURCES),
     ("Simulated events", lambda m: m.events, "{:,}"),
     ("Simulator wall time", lambda m: m.wall_s, "{:.3f} s"),
 ]
@@ -123,9 +128,23 @@ def phases_table(m: Metrics) -> Table:
     return table
 
 
+def largest_modelled_lines(m: Metrics, most: int = 3) -> list[str]:
+    """What to measure next: the modelled ops that take the most time, when a cost table was used."""
+    if not m.cost_tables.get("table") or not m.largest_modelled:
+        return []
+    lines = ["Largest modelled costs (measure these next):"]
+    for x in m.largest_modelled[:most]:
+        lines.append(f"  {x['time_per_gpu_s']:.3f} s per GPU  {x['kind']}: {x['op']}")
+    lines += [f"  note: {n}" for n in m.cost_tables.get("notes", [])]
+    return lines
+
+
 def print_table(results: list[tuple[str, Metrics]], console: Console | None = None) -> None:
     console = console or Console()
     console.print(metrics_table(results))
+    if len(results) == 1:
+        for line in largest_modelled_lines(results[0][1]):
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
     if len(results) == 1 and len(results[0][1].stages) > 1:
         console.print(stages_table(results[0][1]))
     if len(results) == 1 and results[0][1].optimizer_phases:

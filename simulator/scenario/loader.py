@@ -48,6 +48,10 @@ def load_scenario(
         data = merge_deepspeed_config(data, read_deepspeed_config(path), f"deepspeed_config {path.name}")
         ds_gas = data.pop("_deepspeed_gradient_accumulation_steps", None)
         data["deepspeed_config"] = str(path)
+    if isinstance(data.get("kernels"), str):  # a table directory is relative to the scenario file
+        from simulator.calibration.table import check_choice
+
+        data = {**data, "kernels": check_choice(data["kernels"], base_dir=base_dir)}
     try:
         scenario = Scenario.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as e:

@@ -288,6 +288,11 @@ class Scenario(_Section):
         None,
         description="A DeepSpeed JSON config whose batch, precision, optimizer and ZeRO settings fill this scenario.",
     )
+    kernels: str = Field(
+        "auto",
+        description="Measured kernel and collective costs (docs/calibration.md): 'auto' = the shipped table of the "
+        "cluster's GPU where there is one, 'none' = the pure model, a shipped table's name, or a table directory.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Scenario:

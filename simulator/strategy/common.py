@@ -109,7 +109,13 @@ _OPTIMIZER_BYTES = {("adam", True): 30, ("adam", False): 28, ("sgd", True): 18, 
 def add_optimizer(p: Program, s: Scenario, params: float, deps=(), rank: int = 0) -> int:
     opt = "sgd" if s.training.optimizer == "sgd" else "adam"
     per_param = _OPTIMIZER_BYTES[(opt, s.training.precision != "fp32")]
-    op = memory_op(f"{s.training.optimizer} step ({params / 1e6:.1f}M params)", params * per_param)
+    op = memory_op(
+        f"{s.training.optimizer} step ({params / 1e6:.1f}M params)",
+        params * per_param,
+        f"{opt}_step",  # per element: one row of the table per parameter count
+        round(params),
+        1,
+    )
     return p.add(rank, COMPUTE, "optimizer", "optimizer", "optimizer step", deps, ops=(op,))
 
 

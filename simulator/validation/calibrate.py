@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from simulator.frameworks import Framework
+from simulator.frameworks import Framework, GpuFactors
 from simulator.validation.runner import run_case
 
 BOUNDS = {
@@ -47,23 +47,39 @@ def golden_section(f: Callable[[float], float], lo: float, hi: float, iterations
     return (a + b) / 2
 
 
+def with_value(framework: Framework, name: str, value: float, gpu: str | None = None) -> Framework:
+    """``framework`` with parameter ``name`` set, for every GPU or, with ``gpu``, as that GPU's factor."""
+    if gpu is None:
+        return framework.model_copy(update={name: value})
+    factors = framework.gpus.get(gpu, GpuFactors())
+    return framework.model_copy(
+        update={"gpus": {**framework.gpus, gpu: factors.model_copy(update={name: value})}}
+    )
+
+
+def value_of(framework: Framework, name: str, gpu: str | None = None) -> float:
+    return getattr(framework.on_gpu(gpu) if gpu else framework, name)
+
+
 def fit(
     cases: list[dict],
     start: Framework,
     params: list[str],
     rounds: int = 2,
     progress: Callable[[str], None] | None = None,
+    gpu: str | None = None,
 ) -> Framework:
+    """Coordinate descent over ``params`` (the profile's own, or with ``gpu`` that GPU's factors)."""
     current = start
     for _ in range(rounds):
         for name in params:
             lo, hi = BOUNDS[name]
 
             def objective(x: float, name: str = name, base: Framework = current) -> float:
-                return loss(base.model_copy(update={name: x}), cases)
+                return loss(with_value(base, name, x, gpu), cases)
 
             best = golden_section(objective, lo, hi)
-            current = current.model_copy(update={name: best})
+            current = with_value(current, name, best, gpu)
             if progress:
                 progress(f"{name} = {best:.4g}")
     return current

@@ -87,8 +87,9 @@ def predicted_value(m: Metrics, published: dict, params: float) -> float:
     return m.model_tflops_per_gpu
 
 
-def run_case(case: dict, framework: Framework | None = None) -> CaseResult:
-    """Simulate one case (with ``framework`` replacing the case's own profile, for calibration)."""
+def run_case(case: dict, framework: Framework | None = None, kernels: str | None = None) -> CaseResult:
+    """Simulate one case (with ``framework`` replacing the case's own profile, for calibration, and
+    ``kernels`` its cost tables)."""
     pub = case["published"]
     base = dict(
         id=str(case.get("id", "case")),
@@ -96,8 +97,11 @@ def run_case(case: dict, framework: Framework | None = None) -> CaseResult:
         metric=pub["metric"],
         published=float(pub["value"]),
     )
-    scenario = {k: case[k] for k in ("model", "cluster", "training", "parallelism", "framework") if k in case}
+    keys = ("model", "cluster", "training", "parallelism", "framework", "kernels")
+    scenario = {k: case[k] for k in keys if k in case}
     scenario["name"] = base["id"]
+    if kernels is not None:
+        scenario["kernels"] = kernels
     try:
         s = load_scenario(scenario)
         r = simulate(s, framework=framework)
@@ -125,11 +129,14 @@ def run_case(case: dict, framework: Framework | None = None) -> CaseResult:
 
 
 def run_cases(
-    cases: Iterable[dict], progress: Callable[[str], None] | None = None, framework: Framework | None = None
+    cases: Iterable[dict],
+    progress: Callable[[str], None] | None = None,
+    framework: Framework | None = None,
+    kernels: str | None = None,
 ) -> list[CaseResult]:
     out = []
     for case in cases:
-        out.append(run_case(case, framework))
+        out.append(run_case(case, framework, kernels))
         if progress:
             progress(out[-1].id)
     return out

@@ -33,6 +33,10 @@ class Op:
     collective: str = ""  # collective ops: all_reduce, all_gather, reduce_scatter, send_recv
     group: str = ""  # collective ops: the group kind (tp, pp, ...)
     overlaps: str = ""  # collective ops: "previous" / "next" = runs alongside that neighbouring kernel
+    # what a calibration table calls this kernel (simulator/calibration/table.py: KERNEL_OPS) and its pass;
+    # memory-bound kernels keep their tensor's rows x columns in m x n. "" = no table row can describe it
+    kernel: str = ""
+    direction: str = "forward"
 
 
 def collective_op(name: str, collective: str, group: str, nbytes: float, overlaps: str = "") -> Op:
@@ -42,14 +46,22 @@ def collective_op(name: str, collective: str, group: str, nbytes: float, overlap
     return Op(name, "collective", bytes=float(nbytes), collective=collective, group=group, overlaps=overlaps)
 
 
-def gemm(name: str, m: int, n: int, k: int, batch: int = 1, elem_bytes: int = 2) -> Op:
+def gemm(
+    name: str, m: int, n: int, k: int, batch: int = 1, elem_bytes: int = 2, direction: str = "forward"
+) -> Op:
     """A (batched) matrix multiply C[m,n] = A[m,k] B[k,n]: 2mnk FLOPs, reads A and B, writes C."""
     flops = 2.0 * m * n * k * batch
-    return Op(name, "gemm", flops, elem_bytes * batch * (m * k + k * n + m * n), m, n, k, batch, flops)
+    kernel = "gemm" if batch == 1 else "batched_gemm"
+    nbytes = elem_bytes * batch * (m * k + k * n + m * n)
+    return Op(name, "gemm", flops, nbytes, m, n, k, batch, flops, kernel=kernel, direction=direction)
 
 
-def memory_op(name: str, nbytes: float) -> Op:
-    return Op(name, "memory", 0.0, float(nbytes))
+def memory_op(
+    name: str, nbytes: float, kernel: str = "", rows: int = 0, cols: int = 0, direction: str = "forward"
+) -> Op:
+    """A memory-bound kernel moving ``nbytes``; ``kernel`` and its tensor's ``rows`` x ``cols`` name it for the
+    calibration tables (left empty where no table kind fits, e.g. quantization kernels)."""
+    return Op(name, "memory", 0.0, float(nbytes), rows, cols, kernel=kernel, direction=direction)
 
 
 def gemm_backward(op: Op, has_weight: bool = True) -> tuple[Op, Op]:
@@ -58,8 +70,8 @@ def gemm_backward(op: Op, has_weight: bool = True) -> tuple[Op, Op]:
     multiply two activations, so both their gradients are input gradients."""
     second = "wgrad" if has_weight else "dgrad (second input)"
     return (
-        gemm(f"{op.name} dgrad", op.m, op.k, op.n, op.batch),
-        gemm(f"{op.name} {second}", op.k, op.n, op.m, op.batch),
+        gemm(f"{op.name} dgrad", op.m, op.k, op.n, op.batch, direction="backward"),
+        gemm(f"{op.name} {second}", op.k, op.n, op.m, op.batch, direction="backward"),
     )
 
 
@@ -166,31 +178,49 @@ def build_workload(s: Scenario) -> Workload:
     bias = 1 if m.add_bias_linear else 0
     norm_params = 2 * h if m.normalization == "layernorm" else h
 
+    rows = tokens // sp  # rows of the b x s x h activations a rank's norms and dropouts work on
+    norm_kind = m.normalization  # layernorm | rmsnorm
+    # Megatron's fused bias-dropout-add; without biases (and so without dropout in Llama-style models) the
+    # kernel is a plain residual add
+    residual_kind = "bias_dropout_add" if m.add_bias_linear else "residual_add"
+
     def norm(name: str) -> Op:  # read x, write y, plus fp32 statistics
-        return memory_op(name, 2 * e * tokens * h / sp + 8 * tokens / sp)
+        return memory_op(name, 2 * e * tokens * h / sp + 8 * tokens / sp, norm_kind, rows, h)
+
+    def norm_backward(name: str) -> Op:
+        return memory_op(name, 3 * e * tokens * h / sp, norm_kind, rows, h, "backward")
 
     def bias_dropout_add(name: str) -> Op:  # read x and residual, write y, write 1-byte mask
-        return memory_op(name, (3 * e + 1) * tokens * h / sp)
+        return memory_op(name, (3 * e + 1) * tokens * h / sp, residual_kind, rows, h)
+
+    def bias_dropout_add_backward(name: str) -> Op:
+        return memory_op(name, 2 * e * tokens * h / sp, residual_kind, rows, h, "backward")
 
     qkv = gemm("qkv projection", tokens, (heads + 2 * kv_heads) * d, h)
     proj = gemm("attention output projection", tokens, h, heads * d)
     up = gemm("mlp up projection", tokens, f_up // t, h)
     down = gemm("mlp down projection", tokens, h, f // t)
     act_elems = tokens * f // t
-    act = memory_op(f"{m.activation}", e * act_elems * (3 if m.activation == "swiglu" else 2))
+    act_kind = m.activation.replace("-", "_")  # gelu | swiglu | relu | squared_relu
+    act = memory_op(
+        f"{m.activation}", e * act_elems * (3 if m.activation == "swiglu" else 2), act_kind, tokens, f // t
+    )
 
     cp = p.context_parallel
     if m.attention == "flash":
         # with context parallelism each rank's s/cp queries attend to all s keys (ring attention, causal load
         # balancing gives every rank the same share); QK^T and PV, causal masking skips half
         full = 4.0 * b * heads * seq * m.seq_length * d
+        attn_shape = (seq, m.seq_length, d, b * heads)  # queries x keys x head dim, per (sample, head)
         attn_fwd = (
             Op(
                 "flash attention",
                 "flash_attention",
                 full / 2,
                 e * tokens * (heads + 2 * kv_heads + heads) * d,
+                *attn_shape,
                 model_flops=full,
+                kernel="flash_attention",
             ),
         )
         attn_bwd = (
@@ -199,7 +229,10 @@ def build_workload(s: Scenario) -> Workload:
                 "flash_attention",
                 2.5 * full / 2,
                 e * tokens * 2 * (heads + 2 * kv_heads + heads) * d,
+                *attn_shape,
                 model_flops=2 * full,
+                kernel="flash_attention",
+                direction="backward",
             ),
         )
         if cp > 1:
@@ -220,13 +253,15 @@ def build_workload(s: Scenario) -> Workload:
         probs = b * heads * seq * seq
         scores = gemm("attention scores QK^T", seq, seq, d, batch=b * heads)
         context = gemm("attention context PV", seq, d, seq, batch=b * heads)
-        softmax = memory_op("scaled masked softmax", 2 * e * probs)
-        dropout = memory_op("attention dropout", (2 * e + 1) * probs)
+        softmax = memory_op("scaled masked softmax", 2 * e * probs, "softmax", b * heads * seq, seq)
+        dropout = memory_op("attention dropout", (2 * e + 1) * probs, "dropout", b * heads * seq, seq)
         attn_fwd = (scores, softmax, dropout, context)
         attn_bwd = (
             *gemm_backward(context, has_weight=False),
-            memory_op("attention dropout backward", (2 * e + 1) * probs),
-            memory_op("softmax backward", 3 * e * probs),
+            memory_op(
+                "attention dropout backward", (2 * e + 1) * probs, "dropout", b * heads * seq, seq, "backward"
+            ),
+            memory_op("softmax backward", 3 * e * probs, "softmax", b * heads * seq, seq, "backward"),
             *gemm_backward(scores, has_weight=False),
         )
 
@@ -255,20 +290,27 @@ def build_workload(s: Scenario) -> Workload:
         bias_dropout_add("mlp bias-dropout-add"),
     )
     bwd = _ops(
-        memory_op("mlp bias-dropout-add backward", 2 * e * tokens * h / sp),
+        bias_dropout_add_backward("mlp bias-dropout-add backward"),
         grad_out("mlp output gradient"),
         *gemm_backward(down),
-        memory_op(f"{m.activation} backward", e * act_elems * (5 if m.activation == "swiglu" else 3)),
+        memory_op(
+            f"{m.activation} backward",
+            e * act_elems * (5 if m.activation == "swiglu" else 3),
+            act_kind,
+            tokens,
+            f // t,
+            "backward",
+        ),
         *gemm_backward(up),
         grad_in("mlp input gradient"),
-        memory_op("post-attention layernorm backward", 3 * e * tokens * h / sp),
-        memory_op("attention bias-dropout-add backward", 2 * e * tokens * h / sp),
+        norm_backward("post-attention layernorm backward"),
+        bias_dropout_add_backward("attention bias-dropout-add backward"),
         grad_out("attention output gradient"),
         *gemm_backward(proj),
         *attn_bwd,
         *gemm_backward(qkv),
         grad_in("attention input gradient"),
-        memory_op("input layernorm backward", 3 * e * tokens * h / sp),
+        norm_backward("input layernorm backward"),
     )
     layer_params = (
         h * (heads + 2 * kv_heads) * d
@@ -305,9 +347,29 @@ def build_workload(s: Scenario) -> Workload:
     embedding = Block(
         "embedding",
         _ops(
-            memory_op("embedding lookup", e * tokens * h * (3 if pos else 2)), scatter_out("embedding output")
+            Op(
+                "embedding lookup",
+                "memory",
+                bytes=e * tokens * h * (3 if pos else 2),
+                m=tokens,
+                n=h,
+                k=v // t,
+                kernel="embedding",
+            ),
+            scatter_out("embedding output"),
         ),
-        (memory_op("embedding backward (scatter-add into fp32 grad)", (e + 8) * tokens * h),),
+        (
+            Op(
+                "embedding backward (scatter-add into fp32 grad)",
+                "memory",
+                bytes=(e + 8) * tokens * h,
+                m=tokens,
+                n=h,
+                k=v // t,
+                kernel="embedding",
+                direction="backward",
+            ),
+        ),
         (),
         embed_params,
     )
@@ -323,13 +385,22 @@ def build_workload(s: Scenario) -> Workload:
             gather_in("logits input"),
             logits,
             ce_stats,
-            memory_op("cross-entropy loss (fp32)", tokens * v // t * (e + 8)),
+            memory_op(
+                "cross-entropy loss (fp32)", tokens * v // t * (e + 8), "cross_entropy", tokens, v // t
+            ),
         ),
         _ops(
-            memory_op("cross-entropy backward", tokens * v // t * (4 + e)),
+            memory_op(
+                "cross-entropy backward",
+                tokens * v // t * (4 + e),
+                "cross_entropy",
+                tokens,
+                v // t,
+                "backward",
+            ),
             *gemm_backward(logits),
             grad_in("logits input gradient"),
-            memory_op("final layernorm backward", 3 * e * tokens * h / sp),
+            norm_backward("final layernorm backward"),
         ),
         (),
         v * h // t + norm_params,

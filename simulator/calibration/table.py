@@ -1,0 +1,440 @@
+"""Cost tables: measured kernel and collective times, one directory per table (docs/calibration.md).
+
+    TABLE/
+      table.yaml        what was measured, on what, how, by whom, under which licence (TableMeta)
+      kernels.csv       one row per kernel shape (KernelRow); or kernels.parquet (needs pyarrow)
+      collectives.csv   one row per collective size (CollectiveRow); or collectives.parquet
+
+Either CSV may be missing. Rows are validated as they are read: a bad cell is one line naming the file, the
+line and the column. Writers write a complete table next to the target and rename it into place, so an
+interrupted write never leaves half a table.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, fields
+from functools import cache
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from simulator.errors import ScenarioError
+
+SHIPPED_DIR = Path(__file__).parent / "tables"
+
+# The kernel vocabulary (what the workload's ops call themselves, simulator/workload/transformer.py)
+KERNEL_OPS = {
+    "gemm": "C[m,n] = A[m,k] B[k,n]",
+    "batched_gemm": "batch x (m x k) @ (k x n), e.g. unfused attention QK^T and PV",
+    "flash_attention": "fused attention: batch = samples x heads, m = queries, n = keys, k = head dim (causal)",
+    "softmax": "softmax over rows of m x n (attention probabilities: m = samples x heads x queries, n = keys)",
+    "dropout": "dropout on m x n",
+    "layernorm": "LayerNorm over n (hidden) for m rows (tokens)",
+    "rmsnorm": "RMSNorm over n for m rows",
+    "gelu": "GeLU on m x n",
+    "swiglu": "SiLU(a) * b on m x n outputs (reads m x 2n)",
+    "relu": "ReLU on m x n",
+    "squared_relu": "ReLU^2 on m x n",
+    "bias_dropout_add": "Megatron's fused bias + dropout + residual add on m x n",
+    "residual_add": "x + residual on m x n",
+    "elementwise": "another elementwise kernel on m x n",
+    "embedding": "embedding lookup: m tokens, n hidden, k vocabulary rows",
+    "cross_entropy": "cross-entropy over n (vocabulary) for m rows",
+    "adam_step": "Adam / AdamW step on m parameters (n = 1)",
+    "sgd_step": "SGD step on m parameters (n = 1)",
+}
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
+DTYPES = ("fp16", "bf16", "fp32", "tf32", "fp8", "int8")
+PASSES = ("forward", "backward")
+SOURCES = ("measured", "interpolated", "modelled")
+
+
+class CostTableWarning(UserWarning):
+    """A calibration table is used on hardware other than the one it was measured on."""
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    """One kernel shape: its median time, how often and how tightly it was measured, and (where known) the
+    CPU time to issue it. ``m, n, k, batch`` per :data:`KERNEL_OPS`; memory-bound kernels use m x n."""
+
+    op: str
+    dtype: str
+    m: int
+    n: int = 1
+    k: int = 0
+    batch: int = 1
+    median_us: float = 0.0
+    direction: str = "forward"
+    repeats: int = 0
+    spread_pct: float | None = None  # (p90 - p10) / median, percent
+    host_us: float | None = None
+    name: str = ""  # free text: where the row came from (layer op, aten op, trace kernel)
+
+    @property
+    def seconds(self) -> float:
+        return self.median_us * 1e-6
+
+
+@dataclass(frozen=True)
+class CollectiveRow:
+    """One collective size on one group shape. ``bytes`` is the full buffer, NCCL's (and nccl-tests') "size":
+    the all-gather output, the reduce-scatter input, each rank's buffer for all-to-all, the message for
+    send/recv."""
+
+    op: str
+    ranks: int
+    nodes: int
+    ranks_per_node: int
+    bytes: float
+    median_us: float
+    repeats: int = 0
+    spread_pct: float | None = None
+    dtype: str = ""
+    algorithm: str = ""
+    protocol: str = ""
+
+    @property
+    def seconds(self) -> float:
+        return self.median_us * 1e-6
+
+
+class _Meta(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DeviceInfo(_Meta):
+    model: str = Field("", description="GPU (or CPU) model as the driver names it.")
+    memory_gib: float | None = None
+    clocks: str = Field("", description="SM / memory clocks if known (locked or boost).")
+    driver: str = ""
+    cuda: str = ""
+    pytorch: str = ""
+    nccl: str = ""
+
+
+class SystemInfo(_Meta):
+    """The machine the collective rows were measured on. Collective rows are used only on a cluster that
+    matches every field given here (a what-if with other NICs or links falls back to the model)."""
+
+    topology: str | None = None
+    intra_node: str | None = Field(None, description="nvswitch | pcie")
+    nvlink_bandwidth_GBps: float | None = None
+    nics_per_node: int | None = None
+    nic_bandwidth_gbps: float | None = None
+    nic_kind: str | None = None
+
+
+class SourceInfo(_Meta):
+    rows: str = Field(..., description="Which rows: kernels, collectives, or a subset.")
+    source: str
+    licence: str
+    url: str = ""
+
+
+class TableMeta(_Meta):
+    name: str
+    gpu: str | None = Field(
+        None,
+        description="GPU catalogue name (simulator/hardware/gpus) the table describes; 'cpu' for CPU runs.",
+    )
+    description: str = ""
+    device: DeviceInfo = DeviceInfo()
+    system: SystemInfo = SystemInfo()
+    date: str = ""
+    method: str = Field("", description="How the numbers were measured (timer, warm-up, repeats, L2 flush).")
+    sources: tuple[SourceInfo, ...] = ()
+    covers: str = Field("", description="What the rows cover, and what they do not.")
+    notes: str = ""
+
+
+@dataclass
+class CostTable:
+    meta: TableMeta
+    kernels: list[KernelRow]
+    collectives: list[CollectiveRow]
+    path: Path | None = None
+
+    @property
+    def label(self) -> str:
+        return self.meta.name if self.path is None or self.path.parent == SHIPPED_DIR else str(self.path)
+
+    def collectives_for(self, spec, nvlink_GBps: float) -> tuple[list[CollectiveRow], str]:
+        """The collective rows that describe the cluster of topology ``spec`` (with its what-if overrides), and
+        why others were left out. Rows inside a node need the same intra-node fabric; rows across nodes also
+        the same topology and NICs. ``nvlink_GBps`` is the cluster's NVLink bandwidth per GPU."""
+        sys, node = self.meta.system, spec.node
+        intra = {
+            "intra_node": (sys.intra_node, node.intra_node),
+            "nvlink_bandwidth_GBps": (sys.nvlink_bandwidth_GBps, nvlink_GBps),
+        }
+        inter = {
+            "topology": (sys.topology, spec.name),
+            "nics_per_node": (sys.nics_per_node, node.nics),
+            "nic_bandwidth_gbps": (sys.nic_bandwidth_gbps, node.nic_bandwidth_gbps),
+            "nic_kind": (sys.nic_kind, node.nic_kind),
+        }
+
+        def differ(checks: dict) -> list[str]:
+            return [
+                f"{k} {want} (cluster: {have})"
+                for k, (want, have) in checks.items()
+                if want is not None and want != have
+            ]
+
+        if self.meta.gpu not in (None, node.gpu):
+            return [], f"collectives measured with {self.meta.gpu}, the cluster has {node.gpu}"
+        if bad := differ(intra):
+            return [], "collectives measured on " + ", ".join(bad)
+        bad = differ(inter)
+        rows = [r for r in self.collectives if r.nodes == 1 or not bad]
+        return rows, ("multi-node collectives measured on " + ", ".join(bad)) if bad else ""
+
+
+# -- reading ----------------------------------------------------------------------------------------------------
+def _cell(text: str, kind: type, where: str, column: str, optional: bool):
+    text = (text or "").strip()
+    if not text:
+        if optional:
+            return None
+        raise ScenarioError(f"{where}: column '{column}' is empty")
+    try:
+        value = kind(float(text)) if kind is int else kind(text)
+    except ValueError:
+        raise ScenarioError(f"{where}: column '{column}': expected a number (got '{text[:40]}')") from None
+    if kind in (int, float) and not math.isfinite(value):
+        raise ScenarioError(f"{where}: column '{column}': expected a finite number (got '{text[:40]}')")
+    return value
+
+
+def _rows(path: Path, cls, required: tuple[str, ...], check) -> list:
+    """Rows of ``cls`` from a CSV (or Parquet) file; every problem names the file, line and column."""
+    types = {f.name: f.type for f in fields(cls)}
+    records = _records(path)
+    out = []
+    for line, rec in records:
+        where = f"{path} line {line}"
+        missing = [c for c in required if c not in rec]
+        if missing:
+            raise ScenarioError(f"{path}: missing column(s) {', '.join(missing)}")
+        values = {}
+        for col, text in rec.items():
+            if col not in types:
+                continue
+            t = types[col]
+            base = {"int": int, "float": float, "str": str}[t.split(" |")[0].strip()]
+            value = _cell(text, base, where, col, optional=col not in required)
+            if value is not None:
+                values[col] = value
+        row = cls(**values)
+        check(row, where)
+        out.append(row)
+    return out
+
+
+def _records(path: Path) -> list[tuple[int, dict[str, str]]]:
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ScenarioError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+        try:
+            data = pq.read_table(path).to_pylist()
+        except Exception as e:  # pyarrow raises many kinds for a bad file
+            raise ScenarioError(f"{path}: not a readable Parquet file ({type(e).__name__})") from None
+        return [(i + 1, {k: "" if v is None else str(v) for k, v in r.items()}) for i, r in enumerate(data)]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{path}: not a UTF-8 text file") from None
+    reader = csv.DictReader(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    if not reader.fieldnames:
+        raise ScenarioError(f"{path}: no header line")
+    out = []
+    for rec in reader:
+        if None in rec:
+            raise ScenarioError(f"{path} line {reader.line_num}: more cells than header columns")
+        out.append((reader.line_num, rec))
+    return out
+
+
+def _check_kernel(row: KernelRow, where: str) -> None:
+    if row.op not in KERNEL_OPS:
+        raise ScenarioError(
+            f"{where}: column 'op': unknown kernel '{row.op}'; one of {', '.join(KERNEL_OPS)}"
+        )
+    if row.dtype not in DTYPES:
+        raise ScenarioError(f"{where}: column 'dtype': '{row.dtype}' is not one of {', '.join(DTYPES)}")
+    if row.direction not in PASSES:
+        raise ScenarioError(f"{where}: column 'direction': '{row.direction}' is not forward or backward")
+    if min(row.m, row.n, row.batch) < 1 or row.k < 0:
+        raise ScenarioError(
+            f"{where}: shape m={row.m} n={row.n} k={row.k} batch={row.batch} must be positive"
+        )
+    if row.op in ("gemm", "batched_gemm", "flash_attention") and row.k < 1:
+        raise ScenarioError(f"{where}: column 'k': a {row.op} needs k >= 1")
+    if row.median_us <= 0:
+        raise ScenarioError(f"{where}: column 'median_us': must be > 0 (got {row.median_us})")
+
+
+def _check_collective(row: CollectiveRow, where: str) -> None:
+    if row.op not in COLLECTIVE_OPS:
+        raise ScenarioError(
+            f"{where}: column 'op': unknown collective '{row.op}'; one of {', '.join(COLLECTIVE_OPS)}"
+        )
+    if row.ranks < 2 or row.nodes < 1 or row.ranks_per_node < 1:
+        raise ScenarioError(f"{where}: ranks ({row.ranks}) must be >= 2, nodes and ranks_per_node >= 1")
+    if row.nodes * row.ranks_per_node != row.ranks:
+        raise ScenarioError(
+            f"{where}: nodes ({row.nodes}) x ranks_per_node ({row.ranks_per_node}) = "
+            f"{row.nodes * row.ranks_per_node}, but ranks is {row.ranks}"
+        )
+    if row.bytes <= 0 or row.median_us <= 0:
+        raise ScenarioError(f"{where}: bytes and median_us must be > 0")
+
+
+def _table_file(directory: Path, stem: str) -> Path | None:
+    for suffix in (".csv", ".parquet"):
+        if (directory / f"{stem}{suffix}").is_file():
+            return directory / f"{stem}{suffix}"
+    return None
+
+
+def read_table(directory: str | Path) -> CostTable:
+    """Read a table directory; one clear :class:`ScenarioError` per problem."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ScenarioError(
+            f"kernels: '{directory}' is not a table directory (nor a shipped table: {_names()})"
+        )
+    meta_path = directory / "table.yaml"
+    if not meta_path.is_file():
+        raise ScenarioError(
+            f"{directory}: no table.yaml (a table is a directory with table.yaml + CSV files)"
+        )
+    try:
+        meta = TableMeta.model_validate(yaml.safe_load(meta_path.read_text(encoding="utf-8")))
+    except (yaml.YAMLError, UnicodeDecodeError):
+        raise ScenarioError(f"{meta_path}: not valid YAML") from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"]) or "table.yaml"
+        raise ScenarioError(f"{meta_path}: {loc}: {err['msg']}") from None
+    kernels_path = _table_file(directory, "kernels")
+    coll_path = _table_file(directory, "collectives")
+    if kernels_path is None and coll_path is None:
+        raise ScenarioError(f"{directory}: neither kernels.csv nor collectives.csv")
+    kernels = (
+        _rows(kernels_path, KernelRow, ("op", "dtype", "m", "median_us"), _check_kernel)
+        if kernels_path
+        else []
+    )
+    colls = (
+        _rows(
+            coll_path,
+            CollectiveRow,
+            ("op", "ranks", "nodes", "ranks_per_node", "bytes", "median_us"),
+            _check_collective,
+        )
+        if coll_path
+        else []
+    )
+    return CostTable(meta, kernels, colls, directory)
+
+
+# -- choosing ---------------------------------------------------------------------------------------------------
+def shipped_tables() -> dict[str, Path]:
+    return {p.name: p for p in sorted(SHIPPED_DIR.iterdir()) if (p / "table.yaml").is_file()}
+
+
+def _names() -> str:
+    return ", ".join(shipped_tables()) or "none shipped"
+
+
+@cache
+def _load(path: str) -> CostTable:
+    return read_table(path)
+
+
+def check_choice(choice: str, field: str = "kernels", base_dir: Path | None = None) -> str:
+    """A valid ``kernels`` value: auto, none, a shipped table's name, or an existing table directory (made
+    absolute, relative to ``base_dir`` or the working directory)."""
+    if choice in ("auto", "none") or choice in shipped_tables():
+        return choice
+    path = Path(choice)
+    if base_dir is not None and not path.is_absolute():
+        path = base_dir / path
+    if not path.is_dir():
+        raise ScenarioError(
+            f"{field}: '{choice}' is neither a table directory nor a shipped table ({_names()}); "
+            "use auto or none for the defaults"
+        )
+    return str(path.resolve())
+
+
+def resolve_table(choice: str | None, gpu_name: str) -> CostTable | None:
+    """``choice``: None or "auto" (the shipped table of ``gpu_name`` if there is one), "none" (the pure model),
+    a shipped table's name, or a table directory."""
+    if choice is None or choice == "auto":
+        path = shipped_tables().get(gpu_name)
+        return _load(str(path)) if path else None
+    if choice == "none":
+        return None
+    path = shipped_tables().get(choice) or Path(choice)
+    return _load(str(Path(path).resolve()))
+
+
+# -- writing ----------------------------------------------------------------------------------------------------
+KERNEL_COLUMNS = [f.name for f in fields(KernelRow)]
+COLLECTIVE_COLUMNS = [f.name for f in fields(CollectiveRow)]
+
+
+def _format(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def write_csv(path: Path, rows: list, columns: list[str]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(columns)
+        for r in rows:
+            d = asdict(r)
+            w.writerow([_format(d[c]) for c in columns])
+
+
+def write_table(directory: str | Path, table: CostTable) -> Path:
+    """Write ``table`` to ``directory`` atomically: a complete copy is written beside it, then swapped in."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        meta = table.meta.model_dump(exclude_defaults=True)
+        (tmp / "table.yaml").write_text(
+            yaml.safe_dump(meta, sort_keys=False, allow_unicode=True), encoding="utf-8"
+        )
+        if table.kernels:
+            write_csv(tmp / "kernels.csv", table.kernels, KERNEL_COLUMNS)
+        if table.collectives:
+            write_csv(tmp / "collectives.csv", table.collectives, COLLECTIVE_COLUMNS)
+        if directory.exists():
+            old = directory.with_name(f".{directory.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(directory, old)
+            os.replace(tmp, directory)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, directory)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _load.cache_clear()
+    return directory

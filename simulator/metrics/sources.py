@@ -1,0 +1,86 @@
+"""Where the iteration's costs came from: the share of compute and of communication time that is measured,
+interpolated or modelled (calibration tables, ``simulator/costs/lookup.py``), and the largest modelled ops,
+so a user knows what to measure next."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+from simulator.costs.lookup import INTERPOLATED, MEASURED, MODELLED, SHAPED
+from simulator.timeline.timeline import Timeline
+from simulator.workload.transformer import Op
+
+SOURCES = (MEASURED, INTERPOLATED, MODELLED)
+
+
+def describe(op: Op) -> str:
+    """An op as a user would look it up in a table: name, then kernel kind, pass and shape."""
+    if not op.kernel:
+        return f"{op.name} [no table kind]"
+    if op.kernel in SHAPED:
+        shape = f"m={op.m} n={op.n} k={op.k}" + (f" batch={op.batch}" if op.batch > 1 else "")
+    elif op.n == 1:
+        shape = f"{op.m:,} elements"
+    else:
+        shape = f"m={op.m} n={op.n}"
+    return f"{op.name} [{op.kernel} {op.direction}, {shape}]"
+
+
+def cost_sources(
+    timeline: Timeline,
+    lo: float,
+    hi: float,
+    op_cost: Callable[[Op], tuple[float, str]],
+    comm_source: Callable[[str, str, float, int | None], str],
+    top: int = 5,
+) -> tuple[dict[str, dict[str, float]], list[dict]]:
+    """Fractions of compute and communication time by source over the iteration window [lo, hi), weighting
+    each simulated rank by the real ranks it stands for; and the ``top`` modelled ops by time per GPU."""
+    program = timeline.program
+    start, end, parts_of = timeline.start, timeline.end, timeline.parts
+    gpus = sum(r.count for r in program.ranks) or 1
+    weight = [r.count / gpus for r in program.ranks]
+    # tasks share their ops and parts tuples: add up each tuple's weight, then cost each tuple once
+    ops_weight: dict[int, float] = defaultdict(float)
+    parts_weight: dict[int, float] = defaultdict(float)
+    distinct: dict[int, tuple] = {}
+    comm: dict[tuple, float] = defaultdict(float)  # (kind, group, bytes, stage) -> weighted seconds
+    for t in program.tasks:
+        if not lo <= start[t.id] < hi:
+            continue
+        if t.group is None and t.ops:
+            ops_weight[id(t.ops)] += weight[t.rank]
+            distinct[id(t.ops)] = t.ops
+            parts = parts_of.get(t.id)
+            if parts:
+                parts_weight[id(parts)] += weight[t.rank]
+                distinct[id(parts)] = parts
+        elif t.is_collective:
+            key = (t.kind, t.group, t.bytes, program.ranks[t.rank].stage)
+            comm[key] += weight[t.rank] * (end[t.id] - start[t.id])
+    totals = {"compute": defaultdict(float), "communication": defaultdict(float)}
+    modelled: dict[tuple[str, str], float] = defaultdict(float)
+    for key, w in ops_weight.items():
+        for op in distinct[key]:
+            if op.kind == "collective":
+                continue
+            seconds, source = op_cost(op)
+            totals["compute"][source] += w * seconds
+            if source == MODELLED:
+                modelled[("compute", describe(op))] += w * seconds
+    for key, w in parts_weight.items():
+        for part in distinct[key]:
+            if part.kind != "compute":
+                comm[(part.kind, part.group, part.bytes, None)] += w * (part.duration_s + part.hidden_s)
+    for (kind, group, nbytes, stage), seconds in comm.items():
+        source = comm_source(kind, group, nbytes, stage)
+        totals["communication"][source] += seconds
+        if source == MODELLED:
+            modelled[("communication", f"{kind} on {group} ({nbytes / 2**20:,.1f} MiB)")] += seconds
+    fractions = {
+        kind: {src: (acc[src] / sum(acc.values()) if sum(acc.values()) > 0 else 0.0) for src in SOURCES}
+        for kind, acc in totals.items()
+    }
+    largest = sorted(modelled.items(), key=lambda kv: -kv[1])[:top]
+    return fractions, [{"kind": k, "op": name, "time_per_gpu_s": s} for (k, name), s in largest]
