@@ -279,6 +279,184 @@ def calibrate_profile(
         print(f"profile written to {write}")
 
 
+@calibrate_app.command("kernels")
+def calibrate_kernels(
+    scenario: Annotated[
+        Path, typer.Argument(help="Scenario YAML file whose kernels and collectives to time.")
+    ],
+    out: Annotated[Path, typer.Option(help="Table directory to write (an existing one is resumed).")],
+    device: Annotated[str, typer.Option(help="cuda (this machine's GPUs) or cpu.")] = "cuda",
+    repeats: Annotated[
+        int, typer.Option(min=1, max=10000, help="Timed calls per shape (the median is kept).")
+    ] = 20,
+    max_bytes: Annotated[
+        float | None,
+        typer.Option(
+            help="Largest memory-bound working set timed whole (default 8 GiB on GPUs, 1 GiB on CPU)."
+        ),
+    ] = None,
+    collectives: Annotated[
+        bool, typer.Option(help="Also time the collectives (one process per rank).")
+    ] = True,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+) -> None:
+    """Time every kernel shape and collective SCENARIO's simulation costs, on this machine, into a table."""
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from simulator.calibration.runner import calibrate_kernels as run_calibration
+    from simulator.calibration.runner import require_torch
+
+    if device not in ("cuda", "cpu"):
+        _fail(f"--device: use cuda or cpu (got {device})")
+    try:
+        require_torch()
+        s = load_scenario(scenario)
+        columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
+        columns += (TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+        show = not quiet and sys.stderr.isatty()
+        with Progress(*columns, console=err, transient=True, disable=not show) as bar:
+            task = bar.add_task("measuring", total=None)
+
+            def progress(done: int, total: int, what: str) -> None:
+                bar.update(task, completed=done, total=total, description=what[:50])
+
+            summary = run_calibration(s, out, device, repeats, max_bytes, progress, collectives)
+    except ScenarioError as e:
+        _fail(str(e))
+    t = summary.table
+    print(
+        f"{out}: {len(t.kernels)} kernel rows, {len(t.collectives)} collective rows "
+        f"({summary.measured} measured now, {summary.kept} kept from before)"
+    )
+    for line in summary.skipped[:10]:
+        err.print(f"[yellow]not measured:[/yellow] {line}", highlight=False, soft_wrap=True)
+    if len(summary.skipped) > 10:
+        err.print(f"[yellow]not measured:[/yellow] ... and {len(summary.skipped) - 10} more", highlight=False)
+    if summary.interrupted:
+        err.print("interrupted: what was measured is saved; run the same command again to resume")
+        raise typer.Exit(130)
+    print(f"use it: clustersim run {scenario} --kernels {out}")
+
+
+import_app = typer.Typer(no_args_is_help=True, help="Turn measurements made elsewhere into cost-table rows.")
+calibrate_app.add_typer(import_app, name="import")
+
+
+def _report_import(table, added: int, notes: dict[str, int], out: Path) -> None:
+    for what, count in sorted(notes.items(), key=lambda kv: -kv[1])[:8]:
+        err.print(f"[yellow]not imported:[/yellow] {count} x {what}", highlight=False, soft_wrap=True)
+    print(
+        f"{out}: {added} rows added; the table has {len(table.kernels)} kernel and {len(table.collectives)} collective rows"
+    )
+    print(f"use it: clustersim run SCENARIO.yaml --kernels {out}")
+
+
+@import_app.command("kineto")
+def import_kineto(
+    trace: Annotated[
+        Path,
+        typer.Argument(
+            help="PyTorch profiler Chrome trace (.json or .json.gz), recorded with record_shapes=True."
+        ),
+    ],
+    out: Annotated[Path, typer.Option(help="Table directory to write or add to.")],
+    gpu: Annotated[
+        str | None, typer.Option(help="GPU catalogue name (default: from the trace's device name).")
+    ] = None,
+    ranks: Annotated[
+        int | None, typer.Option(min=2, help="Group size of collectives the trace does not record (gloo).")
+    ] = None,
+    nodes: Annotated[int, typer.Option(min=1, help="Nodes the traced collectives spanned.")] = 1,
+    ranks_per_node: Annotated[
+        int | None, typer.Option(min=1, help="Ranks per node (default: ranks / nodes).")
+    ] = None,
+    licence: Annotated[
+        str, typer.Option(help="Licence of the numbers, for the table's sources.")
+    ] = "the measurer's own",
+) -> None:
+    """Kernel rows (and NCCL collective rows) from a PyTorch profiler trace."""
+    from simulator.calibration.importers import match_gpu, merge_into
+    from simulator.calibration.importers.kineto import import_trace
+    from simulator.calibration.table import SourceInfo
+    from simulator.hardware.gpus import get_gpu
+
+    try:
+        if gpu:
+            get_gpu(gpu, "--gpu")
+        kernels, colls, info = import_trace(trace, ranks, nodes, ranks_per_node)
+        model = str(info["device"].get("name", "")) if info["gpu_trace"] else "cpu"
+        gpu = gpu or (match_gpu(model) if info["gpu_trace"] else "cpu")
+        source = SourceInfo(
+            rows=f"{len(kernels)} kernel, {len(colls)} collective",
+            source=f"PyTorch profiler trace {trace.name}",
+            licence=licence,
+        )
+        table = merge_into(out, kernels, colls, source, model, gpu)
+    except ScenarioError as e:
+        _fail(str(e))
+    if not gpu:
+        err.print(
+            f"[yellow]warning:[/yellow] device '{model}' is not in the GPU catalogue; pass --gpu so runs pick the table"
+        )
+    _report_import(table, len(kernels) + len(colls), info["skipped"], out)
+
+
+@import_app.command("nccl-tests")
+def import_nccl_tests(
+    logs: Annotated[list[Path], typer.Argument(help="nccl-tests output files (text, or JSON from -J).")],
+    out: Annotated[Path, typer.Option(help="Table directory to write or add to.")],
+    op: Annotated[
+        str | None, typer.Option(help="Which test, where the log does not say: all_reduce, all_gather, ...")
+    ] = None,
+    ranks: Annotated[
+        int | None, typer.Option(min=2, help="Ranks, where the log has no '#  Rank' lines.")
+    ] = None,
+    nodes: Annotated[
+        int | None, typer.Option(min=1, help="Nodes (default: distinct hosts in the log).")
+    ] = None,
+    gpu: Annotated[str | None, typer.Option(help="GPU catalogue name of the machine measured.")] = None,
+    topology: Annotated[
+        str | None, typer.Option(help="Topology the rows describe (rows across nodes apply only to it).")
+    ] = None,
+    licence: Annotated[
+        str, typer.Option(help="Licence of the numbers, for the table's sources.")
+    ] = "the measurer's own",
+) -> None:
+    """Collective rows from nccl-tests logs (both column layouts, MPI / Slurm prefixes, JSON output)."""
+    from simulator.calibration.importers import merge_into
+    from simulator.calibration.importers.nccl_tests import parse_nccl_tests
+    from simulator.calibration.table import COLLECTIVE_OPS, SourceInfo, SystemInfo
+    from simulator.hardware.gpus import get_gpu
+    from simulator.hardware.topology import load_topology
+
+    if op is not None and op not in COLLECTIVE_OPS:
+        _fail(f"--op: '{op}' is not one of {', '.join(COLLECTIVE_OPS)}")
+    try:
+        if gpu:
+            get_gpu(gpu, "--gpu")
+        system = SystemInfo()
+        if topology:
+            spec = load_topology(topology)
+            system = SystemInfo(
+                topology=spec.name,
+                intra_node=spec.node.intra_node,
+                nics_per_node=spec.node.nics,
+                nic_bandwidth_gbps=spec.node.nic_bandwidth_gbps,
+                nic_kind=spec.node.nic_kind,
+            )
+            gpu = gpu or spec.node.gpu
+        rows = [r for log in logs for r in parse_nccl_tests(log, op, ranks, nodes)]
+        source = SourceInfo(
+            rows=f"{len(rows)} collective",
+            source="nccl-tests: " + ", ".join(p.name for p in logs),
+            licence=licence,
+        )
+        table = merge_into(out, [], rows, source, gpu=gpu, system=system)
+    except ScenarioError as e:
+        _fail(str(e))
+    _report_import(table, len(rows), {}, out)
+
+
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of scenario files."""

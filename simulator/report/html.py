@@ -11,6 +11,7 @@ import networkx as nx
 import plotly.graph_objects as go
 
 from simulator.api import Result
+from simulator.metrics.metrics import Metrics
 from simulator.report.figures import COLOURS, timeline_figure
 
 MEMORY_PARTS = [
@@ -211,6 +212,34 @@ def headline_html(result: Result) -> str:
     return f'<h1>{html.escape(result.scenario.name)}</h1><div class="tiles">{tiles}</div>'
 
 
+def cost_sources_html(m: Metrics) -> str:
+    """Where the costs came from (calibration tables) and the largest modelled ops: what to measure next."""
+    src = m.cost_sources
+    if not src:
+        return ""
+    table = m.cost_tables.get("table") or "none (the pure model)"
+    shares = "; ".join(
+        f"{kind}: " + ", ".join(f"{v:.0%} {k}" for k, v in src[kind].items())
+        for kind in ("compute", "communication")
+    )
+    rows = "".join(
+        f"<tr><td>{x['time_per_gpu_s']:.4f} s</td><td>{html.escape(x['kind'])}</td><td>{html.escape(x['op'])}</td></tr>"
+        for x in m.largest_modelled
+    )
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in m.cost_tables.get("notes", []))
+    return (
+        f"<h2>Cost sources</h2><p>Cost table: <b>{html.escape(str(table))}</b>. Time by source, {html.escape(shares)}.</p>"
+        + (f"<ul>{notes}</ul>" if notes else "")
+        + (
+            "<p>Largest modelled costs (per GPU per iteration): measure these next "
+            "(<code>clustersim calibrate kernels</code>).</p>"
+            f"<table><tr><th>time</th><th>kind</th><th>op</th></tr>{rows}</table>"
+            if rows
+            else ""
+        )
+    )
+
+
 STYLE = """<style>body{font-family:system-ui,sans-serif;margin:24px;color:#222}.tiles{display:flex;flex-wrap:wrap;gap:12px}
 .tile{border:1px solid #ddd;border-radius:8px;padding:10px 16px;min-width:150px}.v{font-size:22px;font-weight:600}
 .k{color:#666;font-size:13px}.oom{color:#c00;font-weight:600}</style>"""
@@ -233,6 +262,7 @@ def write_report(result: Result, path: str | Path) -> None:
         headline_html(result)
         + f"<p>Colours by kind: {legend}. Hover any bar for details.</p>"
         + "".join(parts)
+        + cost_sources_html(result.metrics)
     )
     Path(path).write_text(
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(result.scenario.name)}"
@@ -240,7 +270,7 @@ def write_report(result: Result, path: str | Path) -> None:
     )
 
 
-def compare_figures(results: list[tuple[str, Metrics]]) -> list[go.Figure]:  # noqa: F821
+def compare_figures(results: list[tuple[str, Metrics]]) -> list[go.Figure]:
     """Side by side, as the tables of the Megatron-DeepSpeed report: throughput, peak memory against capacity,
     and the time breakdown with exposed communication."""
     names = [n for n, _ in results]
@@ -296,7 +326,7 @@ def compare_figures(results: list[tuple[str, Metrics]]) -> list[go.Figure]:  # n
     return [throughput, memory, breakdown]
 
 
-def write_compare_report(results: list[tuple[str, Metrics]], path: str | Path) -> None:  # noqa: F821
+def write_compare_report(results: list[tuple[str, Metrics]], path: str | Path) -> None:
     figures = compare_figures(results)
     parts = [
         fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=f"panel{i}")

@@ -1,0 +1,71 @@
+"""Measurements made elsewhere (PyTorch profiler traces, nccl-tests logs) as rows of a cost table."""
+
+from __future__ import annotations
+
+import datetime
+import re
+from pathlib import Path
+
+from simulator.calibration.table import (
+    CollectiveRow,
+    CostTable,
+    DeviceInfo,
+    KernelRow,
+    SourceInfo,
+    SystemInfo,
+    TableMeta,
+    read_table,
+    write_table,
+)
+from simulator.errors import ScenarioError
+from simulator.hardware.gpus import gpu_catalogue
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower().replace("nvidia", ""))
+
+
+def match_gpu(device_name: str) -> str | None:
+    """The catalogue name of a device as the driver names it ("NVIDIA A100-SXM4-80GB" -> a100-sxm4-80gb)."""
+    want = _plain(device_name)
+    if not want:
+        return None
+    for name, gpu in gpu_catalogue().items():
+        if _plain(gpu.display_name) == want or _plain(name) == want:
+            return name
+    return None
+
+
+def merge_into(
+    out: Path,
+    kernels: list[KernelRow],
+    collectives: list[CollectiveRow],
+    source: SourceInfo,
+    device_model: str = "",
+    gpu: str | None = None,
+    system: SystemInfo | None = None,
+) -> CostTable:
+    """Add rows to the table at ``out`` (made if missing; an existing one must describe the same GPU) and
+    write it atomically."""
+    if not kernels and not collectives:
+        raise ScenarioError("nothing to import: no row could be read (see the notes above)")
+    old = read_table(out) if (out / "table.yaml").is_file() else None
+    if old is not None:
+        if gpu and old.meta.gpu and gpu != old.meta.gpu:
+            raise ScenarioError(f"--out {out}: holds a table for {old.meta.gpu}, these rows are for {gpu}")
+        meta = old.meta.model_copy(update={"sources": (*old.meta.sources, source)})
+        kernels, collectives = [*old.kernels, *kernels], [*old.collectives, *collectives]
+    else:
+        meta = TableMeta(
+            name=out.name,
+            gpu=gpu,
+            description="Imported measurements (clustersim calibrate import).",
+            device=DeviceInfo(model=device_model),
+            system=system or SystemInfo(),
+            date=datetime.date.today().isoformat(),
+            method="imported: see sources",
+            sources=(source,),
+        )
+    table = CostTable(meta, kernels, collectives, out)
+    write_table(out, table)
+    return table
