@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 
 from simulator.api import simulate
@@ -27,7 +28,7 @@ err = Console(stderr=True)
 
 
 def _fail(message: str) -> None:
-    err.print(f"[bold red]error:[/bold red] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -51,7 +52,7 @@ def _shown_warnings():
                 text = str(w.message)
                 if issubclass(w.category, (DeepSpeedConfigWarning, CostTableWarning)) and text not in seen:
                     seen.add(text)
-                    err.print(f"[yellow]warning:[/yellow] {text}", highlight=False, soft_wrap=True)
+                    err.print(f"[yellow]warning:[/yellow] {escape(text)}", highlight=False, soft_wrap=True)
 
 
 def _with_kernels(s: Scenario, kernels: str | None) -> Scenario:
@@ -256,7 +257,9 @@ def calibrate_profile(
         _fail(f"--params: unknown {', '.join(unknown)}; fittable: {', '.join(cal.BOUNDS)}")
     if not chosen:
         _fail(f"--filter: no case id contains any of {filter_text}")
-    err.print(f"fitting {', '.join(names)} on {len(chosen)} cases: {', '.join(c['id'] for c in chosen)}")
+    err.print(
+        escape(f"fitting {', '.join(names)} on {len(chosen)} cases: {', '.join(c['id'] for c in chosen)}")
+    )
     with Progress(console=err, transient=True, disable=not sys.stderr.isatty()) as bar:
         task = bar.add_task("fitting", total=None)
         fitted = cal.fit(
@@ -329,7 +332,7 @@ def calibrate_kernels(
         f"({summary.measured} measured now, {summary.kept} kept from before)"
     )
     for line in summary.skipped[:10]:
-        err.print(f"[yellow]not measured:[/yellow] {line}", highlight=False, soft_wrap=True)
+        err.print(f"[yellow]not measured:[/yellow] {escape(line)}", highlight=False, soft_wrap=True)
     if len(summary.skipped) > 10:
         err.print(f"[yellow]not measured:[/yellow] ... and {len(summary.skipped) - 10} more", highlight=False)
     if summary.interrupted:
@@ -344,7 +347,7 @@ calibrate_app.add_typer(import_app, name="import")
 
 def _report_import(table, added: int, notes: dict[str, int], out: Path) -> None:
     for what, count in sorted(notes.items(), key=lambda kv: -kv[1])[:8]:
-        err.print(f"[yellow]not imported:[/yellow] {count} x {what}", highlight=False, soft_wrap=True)
+        err.print(f"[yellow]not imported:[/yellow] {count} x {escape(what)}", highlight=False, soft_wrap=True)
     print(
         f"{out}: {added} rows added; the table has {len(table.kernels)} kernel and {len(table.collectives)} collective rows"
     )

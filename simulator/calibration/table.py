@@ -399,7 +399,7 @@ def _format(value) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
-        return f"{value:.6g}"
+        return str(int(value)) if value.is_integer() and abs(value) < 1e18 else f"{value:.10g}"
     return str(value)
 
 

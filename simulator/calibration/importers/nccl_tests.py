@@ -33,7 +33,7 @@ TESTS = {
 _PREFIX = re.compile(r"^\s*(\[\d+,\d+\]<std(?:out|err)>:|\d+:\s)")
 _RANK = re.compile(r"#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device")
 _TEST = re.compile(r"Collective test starting:\s*(\w+?)_perf")
-_ITERS = re.compile(r"\biters:\s*(\d+)")
+_ITERS = re.compile(r"(?<!warmup )(?<!agg )\biters:\s*(\d+)")
 _DTYPE = {
     "float": "fp32",
     "half": "fp16",

@@ -1,0 +1,118 @@
+"""`clustersim calibrate kernels` on the CPU: the round trip table -> run, resuming, and the collectives runner.
+Needs PyTorch (the optional `calibrate` extra); skipped without it. GPU runs use the same code with CUDA events."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from simulator.api import simulate
+from simulator.calibration.table import CostTable, read_table, write_table
+from simulator.cli import app
+from simulator.scenario.loader import load_scenario
+
+torch = pytest.importorskip("torch")
+runner = CliRunner()
+# CPU tables used for an A100 scenario warn that they were measured elsewhere; the first test checks it
+pytestmark = pytest.mark.filterwarnings("ignore:--kernels .* kernels measured on cpu")
+
+TINY = """
+name: tiny-gpt
+model: {num_layers: 2, hidden_size: 128, num_attention_heads: 4, seq_length: 64, vocab_size: 512}
+cluster: {topology: dgx-a100, num_nodes: 1, gpus_per_node: GPUS}
+training: {global_batch_size: 2, micro_batch_size: 2, precision: fp32}
+parallelism: {tensor_parallel: GPUS}
+"""
+
+
+def scenario(tmp_path, gpus=1):
+    path = tmp_path / f"tiny{gpus}.yaml"
+    path.write_text(TINY.replace("GPUS", str(gpus)))
+    return path
+
+
+def calibrate(tmp_path, path, *extra):
+    out = tmp_path / "table"
+    r = runner.invoke(
+        app,
+        ["calibrate", "kernels", str(path), "--out", str(out), "--device", "cpu", "--repeats", "3", *extra],
+    )
+    assert r.exit_code == 0, r.output
+    return out, r.output
+
+
+def test_calibrated_table_makes_compute_measured_and_the_iteration_follows_its_rows(tmp_path):
+    path = scenario(tmp_path)
+    out, text = calibrate(tmp_path, path, "--no-collectives")
+    table = read_table(out)
+    assert table.meta.gpu == "cpu" and table.kernels and "measured now" in text
+    s = load_scenario(path).model_copy(update={"kernels": str(out)})
+    with pytest.warns(UserWarning, match="kernels measured on cpu"):
+        r = simulate(s)
+    assert r.metrics.cost_sources["compute"]["measured"] >= 0.95
+    # one GPU, no communication: the iteration is the sum, over every kernel run, of its row plus a launch gap
+    rows = {(k.op, k.direction, k.m, k.n, k.k, k.batch): k.seconds for k in table.kernels}
+    launch = r.cluster.gpu.kernel_launch_s
+    expected = 0.0
+    for t in r.program.tasks:
+        for op in t.ops:
+            direction = "forward" if op.kernel in ("gemm", "batched_gemm") else op.direction
+            key = (op.kernel, direction, op.m, op.n, op.k, op.batch)
+            expected += rows[key] + launch if key in rows else r.compute.op_time_s(op)
+    assert r.metrics.iteration_time_s == pytest.approx(expected, rel=1e-9)
+    # the same table with every kernel twice as slow: the compute time follows (a table ignored would not)
+    slow = CostTable(
+        table.meta, [k.__class__(**{**k.__dict__, "median_us": 2 * k.median_us}) for k in table.kernels], []
+    )
+    write_table(tmp_path / "slow", slow)
+    r2 = simulate(s.model_copy(update={"kernels": str(tmp_path / "slow")}))
+    measured = sum(rows.values())
+    assert r2.metrics.iteration_time_s > r.metrics.iteration_time_s + 0.5 * measured
+
+
+def test_a_second_run_resumes_and_measures_nothing_again(tmp_path):
+    path = scenario(tmp_path)
+    out, _ = calibrate(tmp_path, path, "--no-collectives")
+    before = read_table(out).kernels
+    _, text = calibrate(tmp_path, path, "--no-collectives")
+    assert "(0 measured now" in text
+    assert read_table(out).kernels == before
+
+
+def test_collectives_are_timed_in_one_process_per_rank(tmp_path):
+    path = scenario(tmp_path, gpus=2)
+    out, _ = calibrate(tmp_path, path)
+    colls = read_table(out).collectives
+    assert colls and {(c.op, c.ranks, c.nodes) for c in colls} == {("all_reduce", 2, 1)}
+    tp_bytes = {c.bytes for c in colls}
+    assert 2 * 64 * 128 * 4 in tp_bytes  # the TP all-reduce of one b x s x h fp32 activation
+    # a CPU table's collectives describe loopback gloo, not the DGX: runs keep modelling them
+    r = simulate(load_scenario(path).model_copy(update={"kernels": str(out)}))
+    assert "collectives measured with cpu" in " ".join(r.metrics.cost_tables["notes"])
+
+
+def test_without_pytorch_the_command_says_how_to_get_it(tmp_path, monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_torch(name, *a, **k):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    r = runner.invoke(
+        app,
+        ["calibrate", "kernels", str(scenario(tmp_path)), "--out", str(tmp_path / "t"), "--device", "cpu"],
+    )
+    assert r.exit_code == 2 and "pip install 'clustersim[calibrate]'" in r.output
+
+
+def test_json_of_a_calibrated_run_names_the_table(tmp_path):
+    path = scenario(tmp_path)
+    out, _ = calibrate(tmp_path, path, "--no-collectives")
+    r = runner.invoke(app, ["run", str(path), "--kernels", str(out), "--json"])
+    assert r.exit_code == 0
+    d = json.loads(r.stdout)
+    assert d["cost_tables"]["table"] == str(out) and d["cost_sources"]["compute"]["measured"] >= 0.95

@@ -1,0 +1,285 @@
+"""Cost tables: the format, the lookup order (exact row -> interpolation -> model) with closed-form checks, the
+cost sources a run reports, and the shipped A100 / H100 tables."""
+
+import json
+from functools import partial
+from math import sqrt
+
+import pytest
+from conftest import GPT_SMALL, make
+from typer.testing import CliRunner
+
+from simulator.api import simulate
+from simulator.calibration.table import (
+    CollectiveRow,
+    CostTable,
+    KernelRow,
+    SystemInfo,
+    TableMeta,
+    read_table,
+    write_table,
+)
+from simulator.cli import app
+from simulator.costs.compute import ComputeModel, shape_roofline_s
+from simulator.costs.lookup import CollectiveLookup, KernelLookup, curve_cost
+from simulator.errors import ScenarioError
+from simulator.hardware.gpus import get_gpu
+from simulator.workload.transformer import gemm, memory_op
+
+A100 = get_gpu("a100-sxm4-80gb")
+runner = CliRunner()
+
+
+def table(tmp_path, kernels=(), collectives=(), system=None, gpu="a100-sxm4-80gb", name="t"):
+    meta = TableMeta(name=name, gpu=gpu, system=system or SystemInfo())
+    return write_table(tmp_path / name, CostTable(meta, list(kernels), list(collectives)))
+
+
+# -- format -------------------------------------------------------------------------------------------------------
+def test_a_table_round_trips_through_its_directory_format(tmp_path):
+    k = KernelRow("gemm", "bf16", 2048, 4608, 12288, 1, 812.5, "forward", 20, 3.1, 9.5, "qkv")
+    c = CollectiveRow("all_reduce", 8, 1, 8, 2**21, 70.0, 20, 4.0, "bf16", "ring", "LL128")
+    path = table(tmp_path, [k], [c], SystemInfo(topology="dgx-a100", intra_node="nvswitch"))
+    back = read_table(path)
+    assert back.kernels == [k] and back.collectives == [c]
+    assert back.meta.system.topology == "dgx-a100" and back.meta.gpu == "a100-sxm4-80gb"
+
+
+def test_a_bad_cell_is_one_error_naming_file_line_and_column(tmp_path):
+    path = table(tmp_path, [KernelRow("gemm", "bf16", 64, 64, 64, 1, 5.0)])
+    (path / "kernels.csv").write_text(
+        "op,dtype,m,n,k,median_us\ngemm,bf16,64,64,64,5\ngemm,bf16,128,64,64,six\n"
+    )
+    with pytest.raises(
+        ScenarioError, match=r"kernels.csv line 3: column 'median_us': expected a number \(got 'six'\)"
+    ):
+        read_table(path)
+    s = tmp_path / "s.yaml"
+    s.write_text(
+        "model: {num_layers: 2, hidden_size: 256, num_attention_heads: 4, seq_length: 128, vocab_size: 1000}\n"
+        "cluster: {topology: dgx-a100, gpus_per_node: 1}\ntraining: {global_batch_size: 2}\n"
+    )
+    r = runner.invoke(app, ["run", str(s), "--kernels", str(path)])
+    assert r.exit_code == 2 and "line 3: column 'median_us'" in r.output and "Traceback" not in r.output
+
+
+def test_unknown_kernels_choice_and_unknown_op_are_clear_errors(tmp_path):
+    from simulator.scenario.loader import load_scenario
+
+    with pytest.raises(
+        ScenarioError, match="kernels: 'nowhere' is neither a table directory nor a shipped table"
+    ):
+        load_scenario({**_small(), "kernels": "nowhere"})
+    path = table(tmp_path, [KernelRow("gemm", "bf16", 64, 64, 64, 1, 5.0)])
+    (path / "kernels.csv").write_text("op,dtype,m,median_us\nwarp_drive,bf16,4,1.0\n")
+    with pytest.raises(ScenarioError, match="line 2: column 'op': unknown kernel 'warp_drive'"):
+        read_table(path)
+
+
+def _small() -> dict:
+    return {
+        "model": dict(GPT_SMALL),
+        "cluster": {"topology": "dgx-a100", "num_nodes": 1, "gpus_per_node": 1},
+        "training": {"global_batch_size": 2, "micro_batch_size": 2, "precision": "bf16"},
+    }
+
+
+# -- lookup: closed forms -----------------------------------------------------------------------------------------
+def lookup_of(rows):
+    return KernelLookup(rows, partial(shape_roofline_s, A100))
+
+
+def test_an_exact_row_is_measured_and_costs_its_median_plus_the_launch_gap():
+    op = gemm("qkv", 2048, 4608, 12288)
+    cm = ComputeModel(
+        A100, "bf16", kernels=lookup_of([KernelRow("gemm", "bf16", 2048, 4608, 12288, 1, 812.5)])
+    )
+    seconds, source = cm.op_cost(op)
+    assert source == "measured"
+    assert seconds == pytest.approx(812.5e-6 + A100.kernel_launch_s, rel=1e-12)
+
+
+def test_a_gemm_between_measured_shapes_is_interpolated_relative_to_the_roofline():
+    # rows measured at exactly 1.25x the roofline: any shape inside them costs exactly 1.25x its roofline
+    shapes = [(m, n, k) for m in (1024, 4096) for n in (1024, 4096) for k in (1024, 4096)]
+    rows = [
+        KernelRow(
+            "gemm",
+            "bf16",
+            m,
+            n,
+            k,
+            1,
+            1.25 * shape_roofline_s(A100, "gemm", "forward", "bf16", m, n, k, 1) * 1e6,
+        )
+        for m, n, k in shapes
+    ]
+    look = lookup_of(rows)
+    roof = shape_roofline_s(A100, "gemm", "forward", "bf16", 2048, 3072, 1536, 1)
+    seconds, source = look.cost("gemm", "forward", "bf16", 2048, 3072, 1536, 1, roof)
+    assert source == "interpolated" and seconds == pytest.approx(1.25 * roof, rel=1e-9)
+    # the transpose of a measured GEMM is the same problem (the A100's tile shapes come in both orientations)
+    one = lookup_of([KernelRow("gemm", "bf16", 1024, 4096, 2048, 1, 90.0)])
+    roof_t = shape_roofline_s(A100, "gemm", "backward", "bf16", 4096, 1024, 2048, 1)
+    assert one.cost("gemm", "backward", "bf16", 4096, 1024, 2048, 1, roof_t) == pytest.approx(
+        (90e-6, "interpolated")
+    )
+    # outside the measured range, or farther than a factor 2 from every row: the model decides
+    assert look.cost("gemm", "forward", "bf16", 2048, 3072, 16384, 1, roof) is None
+    assert look.cost("gemm", "forward", "bf16", 512, 512, 512, 1, roof) is None
+
+
+def test_memory_kernels_interpolate_log_log_and_never_exceed_the_largest_measured_bandwidth():
+    rows = [
+        KernelRow("layernorm", "bf16", 1000, 1000, median_us=10.0),
+        KernelRow("layernorm", "bf16", 4000, 1000, median_us=20.0),
+    ]
+    look = lookup_of(rows)
+    assert look.cost("layernorm", "forward", "bf16", 2000, 1000, 0, 1, 0) == pytest.approx(
+        (sqrt(10 * 20) * 1e-6, "interpolated")
+    )
+    assert look.cost("layernorm", "forward", "bf16", 8000, 1000, 0, 1, 0)[0] == pytest.approx(
+        40e-6
+    )  # 4e6 el / 20 us held
+    assert look.cost("layernorm", "forward", "bf16", 100, 1000, 0, 1, 0)[0] == pytest.approx(
+        10e-6
+    )  # the smallest: a floor
+    assert (
+        look.cost("layernorm", "backward", "bf16", 2000, 1000, 0, 1, 0) is None
+    )  # no backward rows: modelled
+    assert curve_cost([1.0, 4.0], [1.0, 2.0], 2.0) == pytest.approx(sqrt(2))
+
+
+def test_bf16_runs_use_fp16_rows_and_count_them_as_interpolated():
+    look = lookup_of([KernelRow("gemm", "fp16", 2048, 2048, 2048, 1, 100.0)])
+    assert look.cost("gemm", "forward", "fp16", 2048, 2048, 2048, 1, 1.0) == pytest.approx(
+        (100e-6, "measured")
+    )
+    assert look.cost("gemm", "forward", "bf16", 2048, 2048, 2048, 1, 1.0) == pytest.approx(
+        (100e-6, "interpolated")
+    )
+    assert look.cost("gemm", "forward", "fp32", 2048, 2048, 2048, 1, 1.0) is None
+
+
+def test_framework_factors_apply_to_measured_kernels_too():
+    from simulator.frameworks import Framework
+
+    look = lookup_of(
+        [
+            KernelRow("gemm", "bf16", 2048, 2048, 2048, 1, 100.0),
+            KernelRow("gelu", "bf16", 2048, 8192, median_us=50.0),
+        ]
+    )
+    f = Framework(name="half", gemm_efficiency=0.5, memory_efficiency=0.25, kernel_overhead_s=1e-6)
+    cm = ComputeModel(A100, "bf16", f, look)
+    extra = A100.kernel_launch_s + 1e-6
+    assert cm.op_time_s(gemm("g", 2048, 2048, 2048)) == pytest.approx(200e-6 + extra)
+    assert cm.op_time_s(memory_op("gelu", 1.0, "gelu", 2048, 8192)) == pytest.approx(200e-6 + extra)
+
+
+def test_a_measured_collective_sets_the_time_of_one_group_and_keeps_the_models_links():
+    rows = [
+        CollectiveRow("all_reduce", 8, 1, 8, s, us)
+        for s, us in ((2**20, 40.0), (2**24, 110.0), (2**27, 700.0))
+    ]
+    s = make(parallelism={"tensor_parallel": 8}, training={"global_batch_size": 8})
+    r = simulate(s.model_copy(update={"kernels": "none"}))
+    from simulator.costs.collectives import CollectiveModel
+
+    measured = CollectiveModel(r.cluster, r.placement, "auto", CollectiveLookup(rows))
+    assert measured.standalone_time_s("all_reduce", "tp", 2**24) == pytest.approx(110e-6, rel=1e-12)
+    assert measured.source("all_reduce", "tp", 2**24) == "measured"
+    assert measured.standalone_time_s("all_reduce", "tp", 2**22) == pytest.approx(
+        40e-6 * (110 / 40) ** 0.5, rel=1e-9
+    )
+    assert measured.source("all_reduce", "tp", 2**22) == "interpolated"
+    assert measured.source("all_gather", "tp", 2**22) == "modelled"  # no all-gather rows
+    # the links the phases load are the model's: same link classes, demand scaled
+    model_phase = r.comm.phases("all_reduce", "tp", 2**24)[0]
+    calibrated = measured.phases("all_reduce", "tp", 2**24)[0]
+    assert calibrated.demand_s.keys() == model_phase.demand_s.keys()
+    forced = CollectiveModel(r.cluster, r.placement, "ring", CollectiveLookup(rows))
+    assert forced.source("all_reduce", "tp", 2**24) == "modelled"  # a forced algorithm is a what-if
+
+
+def test_collective_rows_apply_only_to_the_fabric_they_were_measured_on(tmp_path):
+    rows = [
+        CollectiveRow("all_reduce", 16, 2, 8, 2**24, 300.0),
+        CollectiveRow("all_reduce", 8, 1, 8, 2**24, 100.0),
+    ]
+    system = SystemInfo(topology="dgx-a100", intra_node="nvswitch", nic_bandwidth_gbps=200, nics_per_node=8)
+    path = table(tmp_path, collectives=rows, system=system)
+    same = simulate(
+        make(cluster={"num_nodes": 2}, training={"global_batch_size": 16}).model_copy(
+            update={"kernels": str(path)}
+        )
+    )
+    assert same.metrics.cost_tables["collective_rows"] == 2 and not same.metrics.cost_tables["notes"]
+    faster = make(cluster={"num_nodes": 2, "nic_bandwidth_gbps": 400}, training={"global_batch_size": 16})
+    what_if = simulate(faster.model_copy(update={"kernels": str(path)}))
+    assert what_if.metrics.cost_tables["collective_rows"] == 1  # only the row inside one node
+    assert "nic_bandwidth_gbps 200.0 (cluster: 400.0)" in what_if.metrics.cost_tables["notes"][0]
+
+
+# -- runs ---------------------------------------------------------------------------------------------------------
+def test_kernels_none_is_the_pure_model_and_auto_picks_the_gpus_shipped_table():
+    s = make(training={"global_batch_size": 8, "micro_batch_size": 1})
+    pure = simulate(s.model_copy(update={"kernels": "none"})).metrics
+    assert pure.cost_sources["compute"]["modelled"] == pytest.approx(1.0)
+    assert pure.cost_tables == {"table": None}
+    auto = simulate(s).metrics
+    assert auto.cost_tables["table"] == "a100-sxm4-80gb"
+    assert auto.iteration_time_s != pure.iteration_time_s
+    shares = auto.cost_sources["compute"]
+    assert sum(shares.values()) == pytest.approx(1.0)
+    v100 = simulate(make(cluster={"gpu": "v100-sxm-32gb"}, training={"precision": "fp16"})).metrics
+    assert v100.cost_tables == {"table": None}  # no shipped V100 table: the model
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    ["quickstart-gpt3-1.3b-ddp-8xa100", "published/nar21-t1-18b", "published/kor22-175b-sp-selective"],
+)
+def test_a_dgx_a100_run_takes_at_least_half_its_compute_time_from_the_shipped_tables(scenario):
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "scenarios" / f"{scenario}.yaml"
+    m = simulate(str(path)).metrics
+    shares = m.cost_sources["compute"]
+    assert shares["measured"] + shares["interpolated"] >= 0.5, shares
+
+
+def test_run_json_reports_cost_sources_and_the_largest_modelled_ops(tmp_path):
+    s = tmp_path / "s.yaml"
+    s.write_text(
+        "model: {num_layers: 4, hidden_size: 2048, num_attention_heads: 16, seq_length: 2048, vocab_size: 51200}\n"
+        "cluster: {topology: dgx-a100}\ntraining: {global_batch_size: 16, micro_batch_size: 2}\n"
+        "parallelism: {tensor_parallel: 8}\n"
+    )
+    r = runner.invoke(app, ["run", str(s), "--json"])
+    d = json.loads(r.output)
+    for kind in ("compute", "communication"):
+        assert set(d["cost_sources"][kind]) == {"measured", "interpolated", "modelled"}
+        assert sum(d["cost_sources"][kind].values()) == pytest.approx(1.0)
+    # tensor-parallel all-reduces inside a DGX A100 node come from the shipped 8-GPU rows
+    assert (
+        d["cost_sources"]["communication"]["interpolated"] + d["cost_sources"]["communication"]["measured"]
+        > 0.9
+    )
+    assert d["largest_modelled"] and {"kind", "op", "time_per_gpu_s"} <= set(d["largest_modelled"][0])
+    text = runner.invoke(app, ["run", str(s)]).output
+    assert "Largest modelled costs" in text and "Compute time: measured / interp. / modelled" in text
+
+
+def test_shipped_tables_say_where_their_numbers_come_from():
+    for name in ("a100-sxm4-80gb", "h100-sxm5-80gb"):
+        from simulator.calibration.table import shipped_tables
+
+        t = read_table(shipped_tables()[name])
+        assert t.meta.gpu == name and t.meta.sources and "MIT" in t.meta.sources[0].licence
+        assert (shipped_tables()[name] / "LICENSE.vidur").is_file()
+        assert len(t.kernels) > 1000 and len(t.collectives) > 100
+        assert {r.ranks for r in t.collectives if r.op == "all_reduce"} == {2, 4, 8}
+        assert all(
+            r.nodes == 1 for r in t.collectives
+        )  # rows across nodes were measured on an unnamed network
