@@ -15,9 +15,16 @@ from simulator.errors import ScenarioError
 from simulator.hardware.gpus import get_gpu
 from simulator.scenario.schema import ClusterConfig, Scenario
 
-TOPOLOGY_DIR = Path(
-    os.environ.get("CLUSTERSIM_TOPOLOGIES", Path(__file__).resolve().parents[2] / "topologies")
-)
+
+def _topology_dir() -> Path:
+    """topologies/ of a checkout, or the copy an installed package carries (simulator/topologies)."""
+    if "CLUSTERSIM_TOPOLOGIES" in os.environ:
+        return Path(os.environ["CLUSTERSIM_TOPOLOGIES"])
+    checkout = Path(__file__).resolve().parents[2] / "topologies"
+    return checkout if checkout.is_dir() else Path(__file__).resolve().parents[1] / "topologies"
+
+
+TOPOLOGY_DIR = _topology_dir()
 
 
 class _Spec(BaseModel):

@@ -1,0 +1,26 @@
+"""The package as users install it: every subpackage and data file is in the wheel's list."""
+
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+
+
+def test_every_subpackage_is_listed_for_the_wheel():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "simulator").rglob("__init__.py")}
+    assert found | {"simulator.topologies"} == listed
+
+
+def test_data_the_simulator_reads_is_covered_by_package_data():
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    globs = data["simulator"]
+    for needed in (
+        "hardware/gpus/a100-sxm4-80gb.yaml",
+        "frameworks/ideal.yaml",
+        "validation/published.yaml",
+        "calibration/tables/a100-sxm4-80gb/kernels.csv",
+        "calibration/tables/h100-sxm5-80gb/table.yaml",
+    ):
+        assert any((ROOT / "simulator").glob(g) and Path(needed).match(g) for g in globs), needed
+    assert data["simulator.topologies"] == ["*.yaml"] and list((ROOT / "topologies").glob("*.yaml"))
