@@ -10,7 +10,7 @@ measured rows), ``modelled`` (the roofline / alpha-beta model; the caller's fall
   (FLOPs, wave quantization), the neighbours correct it locally. Used only inside the measured range of every
   dimension and with a row within a factor 2 of the query in every dimension; the achieved FLOP/s never exceeds
   the fastest neighbour's. Measured on the shipped A100 rows by leaving one model's shapes out at a time:
-  median |error| 2.4%, 90th percentile 10% (docs/calibration.md).
+  median |error| 3.9%, 90th percentile 15% (A100; `python benchmarks/bench_lookups.py`).
 * Memory-bound kernels and collectives (one size dimension: elements m x n, or bytes). Log-log interpolation
   between the two measured sizes around the query (equivalently, of the achieved bytes/s); above the largest
   measured size the largest size's bandwidth is kept (never extrapolated upwards), below the smallest the
