@@ -20,7 +20,8 @@ from functools import partial
 from pathlib import Path
 
 from simulator import load_scenario, simulate
-from simulator.calibration.table import read_table, shipped_tables
+from simulator.calibration.select import shipped_tables
+from simulator.calibration.table import read_table
 from simulator.costs.compute import shape_roofline_s
 from simulator.costs.lookup import CollectiveLookup, KernelLookup
 from simulator.hardware.gpus import get_gpu

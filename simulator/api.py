@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import gc
 import time
-import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 
-from simulator.calibration.table import CostTable, CostTableWarning, resolve_table
+from simulator.calibration.select import resolve_table, table_lookups
 from simulator.costs.collectives import CollectiveModel
-from simulator.costs.compute import ComputeModel, shape_roofline_s
+from simulator.costs.compute import ComputeModel
 from simulator.costs.host import HOST_GROUPS, HostModel
-from simulator.costs.lookup import MODELLED, CollectiveLookup, KernelLookup
+from simulator.costs.lookup import MODELLED
 from simulator.engine.engine import simulate_program
 from simulator.frameworks import Framework, get_framework
 from simulator.hardware.cluster import Cluster
@@ -56,45 +54,6 @@ def cost_model(comm: CollectiveModel, host: HostModel, group: str) -> Collective
 
 def task_phases(comm: CollectiveModel, host: HostModel, t, stage: int | None):
     return cost_model(comm, host, t.group).phases(t.kind, t.group, t.bytes, stage)
-
-
-_lookups: dict[
-    tuple, tuple
-] = {}  # (table directory, GPU, fabric) -> lookups built from it (tables are cached)
-
-
-def table_lookups(
-    table: CostTable | None, cluster: Cluster
-) -> tuple[KernelLookup | None, CollectiveLookup | None, dict]:
-    """The kernel and collective lookups a run uses, and what it says about them (``Metrics.cost_tables``)."""
-    if table is None:
-        return None, None, {"table": None}
-    gpu = cluster.gpu
-    nvlink = cluster.spec.node.nvlink_bandwidth_GBps or gpu.nvlink_bandwidth_GBps
-    key = (str(table.path), gpu.name, cluster.spec.model_dump_json())
-    if key not in _lookups:
-        notes = []
-        if table.meta.gpu not in (None, gpu.name) and table.kernels:
-            notes.append(
-                f"kernels measured on {table.meta.gpu} ({table.meta.device.model or 'unnamed device'}), used for {gpu.name} as asked"
-            )
-        rows, why = table.collectives_for(cluster.spec, nvlink)
-        if why:
-            notes.append(why + ": those collectives are modelled")
-        kernels = KernelLookup(table.kernels, partial(shape_roofline_s, gpu)) if table.kernels else None
-        colls = CollectiveLookup(rows) if rows else None
-        info = {
-            "table": table.label,
-            "kernel_rows": len(table.kernels),
-            "collective_rows": len(rows),
-            "notes": notes,
-        }
-        _lookups[key] = (kernels, colls, info)
-    kernels, colls, info = _lookups[key]
-    for note in info["notes"]:
-        if note.startswith("kernels measured on"):
-            warnings.warn(f"--kernels {table.label}: {note}", CostTableWarning, stacklevel=3)
-    return kernels, colls, info
 
 
 def placement_for(s: Scenario) -> Placement:

@@ -273,7 +273,7 @@ def test_run_json_reports_cost_sources_and_the_largest_modelled_ops(tmp_path):
 
 def test_shipped_tables_say_where_their_numbers_come_from():
     for name in ("a100-sxm4-80gb", "h100-sxm5-80gb"):
-        from simulator.calibration.table import shipped_tables
+        from simulator.calibration.select import shipped_tables
 
         t = read_table(shipped_tables()[name])
         assert t.meta.gpu == name and t.meta.sources and "MIT" in t.meta.sources[0].licence

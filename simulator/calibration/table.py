@@ -17,8 +17,7 @@ import math
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass, fields
-from functools import cache
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import yaml
@@ -50,7 +49,8 @@ KERNEL_OPS = {
     "sgd_step": "SGD step on m parameters (n = 1)",
 }
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
-DTYPES = ("fp16", "bf16", "fp32", "tf32", "fp8", "int8")
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "tf32": 4, "fp8": 1, "int8": 1}
+DTYPES = tuple(DTYPE_BYTES)
 PASSES = ("forward", "backward")
 SOURCES = ("measured", "interpolated", "modelled")
 
@@ -154,47 +154,17 @@ class TableMeta(_Meta):
     notes: str = ""
 
 
-@dataclass
+@dataclass(eq=False)
 class CostTable:
     meta: TableMeta
     kernels: list[KernelRow]
     collectives: list[CollectiveRow]
     path: Path | None = None
+    lookups: dict = field(default_factory=dict, repr=False)  # built from the rows, per GPU / cluster (api.py)
 
     @property
     def label(self) -> str:
         return self.meta.name if self.path is None or self.path.parent == SHIPPED_DIR else str(self.path)
-
-    def collectives_for(self, spec, nvlink_GBps: float) -> tuple[list[CollectiveRow], str]:
-        """The collective rows that describe the cluster of topology ``spec`` (with its what-if overrides), and
-        why others were left out. Rows inside a node need the same intra-node fabric; rows across nodes also
-        the same topology and NICs. ``nvlink_GBps`` is the cluster's NVLink bandwidth per GPU."""
-        sys, node = self.meta.system, spec.node
-        intra = {
-            "intra_node": (sys.intra_node, node.intra_node),
-            "nvlink_bandwidth_GBps": (sys.nvlink_bandwidth_GBps, nvlink_GBps),
-        }
-        inter = {
-            "topology": (sys.topology, spec.name),
-            "nics_per_node": (sys.nics_per_node, node.nics),
-            "nic_bandwidth_gbps": (sys.nic_bandwidth_gbps, node.nic_bandwidth_gbps),
-            "nic_kind": (sys.nic_kind, node.nic_kind),
-        }
-
-        def differ(checks: dict) -> list[str]:
-            return [
-                f"{k} {want} (cluster: {have})"
-                for k, (want, have) in checks.items()
-                if want is not None and want != have
-            ]
-
-        if self.meta.gpu not in (None, node.gpu):
-            return [], f"collectives measured with {self.meta.gpu}, the cluster has {node.gpu}"
-        if bad := differ(intra):
-            return [], "collectives measured on " + ", ".join(bad)
-        bad = differ(inter)
-        rows = [r for r in self.collectives if r.nodes == 1 or not bad]
-        return rows, ("multi-node collectives measured on " + ", ".join(bad)) if bad else ""
 
 
 # -- reading ----------------------------------------------------------------------------------------------------
@@ -310,9 +280,7 @@ def read_table(directory: str | Path) -> CostTable:
     """Read a table directory; one clear :class:`ScenarioError` per problem."""
     directory = Path(directory)
     if not directory.is_dir():
-        raise ScenarioError(
-            f"kernels: '{directory}' is not a table directory (nor a shipped table: {_names()})"
-        )
+        raise ScenarioError(f"kernels: '{directory}' is not a table directory")
     meta_path = directory / "table.yaml"
     if not meta_path.is_file():
         raise ScenarioError(
@@ -346,48 +314,6 @@ def read_table(directory: str | Path) -> CostTable:
         else []
     )
     return CostTable(meta, kernels, colls, directory)
-
-
-# -- choosing ---------------------------------------------------------------------------------------------------
-def shipped_tables() -> dict[str, Path]:
-    return {p.name: p for p in sorted(SHIPPED_DIR.iterdir()) if (p / "table.yaml").is_file()}
-
-
-def _names() -> str:
-    return ", ".join(shipped_tables()) or "none shipped"
-
-
-@cache
-def _load(path: str) -> CostTable:
-    return read_table(path)
-
-
-def check_choice(choice: str, field: str = "kernels", base_dir: Path | None = None) -> str:
-    """A valid ``kernels`` value: auto, none, a shipped table's name, or an existing table directory (made
-    absolute, relative to ``base_dir`` or the working directory)."""
-    if choice in ("auto", "none") or choice in shipped_tables():
-        return choice
-    path = Path(choice)
-    if base_dir is not None and not path.is_absolute():
-        path = base_dir / path
-    if not path.is_dir():
-        raise ScenarioError(
-            f"{field}: '{choice}' is neither a table directory nor a shipped table ({_names()}); "
-            "use auto or none for the defaults"
-        )
-    return str(path.resolve())
-
-
-def resolve_table(choice: str | None, gpu_name: str) -> CostTable | None:
-    """``choice``: None or "auto" (the shipped table of ``gpu_name`` if there is one), "none" (the pure model),
-    a shipped table's name, or a table directory."""
-    if choice is None or choice == "auto":
-        path = shipped_tables().get(gpu_name)
-        return _load(str(path)) if path else None
-    if choice == "none":
-        return None
-    path = shipped_tables().get(choice) or Path(choice)
-    return _load(str(Path(path).resolve()))
 
 
 # -- writing ----------------------------------------------------------------------------------------------------
@@ -436,5 +362,4 @@ def write_table(directory: str | Path, table: CostTable) -> Path:
             os.replace(tmp, directory)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    _load.cache_clear()
     return directory

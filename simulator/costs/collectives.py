@@ -145,10 +145,11 @@ class CollectiveModel:
         alone = sum(p.duration_s for p in self._cost(op, (tuple(grp),), size_bytes))
         if hit is None or alone <= 0:
             return phases, MODELLED
-        f = hit[0] / alone
-        return tuple(Phase(p.latency_s * f, {c: s * f for c, s in p.demand_s.items()}) for p in phases), hit[
-            1
-        ]
+        seconds, source = hit
+        f = seconds / alone
+        return tuple(
+            Phase(p.latency_s * f, {c: s * f for c, s in p.demand_s.items()}) for p in phases
+        ), source
 
     # -- algorithms -----------------------------------------------------------------------------------------
     def _cost(self, op: str, groups, size_bytes: float) -> tuple[Phase, ...]:

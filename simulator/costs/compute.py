@@ -16,12 +16,11 @@ from __future__ import annotations
 from functools import lru_cache
 from math import ceil
 
+from simulator.calibration.table import DTYPE_BYTES
 from simulator.costs.lookup import MODELLED, SHAPED, KernelLookup, work
 from simulator.frameworks import Framework
 from simulator.hardware.gpus import GPU
 from simulator.workload.transformer import Op
-
-ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "tf32": 4, "fp8": 1, "int8": 1}
 
 
 def gemm_efficiency(gpu: GPU, m: int, n: int, k: int, batch: int = 1) -> float:
@@ -49,7 +48,7 @@ def shape_roofline_s(
     flops = work(op, direction, m, n, k, batch)
     if op == "flash_attention":
         return flops / (peak * gpu.flash_attention_efficiency)
-    nbytes = ELEMENT_BYTES.get(dtype, 2) * batch * (m * k + k * n + m * n)
+    nbytes = DTYPE_BYTES.get(dtype, 2) * batch * (m * k + k * n + m * n)
     return max(flops / (peak * gemm_efficiency(gpu, m, n, k, batch)), memory_time_s(gpu, nbytes))
 
 

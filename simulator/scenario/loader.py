@@ -49,7 +49,7 @@ def load_scenario(
         ds_gas = data.pop("_deepspeed_gradient_accumulation_steps", None)
         data["deepspeed_config"] = str(path)
     if isinstance(data.get("kernels"), str):  # a table directory is relative to the scenario file
-        from simulator.calibration.table import check_choice
+        from simulator.calibration.select import check_choice
 
         data = {**data, "kernels": check_choice(data["kernels"], base_dir=base_dir)}
     try:

@@ -23,7 +23,7 @@ from collections import defaultdict
 from math import prod
 from pathlib import Path
 
-from simulator.calibration.table import CollectiveRow, KernelRow
+from simulator.calibration.table import DTYPE_BYTES, CollectiveRow, KernelRow
 from simulator.errors import ScenarioError
 
 DTYPES = {
@@ -35,7 +35,6 @@ DTYPES = {
     "Half": "fp16",
     "BFloat16": "bf16",
 }
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 COLLECTIVE_NAMES = {
     "allreduce": "all_reduce",
     "all_reduce": "all_reduce",

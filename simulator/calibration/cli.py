@@ -1,0 +1,269 @@
+"""``clustersim calibrate``: ground the cost model in measurements.
+
+calibrate kernels S.yaml --out DIR      time S's kernels and collectives on this machine (calibration/runner.py)
+calibrate import kineto | nccl-tests    rows from measurements made elsewhere (calibration/importers/)
+calibrate profile --filter IDS          fit a framework-generation profile to measured runs (validation/)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.progress import Progress
+
+from simulator.errors import ScenarioError
+from simulator.report.console import err, fail, note
+from simulator.scenario.loader import load_scenario
+
+calibrate_app = typer.Typer(
+    no_args_is_help=True,
+    help="Ground the cost model in measurements: fit framework profiles, time kernels, import measured tables.",
+)
+
+
+@calibrate_app.command("profile")
+def calibrate_profile(
+    filter_text: Annotated[
+        str, typer.Option("--filter", help="Comma-separated case ids (or id fragments) to fit on.")
+    ],
+    framework: Annotated[
+        str, typer.Option(help="Profile to start from (and name the result after).")
+    ] = "ideal",
+    params: Annotated[
+        str, typer.Option(help="Comma-separated parameters to fit.")
+    ] = "gemm_efficiency,memory_efficiency",
+    gpu: Annotated[
+        str | None, typer.Option(help="Fit the profile's factors for this GPU only (catalogue name).")
+    ] = None,
+    cases: Annotated[
+        Path | None, typer.Option(help="Cases file (default: the built-in published runs).")
+    ] = None,
+    write: Annotated[Path | None, typer.Option(help="Write the fitted profile to this YAML file.")] = None,
+) -> None:
+    """Fit a framework-generation profile to measured runs (least squares on log error)."""
+    import yaml
+
+    from simulator.frameworks import get_framework
+    from simulator.hardware.gpus import get_gpu
+    from simulator.validation import calibrate as cal
+    from simulator.validation import runner
+
+    try:
+        start = get_framework(framework)
+        if gpu:
+            get_gpu(gpu, "--gpu")
+        wanted = [f.strip().lower() for f in filter_text.split(",") if f.strip()]
+        chosen = [
+            c for c in runner.load_cases(cases) if any(w in str(c.get("id", "")).lower() for w in wanted)
+        ]
+    except ScenarioError as e:
+        fail(str(e))
+    names = [x.strip() for x in params.split(",") if x.strip()]
+    unknown = [x for x in names if x not in cal.BOUNDS]
+    if unknown:
+        fail(f"--params: unknown {', '.join(unknown)}; fittable: {', '.join(cal.BOUNDS)}")
+    if not chosen:
+        fail(f"--filter: no case id contains any of {filter_text}")
+    err.print(
+        escape(f"fitting {', '.join(names)} on {len(chosen)} cases: {', '.join(c['id'] for c in chosen)}")
+    )
+    with Progress(console=err, transient=True, disable=not sys.stderr.isatty()) as bar:
+        task = bar.add_task("fitting", total=None)
+        fitted = cal.fit(
+            chosen, start, names, progress=lambda msg: bar.update(task, description=msg), gpu=gpu
+        )
+    before, after = runner.run_cases(chosen, framework=start), runner.run_cases(chosen, framework=fitted)
+    for name in names:
+        print(
+            f"{name}{f' on {gpu}' if gpu else ''}: {cal.value_of(start, name, gpu):.4g} -> {cal.value_of(fitted, name, gpu):.4g}"
+        )
+    print("before: " + runner.summary_line(runner.summarize(before)))
+    print("after:  " + runner.summary_line(runner.summarize(after)))
+    if write:
+        how = f"clustersim calibrate profile --params {','.join(names)} --filter {filter_text}"
+        if gpu:
+            fitted = cal.with_value(fitted, "fitted", how, gpu)
+        else:
+            fitted = fitted.model_copy(update={"fitted": how})
+        write.write_text(yaml.safe_dump(fitted.model_dump(exclude_defaults=True), sort_keys=False))
+        print(f"profile written to {write}")
+
+
+@calibrate_app.command("kernels")
+def calibrate_kernels(
+    scenario: Annotated[
+        Path, typer.Argument(help="Scenario YAML file whose kernels and collectives to time.")
+    ],
+    out: Annotated[Path, typer.Option(help="Table directory to write (an existing one is resumed).")],
+    device: Annotated[str, typer.Option(help="cuda (this machine's GPUs) or cpu.")] = "cuda",
+    repeats: Annotated[
+        int, typer.Option(min=1, max=10000, help="Timed calls per shape (the median is kept).")
+    ] = 20,
+    max_bytes: Annotated[
+        float | None,
+        typer.Option(
+            help="Largest memory-bound working set timed whole (default 8 GiB on GPUs, 1 GiB on CPU)."
+        ),
+    ] = None,
+    collectives: Annotated[
+        bool, typer.Option(help="Also time the collectives (one process per rank).")
+    ] = True,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+) -> None:
+    """Time every kernel shape and collective SCENARIO's simulation costs, on this machine, into a table."""
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from simulator.calibration.runner import calibrate_kernels as run_calibration
+    from simulator.calibration.runner import require_torch
+
+    if device not in ("cuda", "cpu"):
+        fail(f"--device: use cuda or cpu (got {device})")
+    try:
+        require_torch()
+        s = load_scenario(scenario)
+        columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
+        columns += (TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+        show = not quiet and sys.stderr.isatty()
+        with Progress(*columns, console=err, transient=True, disable=not show) as bar:
+            task = bar.add_task("measuring", total=None)
+
+            def progress(done: int, total: int, what: str) -> None:
+                bar.update(task, completed=done, total=total, description=what[:50])
+
+            summary = run_calibration(s, out, device, repeats, max_bytes, progress, collectives)
+    except ScenarioError as e:
+        fail(str(e))
+    t = summary.table
+    print(
+        f"{out}: {len(t.kernels)} kernel rows, {len(t.collectives)} collective rows "
+        f"({summary.measured} measured now, {summary.kept} kept from before)"
+    )
+    for line in summary.skipped[:10]:
+        note("not measured", line)
+    if len(summary.skipped) > 10:
+        note("not measured", f"... and {len(summary.skipped) - 10} more")
+    if summary.interrupted:
+        err.print("interrupted: what was measured is saved; run the same command again to resume")
+        raise typer.Exit(130)
+    print(f"use it: clustersim run {scenario} --kernels {out}")
+
+
+import_app = typer.Typer(no_args_is_help=True, help="Turn measurements made elsewhere into cost-table rows.")
+calibrate_app.add_typer(import_app, name="import")
+
+
+def _report_import(table, added: int, notes: dict[str, int], out: Path) -> None:
+    for what, count in sorted(notes.items(), key=lambda kv: -kv[1])[:8]:
+        note("not imported", f"{count} x {what}")
+    print(
+        f"{out}: {added} rows added; the table has {len(table.kernels)} kernel and {len(table.collectives)} collective rows"
+    )
+    print(f"use it: clustersim run SCENARIO.yaml --kernels {out}")
+
+
+@import_app.command("kineto")
+def import_kineto(
+    trace: Annotated[
+        Path,
+        typer.Argument(
+            help="PyTorch profiler Chrome trace (.json or .json.gz), recorded with record_shapes=True."
+        ),
+    ],
+    out: Annotated[Path, typer.Option(help="Table directory to write or add to.")],
+    gpu: Annotated[
+        str | None, typer.Option(help="GPU catalogue name (default: from the trace's device name).")
+    ] = None,
+    ranks: Annotated[
+        int | None, typer.Option(min=2, help="Group size of collectives the trace does not record (gloo).")
+    ] = None,
+    nodes: Annotated[int, typer.Option(min=1, help="Nodes the traced collectives spanned.")] = 1,
+    ranks_per_node: Annotated[
+        int | None, typer.Option(min=1, help="Ranks per node (default: ranks / nodes).")
+    ] = None,
+    licence: Annotated[
+        str, typer.Option(help="Licence of the numbers, for the table's sources.")
+    ] = "the measurer's own",
+) -> None:
+    """Kernel rows (and NCCL collective rows) from a PyTorch profiler trace."""
+    from simulator.calibration.importers import match_gpu, merge_into
+    from simulator.calibration.importers.kineto import import_trace
+    from simulator.calibration.table import SourceInfo
+    from simulator.hardware.gpus import get_gpu
+
+    try:
+        if gpu:
+            get_gpu(gpu, "--gpu")
+        kernels, colls, info = import_trace(trace, ranks, nodes, ranks_per_node)
+        model = str(info["device"].get("name", "")) if info["gpu_trace"] else "cpu"
+        gpu = gpu or (match_gpu(model) if info["gpu_trace"] else "cpu")
+        source = SourceInfo(
+            rows=f"{len(kernels)} kernel, {len(colls)} collective",
+            source=f"PyTorch profiler trace {trace.name}",
+            licence=licence,
+        )
+        table = merge_into(out, kernels, colls, source, model, gpu)
+    except ScenarioError as e:
+        fail(str(e))
+    if not gpu:
+        note("warning", f"device '{model}' is not in the GPU catalogue; pass --gpu so runs pick the table")
+    _report_import(table, len(kernels) + len(colls), info["skipped"], out)
+
+
+@import_app.command("nccl-tests")
+def import_nccl_tests(
+    logs: Annotated[list[Path], typer.Argument(help="nccl-tests output files (text, or JSON from -J).")],
+    out: Annotated[Path, typer.Option(help="Table directory to write or add to.")],
+    op: Annotated[
+        str | None, typer.Option(help="Which test, where the log does not say: all_reduce, all_gather, ...")
+    ] = None,
+    ranks: Annotated[
+        int | None, typer.Option(min=2, help="Ranks, where the log has no '#  Rank' lines.")
+    ] = None,
+    nodes: Annotated[
+        int | None, typer.Option(min=1, help="Nodes (default: distinct hosts in the log).")
+    ] = None,
+    gpu: Annotated[str | None, typer.Option(help="GPU catalogue name of the machine measured.")] = None,
+    topology: Annotated[
+        str | None, typer.Option(help="Topology the rows describe (rows across nodes apply only to it).")
+    ] = None,
+    licence: Annotated[
+        str, typer.Option(help="Licence of the numbers, for the table's sources.")
+    ] = "the measurer's own",
+) -> None:
+    """Collective rows from nccl-tests logs (both column layouts, MPI / Slurm prefixes, JSON output)."""
+    from simulator.calibration.importers import merge_into
+    from simulator.calibration.importers.nccl_tests import parse_nccl_tests
+    from simulator.calibration.table import COLLECTIVE_OPS, SourceInfo, SystemInfo
+    from simulator.hardware.gpus import get_gpu
+    from simulator.hardware.topology import load_topology
+
+    if op is not None and op not in COLLECTIVE_OPS:
+        fail(f"--op: '{op}' is not one of {', '.join(COLLECTIVE_OPS)}")
+    try:
+        if gpu:
+            get_gpu(gpu, "--gpu")
+        system = SystemInfo()
+        if topology:
+            spec = load_topology(topology)
+            system = SystemInfo(
+                topology=spec.name,
+                intra_node=spec.node.intra_node,
+                nics_per_node=spec.node.nics,
+                nic_bandwidth_gbps=spec.node.nic_bandwidth_gbps,
+                nic_kind=spec.node.nic_kind,
+            )
+            gpu = gpu or spec.node.gpu
+        rows = [r for log in logs for r in parse_nccl_tests(log, op, ranks, nodes)]
+        source = SourceInfo(
+            rows=f"{len(rows)} collective",
+            source="nccl-tests: " + ", ".join(p.name for p in logs),
+            licence=licence,
+        )
+        table = merge_into(out, [], rows, source, gpu=gpu, system=system)
+    except ScenarioError as e:
+        fail(str(e))
+    _report_import(table, len(rows), {}, out)

@@ -1,0 +1,127 @@
+"""Which cost table a run uses, and which of its rows apply to the run's cluster.
+
+``kernels:`` (scenario) / ``--kernels`` (command line): ``auto`` is the shipped table of the cluster's GPU where
+there is one, ``none`` the pure model, else a shipped table's name or a table directory. Kernel rows apply to
+the GPU they name (another GPU's rows are used when asked, with a warning); collective rows only to a cluster
+whose fabric matches the table's ``system``, so what-ifs with other links fall back to the model.
+"""
+
+from __future__ import annotations
+
+import warnings
+from functools import cache, partial
+from pathlib import Path
+
+from simulator.calibration.table import SHIPPED_DIR, CollectiveRow, CostTable, CostTableWarning, read_table
+from simulator.costs.compute import shape_roofline_s
+from simulator.costs.lookup import CollectiveLookup, KernelLookup
+from simulator.errors import ScenarioError
+
+
+def shipped_tables() -> dict[str, Path]:
+    return {p.name: p for p in sorted(SHIPPED_DIR.iterdir()) if (p / "table.yaml").is_file()}
+
+
+def _names() -> str:
+    return ", ".join(shipped_tables()) or "none shipped"
+
+
+def _stamp(path: Path) -> tuple:
+    """When the table's files last changed: a table rewritten in place is read again."""
+    return tuple(p.stat().st_mtime_ns for p in sorted(path.iterdir()) if p.is_file())
+
+
+@cache
+def _load(path: str, stamp: tuple) -> CostTable:
+    return read_table(path)
+
+
+def check_choice(choice: str, field: str = "kernels", base_dir: Path | None = None) -> str:
+    """A valid ``kernels`` value: auto, none, a shipped table's name, or an existing table directory (made
+    absolute, relative to ``base_dir`` or the working directory)."""
+    if choice in ("auto", "none") or choice in shipped_tables():
+        return choice
+    path = Path(choice)
+    if base_dir is not None and not path.is_absolute():
+        path = base_dir / path
+    if not path.is_dir():
+        raise ScenarioError(
+            f"{field}: '{choice}' is neither a table directory nor a shipped table ({_names()}); "
+            "use auto or none for the defaults"
+        )
+    return str(path.resolve())
+
+
+def resolve_table(choice: str | None, gpu_name: str) -> CostTable | None:
+    """The table ``choice`` names (see the module docstring), or None for the pure model."""
+    if choice == "none":
+        return None
+    if choice is None or choice == "auto":
+        path = shipped_tables().get(gpu_name)
+        if path is None:
+            return None
+    else:
+        path = (shipped_tables().get(choice) or Path(choice)).resolve()
+    if not path.is_dir():
+        raise ScenarioError(f"kernels: '{choice}' is not a table directory")
+    return _load(str(path), _stamp(path))
+
+
+def collective_rows_for(table: CostTable, spec, nvlink_GBps: float) -> tuple[list[CollectiveRow], str]:
+    """The collective rows that describe the cluster of topology ``spec`` (with its what-if overrides), and
+    why others were left out. Rows inside a node need the same intra-node fabric; rows across nodes also the
+    same topology and NICs. ``nvlink_GBps`` is the cluster's NVLink bandwidth per GPU."""
+    sys, node = table.meta.system, spec.node
+    intra = {
+        "intra_node": (sys.intra_node, node.intra_node),
+        "nvlink_bandwidth_GBps": (sys.nvlink_bandwidth_GBps, nvlink_GBps),
+    }
+    inter = {
+        "topology": (sys.topology, spec.name),
+        "nics_per_node": (sys.nics_per_node, node.nics),
+        "nic_bandwidth_gbps": (sys.nic_bandwidth_gbps, node.nic_bandwidth_gbps),
+        "nic_kind": (sys.nic_kind, node.nic_kind),
+    }
+
+    def differ(checks: dict) -> list[str]:
+        return [
+            f"{k} {want} (cluster: {have})" for k, (want, have) in checks.items() if want not in (None, have)
+        ]
+
+    if table.meta.gpu not in (None, node.gpu):
+        return [], f"collectives measured with {table.meta.gpu}, the cluster has {node.gpu}"
+    if bad := differ(intra):
+        return [], "collectives measured on " + ", ".join(bad)
+    bad = differ(inter)
+    rows = [r for r in table.collectives if r.nodes == 1 or not bad]
+    return rows, ("multi-node collectives measured on " + ", ".join(bad)) if bad else ""
+
+
+def table_lookups(
+    table: CostTable | None, cluster
+) -> tuple[KernelLookup | None, CollectiveLookup | None, dict]:
+    """The kernel and collective lookups a run uses, and what it says about them (``Metrics.cost_tables``).
+    Lookups are built once per table and GPU (kernels) or cluster (collectives) and kept with the table."""
+    if table is None:
+        return None, None, {"table": None}
+    gpu, notes = cluster.gpu, []
+    kernels = None
+    if table.kernels:
+        key = ("kernels", gpu.name)
+        if key not in table.lookups:
+            table.lookups[key] = KernelLookup(table.kernels, partial(shape_roofline_s, gpu))
+        kernels = table.lookups[key]
+        if table.meta.gpu not in (None, gpu.name):
+            device = table.meta.device.model or "an unnamed device"
+            notes.append(f"kernels measured on {table.meta.gpu} ({device}), used for {gpu.name} as asked")
+            warnings.warn(f"--kernels {table.label}: {notes[-1]}", CostTableWarning, stacklevel=3)
+    key = ("collectives", cluster.spec.model_dump_json())
+    if key not in table.lookups:
+        nvlink = cluster.spec.node.nvlink_bandwidth_GBps or gpu.nvlink_bandwidth_GBps
+        rows, why = collective_rows_for(table, cluster.spec, nvlink)
+        table.lookups[key] = (CollectiveLookup(rows) if rows else None, len(rows), why)
+    colls, used, why = table.lookups[key]
+    if why:
+        notes.append(why + ": those collectives are modelled")
+    info = {"table": table.label, "kernel_rows": len(table.kernels), "collective_rows": used, "notes": notes}
+    return kernels, colls, info
