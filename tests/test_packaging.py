@@ -9,7 +9,8 @@ ROOT = Path(__file__).parents[1]
 def test_every_subpackage_is_listed_for_the_wheel():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "simulator").rglob("__init__.py")}
-    assert found | {"simulator.topologies"} == listed
+    data_dirs = {"simulator.calibration.tables", "simulator.hardware.gpus", "simulator.scenario.presets"}
+    assert found | data_dirs | {"simulator.topologies"} == listed
 
 
 def test_data_the_simulator_reads_is_covered_by_package_data():
