@@ -144,6 +144,12 @@ def test_a_truncated_or_foreign_trace_is_one_error_naming_the_file(tmp_path):
     (tmp_path / "cut.json.gz").write_bytes(gzip.compress(good.encode())[:100])
     with pytest.raises(ScenarioError, match="truncated or corrupt gzip"):
         import_trace(tmp_path / "cut.json.gz")
+    odd = {
+        "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": "soon", "dur": 1, "tid": 1}]
+    }
+    (tmp_path / "odd.json").write_text(json.dumps(odd))
+    with pytest.raises(ScenarioError, match="odd.json: an event is not in the profiler's format"):
+        import_trace(tmp_path / "odd.json")
     (tmp_path / "other.json").write_text('{"hello": 1}')
     r = runner.invoke(
         app, ["calibrate", "import", "kineto", str(tmp_path / "other.json"), "--out", str(tmp_path / "t")]

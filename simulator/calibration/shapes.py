@@ -85,9 +85,8 @@ def costed_shapes(s: Scenario) -> tuple[list[KernelShape], list[CollectiveShape]
 
 
 def _distinct(times: dict) -> list:
-    """One shape per key (names differ between ops of the same shape), the most time first."""
-    best: dict[tuple, tuple[float, object]] = {}
+    """One shape per key (ops of one shape may carry different names), the most time first."""
+    merged: dict[tuple, list] = {}
     for shape, seconds in times.items():
-        total = best.get(shape.key, (0.0, shape))[0] + seconds
-        best[shape.key] = (total, best.get(shape.key, (0.0, shape))[1])
-    return [shape for _, shape in sorted(best.values(), key=lambda x: -x[0])]
+        merged.setdefault(shape.key, [0.0, shape])[0] += seconds
+    return [shape for _, shape in sorted(merged.values(), key=lambda x: -x[0])]

@@ -85,59 +85,46 @@ def _tensor_list_elements(dims):
     return (sum(prod(d) for d in dims if isinstance(d, list)), 1, 0, 1) if dims else None
 
 
+def _sdpa_forward(d):  # q, k, v, ...
+    return _sdpa(d[0], d[1])
+
+
+def _sdpa_backward(d):  # grad_out, q, k, v, ...
+    return _sdpa(d[1], d[2])
+
+
+def _first(d):
+    return _memory(d[0])
+
+
+_SDPA = ("flash_attention", "efficient_attention", "cudnn_attention", "flash_attention_for_cpu")
+
 # aten op -> (kernel kind, direction, shape from its Input Dims -> (m, n, k, batch))
 KINDS = {
     "aten::mm": ("gemm", "forward", lambda d: _mm(d[0], d[1])),
     "aten::addmm": ("gemm", "forward", lambda d: _mm(d[1], d[2])),
     "aten::bmm": ("batched_gemm", "forward", lambda d: _bmm(d[0], d[1])),
     "aten::baddbmm": ("batched_gemm", "forward", lambda d: _bmm(d[1], d[2])),
-    "aten::_scaled_dot_product_flash_attention": ("flash_attention", "forward", lambda d: _sdpa(d[0], d[1])),
-    "aten::_scaled_dot_product_efficient_attention": (
-        "flash_attention",
-        "forward",
-        lambda d: _sdpa(d[0], d[1]),
-    ),
-    "aten::_scaled_dot_product_cudnn_attention": ("flash_attention", "forward", lambda d: _sdpa(d[0], d[1])),
-    "aten::_scaled_dot_product_flash_attention_for_cpu": (
-        "flash_attention",
-        "forward",
-        lambda d: _sdpa(d[0], d[1]),
-    ),
-    "aten::_scaled_dot_product_flash_attention_backward": (
-        "flash_attention",
-        "backward",
-        lambda d: _sdpa(d[1], d[2]),
-    ),
-    "aten::_scaled_dot_product_efficient_attention_backward": (
-        "flash_attention",
-        "backward",
-        lambda d: _sdpa(d[1], d[2]),
-    ),
-    "aten::_scaled_dot_product_cudnn_attention_backward": (
-        "flash_attention",
-        "backward",
-        lambda d: _sdpa(d[1], d[2]),
-    ),
-    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": (
-        "flash_attention",
-        "backward",
-        lambda d: _sdpa(d[1], d[2]),
-    ),
-    "aten::native_layer_norm": ("layernorm", "forward", lambda d: _memory(d[0])),
-    "aten::native_layer_norm_backward": ("layernorm", "backward", lambda d: _memory(d[0])),
-    "aten::_fused_rms_norm": ("rmsnorm", "forward", lambda d: _memory(d[0])),
-    "aten::_fused_rms_norm_backward": ("rmsnorm", "backward", lambda d: _memory(d[0])),
-    "aten::_softmax": ("softmax", "forward", lambda d: _memory(d[0])),
-    "aten::_softmax_backward_data": ("softmax", "backward", lambda d: _memory(d[0])),
-    "aten::native_dropout": ("dropout", "forward", lambda d: _memory(d[0])),
-    "aten::native_dropout_backward": ("dropout", "backward", lambda d: _memory(d[0])),
-    "aten::gelu": ("gelu", "forward", lambda d: _memory(d[0])),
-    "aten::gelu_backward": ("gelu", "backward", lambda d: _memory(d[0])),
-    "aten::relu": ("relu", "forward", lambda d: _memory(d[0])),
-    "aten::threshold_backward": ("relu", "backward", lambda d: _memory(d[0])),
+    **{f"aten::_scaled_dot_product_{a}": ("flash_attention", "forward", _sdpa_forward) for a in _SDPA},
+    **{
+        f"aten::_scaled_dot_product_{a}_backward": ("flash_attention", "backward", _sdpa_backward)
+        for a in _SDPA
+    },
+    "aten::native_layer_norm": ("layernorm", "forward", _first),
+    "aten::native_layer_norm_backward": ("layernorm", "backward", _first),
+    "aten::_fused_rms_norm": ("rmsnorm", "forward", _first),
+    "aten::_fused_rms_norm_backward": ("rmsnorm", "backward", _first),
+    "aten::_softmax": ("softmax", "forward", _first),
+    "aten::_softmax_backward_data": ("softmax", "backward", _first),
+    "aten::native_dropout": ("dropout", "forward", _first),
+    "aten::native_dropout_backward": ("dropout", "backward", _first),
+    "aten::gelu": ("gelu", "forward", _first),
+    "aten::gelu_backward": ("gelu", "backward", _first),
+    "aten::relu": ("relu", "forward", _first),
+    "aten::threshold_backward": ("relu", "backward", _first),
     "aten::embedding": ("embedding", "forward", lambda d: _embedding(d[0], d[1])),
-    "aten::cross_entropy_loss": ("cross_entropy", "forward", lambda d: _memory(d[0])),
-    "aten::_log_softmax_backward_data": ("cross_entropy", "backward", lambda d: _memory(d[0])),
+    "aten::cross_entropy_loss": ("cross_entropy", "forward", _first),
+    "aten::_log_softmax_backward_data": ("cross_entropy", "backward", _first),
     "aten::_fused_adam_": ("adam_step", "forward", lambda d: _tensor_list_elements(d[0])),
     "aten::_fused_adamw_": ("adam_step", "forward", lambda d: _tensor_list_elements(d[0])),
 }
@@ -232,6 +219,15 @@ def import_trace(
 ) -> tuple[list[KernelRow], list[CollectiveRow], dict]:
     """(kernel rows, collective rows, what was found: device, counts of ops not imported)."""
     events, top = load_trace(path)
+    try:
+        return _import(events, top, ranks, nodes, ranks_per_node)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:  # an event not shaped as Kineto writes it
+        raise ScenarioError(
+            f"{path}: an event is not in the profiler's format ({type(e).__name__}: {e})"
+        ) from None
+
+
+def _import(events: list[dict], top: dict, ranks, nodes, ranks_per_node):
     ops = _Ops(events)
     kernels = [e for e in events if e.get("ph") == "X" and str(e.get("cat", "")).lower() == "kernel"]
     times: dict[tuple, list[tuple[float, float | None]]] = defaultdict(list)  # key -> [(us, host us)]
