@@ -66,7 +66,7 @@ def lookups_per_second(gpu_name: str) -> None:
     hits = sum(look.cost(*q) is not None for q in gemms)
     print(f"{gpu_name}: {len(table.kernels):,} kernel rows, lookup built in {build * 1e3:.0f} ms")
     print(
-        f"  GEMM lookups (interpolation over {len(look.shaped[('gemm', '', 'fp16')].x):,} rows): {rate(look.cost, gemms):,.0f} /s, {hits / len(gemms):.0%} inside the measured range"
+        f"  GEMM lookups (interpolation over {len(look.shaped[('gemm', 'forward', 'fp16')].x):,} rows): {rate(look.cost, gemms):,.0f} /s, {hits / len(gemms):.0%} inside the measured range"
     )
     print(f"  memory-bound kernel lookups: {rate(look.cost, mems):,.0f} /s")
     print(f"  collective lookups: {rate(colls.cost, cqs):,.0f} /s")

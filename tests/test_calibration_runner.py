@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 from simulator.api import simulate
 from simulator.calibration.table import CostTable, read_table, write_table
 from simulator.cli import app
+from simulator.costs.lookup import table_pass
 from simulator.scenario.loader import load_scenario
 
 torch = pytest.importorskip("torch")
@@ -56,8 +57,7 @@ def test_calibrated_table_makes_compute_measured_and_the_iteration_follows_its_r
     expected = 0.0
     for t in r.program.tasks:
         for op in t.ops:
-            direction = "forward" if op.kernel in ("gemm", "batched_gemm") else op.direction
-            key = (op.kernel, direction, op.m, op.n, op.k, op.batch)
+            key = (op.kernel, table_pass(op.kernel, op.direction), op.m, op.n, op.k, op.batch)
             expected += rows[key] + launch if key in rows else r.compute.op_time_s(op)
     assert r.metrics.iteration_time_s == pytest.approx(expected, rel=1e-9)
     # the same table with every kernel twice as slow: the compute time follows (a table ignored would not)

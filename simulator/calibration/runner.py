@@ -64,9 +64,8 @@ def _scaled(shape: KernelShape, max_bytes: float) -> KernelShape:
     measured size's bandwidth above it, so the row still serves the full size)."""
     if shape.op in ("gemm", "batched_gemm", "flash_attention"):
         return shape
-    per_row = shape.n * (
-        16 if shape.op in ("adam_step", "sgd_step") else 4 * 4
-    )  # fp32 states / a few tensors
+    # bytes per row: fp32 parameter, gradient and two Adam states; else a few fp32 tensors of the row
+    per_row = shape.n * (16 if shape.op in ("adam_step", "sgd_step") else 4 * 4)
     if shape.m * per_row <= max_bytes:
         return shape
     m = max(1, int(max_bytes // per_row))
@@ -182,8 +181,7 @@ def calibrate_kernels(
     kernels = list(old.kernels) if old else []
     colls = list(old.collectives) if old else []
     summary = Summary(CostTable(meta, kernels, colls, out), kept=len(kernels) + len(colls))
-    have_k = {(r.op, r.direction, r.dtype, r.m, r.n, r.k, r.batch) for r in kernels}
-    have_c = {(r.op, r.ranks, r.nodes, r.ranks_per_node, float(r.bytes)) for r in colls}
+    have_k, have_c = {r.key for r in kernels}, {r.key for r in colls}
 
     k_shapes, c_shapes = costed_shapes(s)
     todo_k = [sh for sh in (_scaled(x, max_bytes) for x in k_shapes) if sh.key not in have_k]

@@ -8,6 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from simulator.costs.host import HOST_GROUPS
+from simulator.costs.lookup import table_pass
 from simulator.scenario.schema import Scenario
 
 
@@ -74,7 +75,7 @@ def costed_shapes(s: Scenario) -> tuple[list[KernelShape], list[CollectiveShape]
                     if shape:
                         coll_time[shape] += r.comm.standalone_time_s(op.collective, op.group, op.bytes)
                 elif op.kernel:
-                    direction = "forward" if op.kernel in ("gemm", "batched_gemm") else op.direction
+                    direction = table_pass(op.kernel, op.direction)
                     shape = KernelShape(op.kernel, direction, dtype, op.m, op.n, op.k, op.batch, op.name)
                     kernel_time[shape] += r.compute.op_time_s(op)
         elif t.is_collective:

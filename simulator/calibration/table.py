@@ -81,6 +81,11 @@ class KernelRow:
     def seconds(self) -> float:
         return self.median_us * 1e-6
 
+    @property
+    def key(self) -> tuple:
+        """What the runner measures a row for (``shapes.KernelShape.key``)."""
+        return (self.op, self.direction, self.dtype, self.m, self.n, self.k, self.batch)
+
 
 @dataclass(frozen=True)
 class CollectiveRow:
@@ -103,6 +108,11 @@ class CollectiveRow:
     @property
     def seconds(self) -> float:
         return self.median_us * 1e-6
+
+    @property
+    def key(self) -> tuple:
+        """What the runner measures a row for (``shapes.CollectiveShape.key``)."""
+        return (self.op, self.ranks, self.nodes, self.ranks_per_node, float(self.bytes))
 
 
 class _Meta(BaseModel):

@@ -45,6 +45,12 @@ Cost = tuple[float, str]  # seconds, source
 Roofline = Callable[[str, str, str, int, int, int, int], float]  # (op, direction, dtype, m, n, k, batch) -> s
 
 
+def table_pass(op: str, direction: str) -> str:
+    """The pass a table row of this kernel is looked up by: a GEMM's backward is GEMMs of other shapes (the
+    workload lists them), so for GEMMs the pass does not matter and every row counts as forward."""
+    return "forward" if op in ("gemm", "batched_gemm") else direction
+
+
 def work(op: str, direction: str, m: int, n: int, k: int, batch: int) -> float:
     """FLOPs of a shaped kernel: 2mnk per GEMM; causal FlashAttention 2bmnk forward, 2.5x that backward
     (Dao 2023, FlashAttention-2, Sec. 4: backward does 2.5 times the matmul work of forward)."""
@@ -121,7 +127,7 @@ class KernelLookup:
         for r in rows:
             exact[self._key(r.op, r.direction, r.dtype, r.m, r.n, r.k, r.batch)].append(r.seconds)
             if r.op in SHAPED:
-                shaped[(r.op, self._direction(r.op, r.direction), r.dtype)].append(r)
+                shaped[(r.op, table_pass(r.op, r.direction), r.dtype)].append(r)
             else:
                 points.append(((r.op, r.direction, r.dtype), float(r.m * r.n), r.seconds))
         self.exact = {k: median(v) for k, v in exact.items()}
@@ -129,20 +135,9 @@ class KernelLookup:
         self.curves = _curves(points)
 
     @staticmethod
-    def _direction(op: str, direction: str) -> str:
-        # a GEMM's backward is GEMMs of other shapes (the workload lists them): the pass does not matter
-        return "" if op in ("gemm", "batched_gemm") else direction
-
-    def _key(self, op, direction, dtype, m, n, k, batch) -> tuple:
-        return (
-            op,
-            self._direction(op, direction),
-            dtype,
-            m,
-            n,
-            k if op in SHAPED or op == "embedding" else 0,
-            batch,
-        )
+    def _key(op, direction, dtype, m, n, k, batch) -> tuple:
+        k = k if op in SHAPED or op == "embedding" else 0
+        return (op, table_pass(op, direction), dtype, m, n, k, batch)
 
     def cost(
         self, op: str, direction: str, dtype: str, m: int, n: int, k: int, batch: int, roofline_s: float
@@ -155,7 +150,7 @@ class KernelLookup:
             if hit is not None:
                 return hit, exact_source
             if op in SHAPED:
-                group = self.shaped.get((op, self._direction(op, direction), dt))
+                group = self.shaped.get((op, table_pass(op, direction), dt))
                 seconds = group.cost(direction, m, n, k, batch, roofline_s) if group else None
             else:
                 curve = self.curves.get((op, direction, dt))
