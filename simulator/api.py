@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from simulator.calibration.select import resolve_table, table_lookups
 from simulator.costs.collectives import CollectiveModel
 from simulator.costs.compute import ComputeModel
+from simulator.costs.dispatch import task_cost
 from simulator.costs.host import HOST_GROUPS, HostModel
 from simulator.costs.lookup import MODELLED
-from simulator.engine.engine import simulate_program
+from simulator.engine.engine import TaskCost, simulate_program
 from simulator.frameworks import Framework, get_framework
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
@@ -23,7 +24,7 @@ from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
 from simulator.strategy import build_program, onebit
 from simulator.strategy.program import Program
-from simulator.timeline.timeline import Part, Timeline
+from simulator.timeline.timeline import Timeline
 from simulator.workload.transformer import Workload, build_workload
 
 __all__ = ["Result", "load_scenario", "simulate"]
@@ -64,37 +65,6 @@ def placement_for(s: Scenario) -> Placement:
     )
 
 
-def split_parts(ops, compute: ComputeModel, comm_time) -> tuple[float, tuple[Part, ...]]:
-    """Seconds of a compute task and, when it holds collectives (``comm_time(op)`` seconds each), its parts in
-    order. A collective that ``overlaps`` the kernel before or after it hides behind that kernel; only what
-    outlasts it adds time."""
-    if not any(op.kind == "collective" for op in ops):
-        return compute.ops_time_s(ops), ()
-    parts: list[Part] = []
-    run: list = []
-    budget = 0.0  # time of the last kernel that "previous"-overlapping collectives can still hide behind
-    for i, op in enumerate((*ops, None)):
-        if op is not None and op.kind != "collective":
-            run.append(op)
-            continue
-        if run:
-            budget = compute.op_time_s(run[-1])
-            parts.append(Part("kernels", "compute", "", 0.0, compute.ops_time_s(tuple(run))))
-            run = []
-        if op is None:
-            break
-        seconds = comm_time(op)
-        hidden = 0.0
-        if op.overlaps == "previous":
-            hidden = min(seconds, budget)
-            budget -= hidden
-        elif op.overlaps == "next":
-            following = next((o for o in ops[i + 1 :] if o.kind != "collective"), None)
-            hidden = min(seconds, compute.op_time_s(following)) if following else 0.0
-        parts.append(Part(op.name, op.collective, op.group, op.bytes, seconds - hidden, hidden))
-    return sum(p.duration_s for p in parts), tuple(parts)
-
-
 @contextmanager
 def _no_cyclic_gc():
     """A pipeline run allocates ~10^5 long-lived objects (tasks, tuples); Python's cyclic collector would walk
@@ -124,13 +94,13 @@ def _simulate(scenario, cluster, workload, framework) -> Result:
     t0 = time.perf_counter()
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     cluster = cluster or Cluster(cluster_spec(s), s.cluster.num_nodes)
-    workload = workload or build_workload(s)
+    framework = framework or (workload.framework if workload else get_framework(s.framework))
+    workload = workload or build_workload(s, framework)
     placement = placement_for(s)
     kernels, measured_comm, table_info = table_lookups(resolve_table(s.kernels, cluster.gpu.name), cluster)
     comm = CollectiveModel(cluster, placement, s.parallelism.collective_algorithm, measured_comm)
-    compute = ComputeModel(
-        cluster.gpu, s.training.precision, framework or get_framework(s.framework), kernels
-    )
+    compute = ComputeModel(cluster.gpu, s.training.precision, framework, kernels)
+    dispatch = compute.framework.host  # the profile as it applies on this GPU
     host = HostModel(comm, s)
     peak = cluster.gpu.peak_flops(s.training.precision)
 
@@ -138,12 +108,12 @@ def _simulate(scenario, cluster, workload, framework) -> Result:
         return cost_model(comm, host, op.group).standalone_time_s(op.collective, op.group, op.bytes)
 
     def run(program: Program) -> tuple[Timeline, Metrics]:
-        durations: dict[int, tuple[float, tuple[Part, ...]]] = {}  # tasks share ops tuples: cost each once
+        durations: dict[int, TaskCost] = {}  # tasks share ops tuples: cost each once
 
-        def task_duration(task) -> tuple[float, tuple[Part, ...]]:
+        def task_duration(task) -> TaskCost:
             key = id(task.ops)
             if key not in durations:
-                durations[key] = split_parts(task.ops, compute, comm_time)
+                durations[key] = task_cost(task.ops, compute, comm_time, dispatch, s.training.cuda_graphs)
             return durations[key]
 
         stage_of = [r.stage for r in program.ranks]
@@ -173,6 +143,7 @@ def _simulate(scenario, cluster, workload, framework) -> Result:
                 sum(ph["steps"] * ph["iteration_time_s"] for ph in metrics.optimizer_phases) / steps
             )
     metrics.params_billion = workload.total_params / 1e9
+    metrics.framework = compute.framework.name
     metrics.wall_s = time.perf_counter() - t0
     return Result(s, workload, program, timeline, cluster, placement, metrics, comm, host, compute)
 

@@ -15,10 +15,12 @@ GPT_SMALL = {
 }
 
 
-def make(model=None, cluster=None, training=None, parallelism=None, name="test"):
-    """A validated scenario from small dicts, with test defaults."""
+def make(model=None, cluster=None, training=None, parallelism=None, name="test", framework="ideal"):
+    """A validated scenario from small dicts, with test defaults: the ideal framework (no host cost, no
+    framework kernels), so that closed forms hold exactly."""
     data = {
         "name": name,
+        "framework": framework,
         "model": copy.deepcopy(model or GPT_SMALL),
         "cluster": {"topology": "dgx-a100", "num_nodes": 1, **(cluster or {})},
         "training": {"global_batch_size": 8, "micro_batch_size": 1, "precision": "bf16", **(training or {})},

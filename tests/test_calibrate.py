@@ -41,4 +41,29 @@ def test_framework_profiles_slow_kernels_down_and_unknown_names_are_reported():
     assert slower > 1.3 * ideal
     r = CliRunner().invoke(app, ["calibrate", "profile", "--filter", "NAR21-T1-1.7B", "--framework", "nope"])
     assert r.exit_code == 2 and "unknown framework 'nope'" in r.output
-    assert get_framework("megatron-2021").gemm_efficiency < 1
+    assert get_framework("llm-foundry-2023").gemm_efficiency < 1
+
+
+def test_fit_recovers_the_host_cost_per_backward_kernel_of_a_host_bound_run():
+    """A run whose small kernels are paced by the host: the fitted host seconds per backward kernel are those
+    that produced it (the host model is identifiable from iteration times)."""
+    tiny_model = {
+        "num_layers": 4,
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "seq_length": 256,
+        "vocab_size": 1000,
+    }
+    small = {
+        **CASE,
+        "model": tiny_model,
+        "training": {**CASE["training"], "micro_batch_size": 1, "global_batch_size": 4},
+    }
+    host = get_framework("pytorch-2024").host
+    truth = Framework(name="truth", host=host.model_copy(update={"backward_kernel_s": 6e-5}))
+    measured = run_case(small, truth).predicted
+    case = {**small, "published": {"metric": "iteration_time_s", "value": measured}}
+    start = Framework(name="fit", host=host)
+    fitted = fit([case], start, ["host.backward_kernel_s"], rounds=1)
+    assert fitted.host.backward_kernel_s == pytest.approx(6e-5, rel=0.02)
+    assert run_case(case, start).predicted < 0.95 * measured  # the starting profile was measurably off

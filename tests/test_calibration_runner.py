@@ -19,6 +19,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:--kernels .* kernels measured on
 
 TINY = """
 name: tiny-gpt
+framework: ideal
 model: {num_layers: 2, hidden_size: 128, num_attention_heads: 4, seq_length: 64, vocab_size: 512}
 cluster: {topology: dgx-a100, num_nodes: 1, gpus_per_node: GPUS}
 training: {global_batch_size: 2, micro_batch_size: 2, precision: fp32}

@@ -92,11 +92,19 @@ def lookup_of(rows):
 def test_an_exact_row_is_measured_and_costs_its_median_plus_the_launch_gap():
     op = gemm("qkv", 2048, 4608, 12288)
     cm = ComputeModel(
-        A100, "bf16", kernels=lookup_of([KernelRow("gemm", "bf16", 2048, 4608, 12288, 1, 812.5)])
+        A100, "bf16", kernels=lookup_of([KernelRow("gemm", "bf16", 2048, 4608, 12288, 1, 1012.5)])
     )
     seconds, source = cm.op_cost(op)
     assert source == "measured"
-    assert seconds == pytest.approx(812.5e-6 + A100.kernel_launch_s, rel=1e-12)
+    assert seconds == pytest.approx(1012.5e-6 + A100.kernel_launch_s, rel=1e-12)
+
+
+def test_no_gemm_runs_faster_than_the_best_measured_matmul_of_the_gpu():
+    # 232 GFLOP in 700 us would be 331 TFLOP/s, above the A100's 312 peak: the row is clamped to MAMF (0.869)
+    op = gemm("qkv", 2048, 4608, 12288)
+    cm = ComputeModel(A100, "bf16", kernels=lookup_of([KernelRow("gemm", "bf16", 2048, 4608, 12288, 1, 700)]))
+    seconds, _ = cm.op_cost(op)
+    assert seconds == pytest.approx(op.flops / (312e12 * 0.869) + A100.kernel_launch_s, rel=1e-12)
 
 
 def test_a_gemm_between_measured_shapes_is_interpolated_relative_to_the_roofline():

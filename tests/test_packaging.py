@@ -22,6 +22,8 @@ def test_data_the_simulator_reads_is_covered_by_package_data():
         "validation/published.yaml",
         "calibration/tables/a100-sxm4-80gb/kernels.csv",
         "calibration/tables/h100-sxm5-80gb/table.yaml",
+        "costs/nccl.yaml",
+        "validation/nccl_tests.yaml",
     ):
         assert any((ROOT / "simulator").glob(g) and Path(needed).match(g) for g in globs), needed
     assert data["simulator.topologies"] == ["*.yaml"] and list((ROOT / "topologies").glob("*.yaml"))

@@ -108,8 +108,9 @@ def _meta(s: Scenario, out: Path, device: str, old: TableMeta | None) -> TableMe
         method=(
             f"clustersim calibrate kernels --device {device}: PyTorch {torch.__version__}, "
             + (
-                "CUDA events, 3 warm-up calls, median of the timed calls, L2 written over before memory-bound "
-                "kernels; collectives: NCCL, slowest rank after a barrier"
+                "CUDA events around 5 calls queued behind a GPU spin (kernel time without launch gaps), 3 "
+                "warm-up calls, median of the samples, L2 written over before memory-bound kernels; "
+                "collectives: NCCL, slowest rank after a barrier"
                 if device == "cuda"
                 else "wall time, 3 warm-up calls, median of the timed calls; collectives: gloo over loopback"
             )

@@ -2,9 +2,9 @@
 on a CPU, an A100 or an H100 node.
 
 Timing (per shape): 3 warm-up calls, then ``repeats`` timed calls; the row keeps the median and the spread
-(max - min) / median. On CUDA each call is timed with CUDA events, memory-bound kernels after a write of twice
-the L2 cache (so they read from HBM, as in training), and the CPU time to issue the call is kept as the
-kernel's host time. On the CPU, wall time (``time.perf_counter``). Backward rows time the backward of the op
+(max - min) / median. On CUDA each sample is 5 calls queued behind a GPU spin and timed with CUDA events (kernel
+time without the host's launch gap), memory-bound kernels after a write of twice the L2 cache (so the first
+call reads from HBM); the CPU time to issue one call is kept as the kernel's host time. On the CPU, wall time (``time.perf_counter``). Backward rows time the backward of the op
 alone (its forward ran once before), as autograd runs it in training.
 
 Collectives run in one process per rank, started here (``torch.multiprocessing``, gloo on the CPU, NCCL on
@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 
 WARMUP = 3
+CALLS = 5  # calls per timed sample on CUDA
+HOLD_CYCLES = 400_000  # ~0.2 ms at 2 GHz: the shortest GPU spin before a sample
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 MEMORY_BOUND = {
     "softmax",
@@ -117,14 +119,24 @@ def _forward(op: str, m: int, n: int, k: int, batch: int, t, device: str):
 
 
 def time_call(fn: Callable, device: str, repeats: int, flush: bool) -> tuple[float, float, float | None]:
-    """(median us, spread %, host us or None) of ``repeats`` calls of ``fn`` after warm-up."""
+    """(median us, spread %, host us or None) of ``repeats`` samples of ``fn`` after warm-up.
+
+    On CUDA a sample is ``CALLS`` calls queued back to back behind a GPU spin longer than their issue (so the
+    events time the kernels, not the host), divided by ``CALLS``: the kernel's time in a stream of kernels,
+    without the host's launch gap, which the cost model adds itself (``GPU.kernel_launch_s``)."""
     cuda = device.startswith("cuda")
     scratch = None
     if cuda and flush:
         l2 = getattr(torch.cuda.get_device_properties(torch.device(device)), "L2_cache_size", 50 * 2**20)
         scratch = torch.empty(2 * l2, dtype=torch.uint8, device=device)
+    warm = []
     for _ in range(WARMUP):
+        h0 = time.perf_counter()
         fn()
+        warm.append(time.perf_counter() - h0)
+    calls = CALLS if cuda else 1
+    # spin ~3x the time the host needs to issue the calls, at an assumed 2 GHz (a slower clock spins longer)
+    hold = int(min(max(3 * calls * max(warm) * 2e9, HOLD_CYCLES), 200 * HOLD_CYCLES))
     if cuda:
         torch.cuda.synchronize(device)
     times, host = [], []
@@ -133,13 +145,15 @@ def time_call(fn: Callable, device: str, repeats: int, flush: bool) -> tuple[flo
             if scratch is not None:
                 scratch.zero_()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(hold)  # spins cycles on the GPU: the calls below queue up behind it
             start.record()
             h0 = time.perf_counter()
-            fn()
-            host.append((time.perf_counter() - h0) * 1e6)
+            for _ in range(calls):
+                fn()
+            host.append((time.perf_counter() - h0) * 1e6 / calls)
             end.record()
             end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)  # ms -> us
+            times.append(start.elapsed_time(end) * 1e3 / calls)  # ms -> us
         else:
             t0 = time.perf_counter()
             fn()

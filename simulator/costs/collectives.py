@@ -1,8 +1,9 @@
-"""Collective communication on the cluster graph: ring, tree and hierarchical algorithms, alpha-beta per step.
+"""Collective communication on the cluster graph: ring, tree and hierarchical algorithms on NCCL's protocols.
 
-Every collective is turned into *phases*. A phase has a latency (steps x (slowest hop's link latencies + the
-collective's per-step software cost)) and a *demand*: for each link class, the seconds that class must spend
-moving this collective's bytes at full bandwidth. All groups of the same kind run the collective at once (all
+Every collective is turned into *phases*. A phase has a latency and a *demand*: for each link class, the seconds
+that class must spend moving this collective's bytes at full bandwidth. The latency and the bandwidth share
+come from the protocol NCCL would pick for the call (``simulator/costs/nccl.py``: LL, LL128 or Simple, each
+with its base and per-step latency and its fraction of the link bandwidth). All groups of the same kind run the collective at once (all
 DP groups reduce together), so the demand adds every group's traffic on every link before taking, per class,
 the busiest link: shared NICs, PCIe switches and oversubscribed spines slow the collective down. The engine
 then shares link classes between collectives that overlap in time.
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from simulator.costs.lookup import MODELLED, CollectiveLookup
+from simulator.costs.nccl import fastest, protocol_costs
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
 
@@ -65,10 +67,9 @@ def ring_bytes_per_rank(op: str, n: int, size_bytes: float) -> float:
 
 @dataclass
 class _Pattern:
-    """Per-link load of one unit of data per step on every hop, plus the slowest hop's latency."""
+    """Per-link load of one unit of data per step on every hop."""
 
     unit_demand_s: dict[LinkClass, float]  # seconds per byte-per-hop, busiest link of each class
-    hop_latency_s: float
 
 
 class CollectiveModel:
@@ -86,7 +87,8 @@ class CollectiveModel:
         self.algorithm = algorithm
         # measured times embody NCCL's own choice of algorithm: a forced algorithm is a what-if for the model
         self.measured = measured if algorithm == "auto" else None
-        self.step_latency_s = cluster.spec.collective_step_latency_us * 1e-6
+        self.intra = "nvlink" if cluster.spec.node.intra_node == "nvswitch" else "pcie"
+        self.tuning = cluster.spec.nccl.model_dump()
         self._patterns: dict[tuple, _Pattern] = {}
         self._phases: dict[tuple, tuple[Phase, ...]] = {}
         self._sources: dict[tuple, str] = {}
@@ -156,17 +158,24 @@ class CollectiveModel:
         n = len(groups[0])
         if n <= 1 or size_bytes <= 0:
             return ()
+        nodes = self._nodes(groups[0])
         if op == "send_recv":
-            return (self._scaled(self._pattern("pairs", groups), 1, size_bytes),)
+            return (self._on_protocol(self._pattern("pairs", groups), 1, size_bytes, *self._split(1, nodes)),)
         if op == "all_to_all":
             # every rank sends S/n to each of the n-1 others, all pairs at once; n-1 rounds of latency
             pattern = self._pattern("all_pairs", groups)
-            demand = {c: size_bytes / n * s for c, s in pattern.unit_demand_s.items()}
-            return (Phase((n - 1) * (pattern.hop_latency_s + self.step_latency_s), demand),)
-        ring = (self._scaled(self._pattern("ring", groups), ring_steps(op, n), size_bytes / n),)
+            return (self._on_protocol(pattern, 1, size_bytes / n, *self._split(n - 1, nodes)),)
+        steps = ring_steps(op, n)
         if op == "broadcast":
-            ring = (self._scaled(self._pattern("ring", groups), n - 1, size_bytes / (n - 1)),)
-        if op != "all_reduce" or self.algorithm == "ring" or not self._spans_nodes(groups[0]):
+            steps, chunk = n - 1, size_bytes / (n - 1)
+        else:
+            chunk = size_bytes / n
+        # NCCL's ring: of its steps, 2 x nodes (all-reduce) or nodes - 1 cross the network (tuning.cc)
+        inter = 0 if nodes == 1 else (2 * nodes if op == "all_reduce" else nodes - 1)
+        ring = (
+            self._on_protocol(self._pattern("ring", groups), steps, chunk, steps - inter, min(inter, steps)),
+        )
+        if op != "all_reduce" or self.algorithm == "ring" or nodes == 1:
             return ring
         if self.algorithm == "hierarchical":
             return self._hierarchical(groups, size_bytes)
@@ -175,20 +184,42 @@ class CollectiveModel:
             return tree
         return min((ring, tree), key=lambda ph: sum(p.duration_s for p in ph))  # NCCL chooses ring or tree
 
-    def _scaled(self, pattern: _Pattern, steps: int, chunk_bytes: float) -> Phase:
-        demand = {c: steps * chunk_bytes * s for c, s in pattern.unit_demand_s.items()}
-        return Phase(steps * (pattern.hop_latency_s + self.step_latency_s), demand)
+    def _split(self, steps: int, nodes: int) -> tuple[int, int]:
+        """(steps inside nodes, steps across the network) of a point-to-point pattern."""
+        return (steps, 0) if nodes == 1 else (0, steps)
+
+    def _on_protocol(
+        self,
+        pattern: _Pattern,
+        units: float,
+        chunk_bytes: float,
+        intra_steps: int,
+        inter_steps: int,
+        algorithm: str = "ring",
+    ) -> Phase:
+        """A phase moving ``units`` x ``chunk_bytes`` over ``pattern``'s hops, on the protocol NCCL picks."""
+        demand = {c: units * chunk_bytes * s for c, s in pattern.unit_demand_s.items()}
+        busiest = max(demand.values(), default=0.0)
+        busbw = self._busbw(pattern)
+        costs = protocol_costs(algorithm, intra_steps, inter_steps, self.intra, self.tuning, busbw)
+        p = fastest(costs, busiest)
+        if p.bandwidth_factor != 1.0:
+            demand = {c: s / p.bandwidth_factor for c, s in demand.items()}
+        return Phase(p.latency_s, demand)
+
+    def _busbw(self, pattern: _Pattern) -> float | None:
+        """Bytes per second per rank on the pattern's busiest link class at Simple's bandwidth."""
+        worst = max(pattern.unit_demand_s.values(), default=0.0)
+        return 1.0 / worst if worst > 0 else None
 
     def _tree(self, groups, size_bytes: float) -> Phase:
         """NCCL double binary tree across nodes, chain inside each node; pipelined, so the bandwidth term is
-        the busiest link and the latency term 2 x (tree depth + chain length) steps (Sanders et al. 2009)."""
+        the busiest link and the latency 2 x (chain length x intra-node hop + tree depth x network hop)."""
         pattern = self._pattern("tree", groups)
-        gpn = self.cluster.gpus_per_node
-        nodes = len({g // gpn for g in groups[0]})
+        nodes = self._nodes(groups[0])
         per_node = len(groups[0]) // nodes
-        depth = max(1, (nodes - 1).bit_length()) + per_node - 1
-        demand = {c: size_bytes * s for c, s in pattern.unit_demand_s.items()}
-        return Phase(2 * depth * (pattern.hop_latency_s + self.step_latency_s), demand)
+        depth = max(1, (nodes - 1).bit_length())
+        return self._on_protocol(pattern, 1, size_bytes, 2 * (per_node - 1), 2 * depth, "tree")
 
     def _hierarchical(self, groups, size_bytes: float) -> tuple[Phase, ...]:
         """Reduce-scatter inside each node, all-reduce across nodes per local rank, all-gather inside the node."""
@@ -202,12 +233,18 @@ class CollectiveModel:
         inter = tuple(tuple(grp[i::k]) for grp in groups for i in range(k))
         out = []
         if k > 1:
-            out.append(self._scaled(self._pattern("ring", intra), k - 1, size_bytes / k))
+            out.append(self._on_protocol(self._pattern("ring", intra), k - 1, size_bytes / k, k - 1, 0))
         m = len(inter[0])
-        out.append(self._scaled(self._pattern("ring", inter), 2 * (m - 1), size_bytes / k / m))
+        out.append(
+            self._on_protocol(self._pattern("ring", inter), 2 * (m - 1), size_bytes / k / m, 0, 2 * (m - 1))
+        )
         if k > 1:
-            out.append(self._scaled(self._pattern("ring", intra), k - 1, size_bytes / k))
+            out.append(self._on_protocol(self._pattern("ring", intra), k - 1, size_bytes / k, k - 1, 0))
         return tuple(out)
+
+    def _nodes(self, grp) -> int:
+        gpn = self.cluster.gpus_per_node
+        return len({g // gpn for g in grp})
 
     def _spans_nodes(self, grp) -> bool:
         gpn = self.cluster.gpus_per_node
@@ -290,12 +327,8 @@ class CollectiveModel:
         cl = self.cluster
         route, info, cls, stages = cl.route, cl.link_info, cl.link_class, self.stages_of
         load: dict = defaultdict(float)
-        worst_latency = 0.0
         for a, b, share in hops:
-            links, latency = route(a, b)
-            if latency > worst_latency:
-                worst_latency = latency
-            for link in links:
+            for link in route(a, b)[0]:
                 load[link] += share
         per_class: dict[LinkClass, float] = {}
         for link, units in load.items():
@@ -303,4 +336,4 @@ class CollectiveModel:
             c = (stages(link), *cls(link))
             if s > per_class.get(c, 0.0):
                 per_class[c] = s
-        return _Pattern(per_class, worst_latency)
+        return _Pattern(per_class)

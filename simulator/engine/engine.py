@@ -14,12 +14,24 @@ Two kinds of streams, one timeline:
   compute tasks the moment they become plannable, from any point of the SimPy run, and wakes the communication
   processes that wait for them. A 3,072-GPU pipeline of 65k steps is planned in well under a second; only its
   collectives are SimPy events.
+
+Each rank's compute stream is fed by one host thread (eager PyTorch issues every kernel from Python). A kernel
+can start only once the GPU is free *and* the host has issued it, so a task's end is
+
+    end = max(begin + gpu_s, host + span_s)      host afterwards = host + host_s
+
+where ``begin`` is when the GPU could start it (stream free, dependencies done), ``host`` when the host thread
+starts issuing it, and ``span_s`` = max over its kernels i of (host time to issue kernels 1..i + GPU time of
+kernels i..n): exact for a host that issues kernels back to back, in O(1) per task. When kernels are long the
+host runs ahead and ``begin + gpu_s`` wins; when they are short the host sets the pace. A ``sync`` task makes
+the host wait for the GPU and the task's dependencies first (a blocking receive, ``.item()``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import simpy
 
@@ -32,13 +44,35 @@ class DeadlockError(RuntimeError):
     pass
 
 
+class TaskCost(NamedTuple):
+    """What the engine needs to know of a compute task: its GPU time (kernels and the blocking collectives
+    inside it), its parts for the timeline, and how its host thread issues it. Host fields are zero without a
+    host model.
+
+    A task whose host thread synchronises with the GPU part-way (``torch.tensor(x, device=...)``, ``.item()``)
+    is split there into segments. For the first segment: ``first_s`` GPU seconds, ``host_s`` host seconds to
+    issue it, ``span_s`` from its first issue to its last kernel's end when the GPU never waits for anything
+    else, ``lead_s`` from its first issue to its first kernel's earliest start. The segments after a sync start
+    with the GPU idle and the host ready, so they take a fixed ``then_s`` (their spans plus the syncs'
+    latencies); the host finishes issuing ``slack_s`` before the task's end."""
+
+    seconds: float
+    parts: tuple[Part, ...] = ()
+    host_s: float = 0.0
+    span_s: float = 0.0
+    lead_s: float = 0.0
+    first_s: float = 0.0
+    then_s: float = 0.0
+    slack_s: float = 0.0
+
+
 def simulate_program(
     program: Program,
-    task_duration: Callable[[Task], tuple[float, tuple[Part, ...]]],
+    task_duration: Callable[[Task], TaskCost | tuple],
     collective_phases: Callable[[Task], Sequence],
 ) -> Timeline:
-    """``task_duration(task)`` gives a compute task's seconds and, optionally, its parts (compute segments and
-    blocking collectives inside it) for the timeline; ``collective_phases(task)`` a collective's phases."""
+    """``task_duration(task)`` gives a compute task's :class:`TaskCost` (or just ``(seconds, parts)``: no host
+    model); ``collective_phases(task)`` a collective's phases."""
     env = simpy.Environment()
     net = FluidNetwork(env)
     tasks = program.tasks
@@ -47,12 +81,14 @@ def simulate_program(
     announce: list = [None] * n  # SimPy event fired when the task's end becomes known (made on demand)
     blocked_on: dict[int, list[list]] = defaultdict(list)  # task -> compute streams whose next task needs it
     timeline = Timeline(program, n)
-    free, start, end, blocker, parts_of = (
+    free, start, end, blocker, parts_of, host_idle, busy = (
         timeline.free,
         timeline.start,
         timeline.end,
         timeline.blocker,
         timeline.parts,
+        timeline.host_idle,
+        timeline.busy,
     )
     streams: dict[tuple[int, str], list[Task]] = defaultdict(list)
     for t in tasks:
@@ -68,11 +104,12 @@ def simulate_program(
             ready.extend(waiting)
 
     def plan(stream: list) -> None:
-        """Plan compute streams as far as their dependencies allow; ``stream`` = [tasks, next index, clock]."""
+        """Plan compute streams as far as their dependencies allow; ``stream`` = [tasks, next index, GPU clock,
+        host clock]."""
         work = [stream]
         while work:
             s = work.pop()
-            queue, k, clock = s
+            queue, k, clock, host = s
             while k < len(queue):
                 t = queue[k]
                 begin = clock
@@ -87,20 +124,39 @@ def simulate_program(
                     blocked_on[missing].append(s)
                     break
                 i = t.id
-                seconds, parts = task_duration(t)
+                cost = task_duration(t)
+                seconds, parts = cost[0], cost[1]
                 if parts:
                     parts_of[i] = parts
                 if begin > clock:  # the stream sat idle: remember which dependency held it
                     blocker[i] = max(t.deps, key=end.__getitem__)
                 free[i] = clock
-                start[i] = begin
-                end[i] = clock = begin + seconds
+                if len(cost) > 2 and cost[3] > 0.0:  # a host thread issues the kernels
+                    if t.sync and begin > host:
+                        host = begin
+                    first = host + cost[4]
+                    start[i] = first if first > begin else begin
+                    finish = begin + cost[5]  # the first segment: the GPU's pace or the host's
+                    if host + cost[3] > finish:
+                        finish = host + cost[3]
+                    if cost[6]:  # segments after a sync inside the task
+                        finish += cost[6]
+                        host = finish - cost[7]
+                    else:
+                        host += cost[2]
+                    host_idle[i] = finish - begin - seconds
+                    busy[i] = seconds
+                    end[i] = clock = finish
+                else:
+                    start[i] = begin
+                    busy[i] = seconds
+                    end[i] = clock = begin + seconds
                 k += 1
                 if announce[i] is None and i not in blocked_on:
                     known[i] = True  # nobody waits for it yet
                 else:
                     became_known(i, work)
-            s[1], s[2] = k, clock
+            s[1], s[2], s[3] = k, clock, host
 
     def run_stream(queue: list[Task]):
         clock = 0.0
@@ -125,8 +181,8 @@ def simulate_program(
             free[i], start[i] = clock, env.now
             if start[i] > clock and deps:
                 blocker[i] = max(deps, key=end.__getitem__)
-            if t.group is None:  # a compute task on a stream that also communicates
-                seconds, parts = task_duration(t)
+            if t.group is None:  # a compute task on a stream that also communicates (no host model)
+                seconds, parts = task_duration(t)[:2]
                 if parts:
                     parts_of[i] = parts
                 yield env.timeout(seconds)
@@ -144,7 +200,7 @@ def simulate_program(
     compute_streams = []
     for queue in streams.values():
         if all(t.group is None for t in queue):
-            compute_streams.append([queue, 0, 0.0])
+            compute_streams.append([queue, 0, 0.0, 0.0])
         else:
             env.process(run_stream(queue))
     for s in compute_streams:

@@ -2,15 +2,17 @@
 
 The GPU profile says what the silicon can do (best measured GEMM efficiency, HBM bandwidth); a framework profile
 says how much of it a software generation reaches: multipliers on GEMM, attention and memory-bound kernel
-efficiency, and a per-kernel overhead (launch gaps, Python dispatch, hooks). One small profile per framework
-generation, fitted with ``clustersim calibrate`` on named cases, never per case. ``ideal`` (all 1, no
-overhead) is the default.
+efficiency, which kernels it launches beyond the model's own (``kernels``), and how its host thread issues work
+(``host``: seconds per kernel launched from Python, where it synchronises with the GPU). One small profile per framework
+generation, fitted with ``clustersim calibrate profile`` on named public runs, never per case. ``ideal`` (all 1,
+no host cost) is the upper bound.
 """
 
 from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,6 +34,77 @@ class GpuFactors(BaseModel):
     fitted: str = ""
 
 
+class Syncs(BaseModel):
+    """Where the host thread waits for the GPU (it cannot issue further work before the GPU catches up)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    microbatch: bool = Field(
+        False, description="Each microbatch's forward starts with a blocking input copy or broadcast."
+    )
+    p2p: bool = Field(
+        False, description="Every pipeline send/receive synchronises (Megatron: synchronize after batch p2p)."
+    )
+    optimizer: bool = Field(
+        False, description="The step reads the overflow flag / gradient norm on the host (.item())."
+    )
+    layer_forward: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="Synchronising calls inside every layer's forward (and recompute), between attention and "
+        "MLP: e.g. a device tensor made from a host scalar (torch.tensor(0.0, device=...)).",
+    )
+
+
+class DdpDefaults(BaseModel):
+    """How the framework reduces gradients without sharding, where the scenario does not say."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    overlap_grad_reduce: bool = Field(True, description="Buckets all-reduced during backward.")
+    bucket_cap_mb: float | None = Field(
+        25.0, gt=0, description="Bucket size; null = the whole gradient buffer in one all-reduce."
+    )
+
+
+class HostProfile(BaseModel):
+    """The host thread of one rank: what it costs to issue work in eager mode. All zero: the GPU never waits
+    for the host (the ``ideal`` profile, or a fully captured CUDA graph)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    forward_kernel_s: float = Field(
+        0.0, ge=0, le=1e-3, description="Host seconds to issue one kernel in forward (and recompute)."
+    )
+    backward_kernel_s: float = Field(
+        0.0, ge=0, le=1e-3, description="Host seconds to issue one kernel in backward (autograd)."
+    )
+    collective_s: float = Field(
+        0.0, ge=0, le=1e-3, description="Host seconds to issue one collective (torch.distributed call)."
+    )
+    sync_s: float = Field(
+        0.0, ge=0, le=1e-3, description="Host seconds one synchronisation costs once the GPU is idle."
+    )
+    microbatch_s: float = Field(
+        0.0,
+        ge=0,
+        le=1.0,
+        description="Host seconds per microbatch outside the layers (data, masks, loss bookkeeping, schedule).",
+    )
+    optimizer_tensor_s: float = Field(
+        0.0, ge=0, le=1e-2, description="Host seconds per parameter tensor in the optimizer step."
+    )
+    syncs: Syncs = Syncs()
+    graph_launch_s: float = Field(
+        1e-5,
+        ge=0,
+        le=1e-3,
+        description="Host seconds to launch one captured CUDA graph (training.cuda_graphs).",
+    )
+
+    @property
+    def active(self) -> bool:
+        return bool(self.forward_kernel_s or self.backward_kernel_s or self.microbatch_s)
+
+
 class Framework(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str
@@ -47,6 +120,28 @@ class Framework(BaseModel):
         0.0, ge=0, description="Extra seconds per kernel (launch gaps, dispatch)."
     )
     fitted: str = Field("", description="How the numbers were obtained: cases, command, date.")
+    overlap_tp_grad_allreduce: bool = Field(
+        False,
+        description="The column-parallel input gradient's TP all-reduce runs alongside the weight-gradient GEMM "
+        "(Megatron async_tensor_model_parallel_allreduce, since early 2022).",
+    )
+    ddp: DdpDefaults = Field(DdpDefaults(), description="Gradient reduction without sharding (PyTorch DDP).")
+    kernels: Literal["model", "megatron-legacy"] = Field(
+        "model",
+        description="Which kernels run beyond the model's own (simulator/workload/framework_kernels.py): 'model' "
+        "= none (fused stacks, the ideal bound); 'megatron-legacy' = Megatron-LM's eager GPT layer.",
+    )
+    loss: Literal["megatron", "torch"] = Field(
+        "megatron",
+        description="How the cross-entropy loss runs on fp32 logits: 'megatron' = vocab_parallel_cross_entropy's "
+        "separate max, subtract, exp, sum and divide passes; 'torch' = F.cross_entropy (log-softmax + NLL).",
+    )
+    grad_accumulation_kernels: bool = Field(
+        False,
+        description="Each backward adds every parameter's gradient into a separate buffer with its own kernel "
+        "(Megatron-LM's local DDP main_grad hooks without gradient-accumulation fusion).",
+    )
+    host: HostProfile = Field(HostProfile(), description="How the host thread issues work (eager mode).")
     gpus: dict[str, GpuFactors] = Field(
         default_factory=dict, description="Per-GPU factors (catalogue name -> factors) replacing those above."
     )
@@ -59,6 +154,21 @@ class Framework(BaseModel):
         return self.model_copy(
             update={k: v for k, v in factors.model_dump(exclude={"fitted"}).items() if v is not None}
         )
+
+
+AUTO = "auto"
+
+
+def default_framework(scenario, gpu: str) -> str:
+    """The realistic profile for a scenario that names none: its stack and the GPU's era. Megatron (tensor,
+    pipeline or context parallelism): Megatron-Core with Transformer Engine on Hopper, Megatron-LM's eager layer
+    before; PyTorch FSDP: llm-foundry's; data parallelism alone (PyTorch DDP, DeepSpeed ZeRO): eager PyTorch."""
+    p = scenario.parallelism
+    if p.tensor_parallel > 1 or p.pipeline_parallel > 1 or p.context_parallel > 1:
+        return "megatron-core-2024" if gpu.startswith(("h100", "h200")) else "megatron-2022"
+    if p.fsdp is not None:
+        return "llm-foundry-2023"
+    return "pytorch-2024"
 
 
 def available_frameworks() -> list[str]:

@@ -18,6 +18,18 @@ class GemmProfile(BaseModel):
     max_efficiency: float
     k_half: float
     tiles: tuple[tuple[int, int, float], ...]  # (tile_m, tile_n, relative efficiency of that tile shape)
+    # the fastest any GEMM runs, as a fraction of peak: the best shape-searched large matmul measured on this
+    # GPU (MAMF); no table row or framework factor makes a GEMM faster
+    best_efficiency: float = 1.0
+
+
+class KernelBandwidth(BaseModel):
+    """Achieved HBM bandwidth of one memory-bound kernel kind, as a fraction of the HBM peak, for the bytes the
+    workload counts for it (simulator/workload/transformer.py)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    forward: float
+    backward: float
 
 
 class GPU(BaseModel):
@@ -32,6 +44,7 @@ class GPU(BaseModel):
     pcie_bandwidth_GBps: float
     gemm: GemmProfile
     memory_efficiency: float
+    memory_kernels: dict[str, KernelBandwidth] = {}  # per kernel kind; others reach memory_efficiency
     flash_attention_efficiency: float
     kernel_launch_s: float
     sources: str
@@ -43,6 +56,13 @@ class GPU(BaseModel):
                 f"training.precision: {self.name} has no {dtype} peak (it supports {', '.join(self.peak_tflops)})"
             )
         return self.peak_tflops[dtype] * 1e12
+
+    def memory_fraction(self, kind: str, direction: str) -> float:
+        """Fraction of the HBM peak a memory-bound kernel of ``kind`` reaches in ``direction``."""
+        bw = self.memory_kernels.get(kind)
+        if bw is None:
+            return self.memory_efficiency
+        return bw.backward if direction == "backward" else bw.forward
 
     @property
     def hbm_bytes(self) -> float:

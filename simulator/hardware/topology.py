@@ -84,6 +84,21 @@ class LinkEfficiency(_Spec):
     memory: float = 0.8
 
 
+_Protocol = Literal["LL", "LL128", "Simple"]
+_Algorithm = Literal["ring", "tree"]
+
+
+class NcclTuning(_Spec):
+    """NCCL's protocol constants measured on this fabric, replacing NCCL's own (simulator/costs/nccl.yaml):
+    per-step latency by algorithm, link kind and protocol, and each protocol's bus bandwidth as a fraction of
+    the Simple protocol's."""
+
+    base_us: dict[_Algorithm, dict[_Protocol, float]] = {}
+    hop_us: dict[_Algorithm, dict[Literal["nvlink", "pcie", "network"], dict[_Protocol, float]]] = {}
+    bandwidth: dict[_Algorithm, dict[_Protocol, float]] = {}
+    source: str = ""
+
+
 class TopologySpec(_Spec):
     name: str
     description: str = ""
@@ -91,9 +106,7 @@ class TopologySpec(_Spec):
     node: NodeSpec
     fabric: FabricSpec = FabricSpec()
     efficiency: LinkEfficiency = LinkEfficiency()
-    collective_step_latency_us: float = Field(
-        5.0, description="Software cost of one step of a ring/tree collective (NCCL kernel + protocol)."
-    )
+    nccl: NcclTuning = NcclTuning()
 
 
 def available_topologies() -> list[str]:
@@ -160,7 +173,15 @@ def ideal_network(spec: TopologySpec) -> TopologySpec:
         }
     )
     fabric = spec.fabric.model_copy(update={"switch_latency_us": 0.0})
-    return spec.model_copy(update={"node": node, "fabric": fabric, "collective_step_latency_us": 0.0})
+    protocols = ("LL", "LL128", "Simple")
+    kinds = ("nvlink", "pcie", "network")
+    free = NcclTuning(
+        base_us={a: dict.fromkeys(protocols, 0.0) for a in ("ring", "tree")},
+        hop_us={a: {k: dict.fromkeys(protocols, 0.0) for k in kinds} for a in ("ring", "tree")},
+        bandwidth={a: dict.fromkeys(protocols, 1.0) for a in ("ring", "tree")},
+        source="free communication",
+    )
+    return spec.model_copy(update={"node": node, "fabric": fabric, "nccl": free})
 
 
 def cluster_spec(scenario: Scenario) -> TopologySpec:
@@ -172,8 +193,10 @@ def resolve_cluster_degrees(scenario: Scenario) -> Scenario:
     spec = cluster_spec(scenario)
     gpu = get_gpu(spec.node.gpu)
     gpu.peak_flops(scenario.training.precision)  # errors if the GPU lacks this precision
-    from simulator.frameworks import get_framework
+    from simulator.frameworks import AUTO, default_framework, get_framework
 
+    if scenario.framework == AUTO:
+        scenario = scenario.model_copy(update={"framework": default_framework(scenario, gpu.name)})
     get_framework(scenario.framework)  # errors on an unknown name
     n_gpus = spec.node.gpus * scenario.cluster.num_nodes
     p = scenario.parallelism

@@ -53,7 +53,11 @@ class Metrics:
     cost_sources: dict[str, dict[str, float]] = field(default_factory=dict)
     largest_modelled: list[dict] = field(default_factory=list)
     cost_tables: dict = field(default_factory=dict)
+    # the host thread: GPU busy time of the compute stream and GPU time lost waiting for the host to issue
+    # kernels, per GPU and iteration (simulator/costs/dispatch.py)
+    host: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
+    framework: str = ""  # the framework-generation profile the run used
     gpus: int = 0
     strategy: str = ""
     params_billion: float = 0.0
@@ -98,17 +102,21 @@ def compute_metrics(
 
     # FLOPs per GPU from what the representative ranks executed, weighted by how many real ranks each stands for
     model_flops = hw_flops = 0.0
-    flops_of: dict[int, float] = {}  # tasks share ops tuples
+    flops_of: dict[int, tuple[float, float]] = {}  # tasks share ops tuples: (model, hardware) FLOPs of each
     for t in tasks:
         if t.stream != COMPUTE or t.kind == "optimizer":
             continue
         key = id(t.ops)
         if key not in flops_of:
-            flops_of[key] = sum(op.model_flops for op in t.ops)
-        f = flops_of[key] * program.ranks[t.rank].count
-        hw_flops += f
-        if t.kind != "recompute":
-            model_flops += f
+            flops_of[key] = (
+                sum(op.model_flops for op in t.ops if not op.recompute),
+                sum(op.model_flops for op in t.ops),
+            )
+        count = program.ranks[t.rank].count
+        mf, hf = flops_of[key]
+        hw_flops += hf * count
+        if t.kind != "recompute":  # recompute ops inside a backward step are flagged on the op
+            model_flops += mf * count
     model_flops /= gpus
     hw_flops /= gpus
 
@@ -119,6 +127,7 @@ def compute_metrics(
     stages: list[dict] = []
     bytes_cross = bytes_host = 0.0
     bubble = exposed = overlapped = total = bytes_per_gpu = 0.0
+    gpu_busy = host_bound = 0.0
     by_coll: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for rank, rank_tasks in sorted(by_rank.items()):
         w = weights[rank]
@@ -137,6 +146,8 @@ def compute_metrics(
             }
         )
         bubble += w * r["bubble"]
+        gpu_busy += w * r["gpu_busy"]
+        host_bound += w * r["host_bound"]
         exposed += w * r["exposed"]
         overlapped += w * r["overlapped"]
         total += w * r["total"]
@@ -190,6 +201,11 @@ def compute_metrics(
         gpus=gpus,
         strategy=program.strategy,
         stages=stages,
+        host={
+            "gpu_busy_s": gpu_busy,
+            "host_bound_idle_s": host_bound,
+            "gpu_busy_fraction": gpu_busy / T if T > 0 else 0.0,
+        },
     )
 
 
@@ -204,6 +220,8 @@ def _rank_metrics(timeline: Timeline, rank_tasks: list, lo: float, hi: float) ->
     breakdown: dict[str, float] = defaultdict(float)
     pipeline_idle = busy = 0.0
     compute = [t for t in rank_tasks if t.stream == COMPUTE]
+    gpu_busy = sum(timeline.busy[t.id] for t in compute)
+    host_bound = sum(timeline.host_idle[t.id] for t in compute)
     for t in compute:
         i = t.id
         ran = end[i] - start[i]
@@ -263,6 +281,8 @@ def _rank_metrics(timeline: Timeline, rank_tasks: list, lo: float, hi: float) ->
     return {
         "breakdown": breakdown,
         "bubble": pipeline_idle / (pipeline_idle + busy) if pipeline_idle + busy > 0 else 0.0,
+        "gpu_busy": gpu_busy,
+        "host_bound": host_bound,
         "exposed": length(comm_u) - overlapped + embedded,
         "overlapped": overlapped + hidden,
         "total": length(comm_u) + embedded + hidden,

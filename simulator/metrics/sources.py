@@ -63,7 +63,7 @@ def cost_sources(
     modelled: dict[tuple[str, str], float] = defaultdict(float)
     for key, w in ops_weight.items():
         for op in distinct[key]:
-            if op.kind == "collective":
+            if op.kind in ("collective", "host", "sync"):
                 continue
             seconds, source = op_cost(op)
             totals["compute"][source] += w * seconds

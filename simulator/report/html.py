@@ -11,6 +11,7 @@ import networkx as nx
 import plotly.graph_objects as go
 
 from simulator.api import Result
+from simulator.metrics.layers import microbatch_view
 from simulator.metrics.metrics import Metrics
 from simulator.report.figures import COLOURS, timeline_figure
 
@@ -72,6 +73,47 @@ def comm_figure(result: Result) -> go.Figure:
         title="Communication per GPU and iteration, by collective and group",
         xaxis_title="seconds",
         height=160 + 40 * len(names),
+    )
+    return fig
+
+
+def layers_figure(result: Result) -> go.Figure:
+    """One microbatch replayed kernel by kernel: per block and pass, GPU busy, GPU idle waiting for the host to
+    issue kernels, and exposed communication (simulator/metrics/layers.py): why a small model is slow."""
+    rows = microbatch_view(result)
+    labels = [f"{r.block} {r.phase}" + (" (per layer)" if r.block == "layer" else "") for r in rows]
+    series = [
+        ("GPU busy", "gpu_busy_s", "#4C78A8"),
+        ("GPU idle: host still issuing kernels", "host_bound_idle_s", "#F58518"),
+        ("exposed communication", "exposed_comm_s", "#E45756"),
+    ]
+    fig = go.Figure(
+        [
+            go.Bar(
+                y=labels,
+                x=[getattr(r, key) * 1e3 for r in rows],
+                name=name,
+                orientation="h",
+                marker_color=colour,
+                customdata=[[r.kernels, r.host_issue_s * 1e3] for r in rows],
+                hovertemplate="%{x:.3f} ms<br>%{customdata[0]} kernels, host issues them in %{customdata[1]:.3f} ms",
+            )
+            for name, key, colour in series
+        ]
+    )
+    host = result.compute.framework.host
+    per_kernel = (
+        f"host {host.forward_kernel_s * 1e6:.0f} / {host.backward_kernel_s * 1e6:.0f} us per kernel "
+        "(forward / backward)"
+        if host.active
+        else "no host cost (ideal profile)"
+    )
+    fig.update_layout(
+        barmode="stack",
+        title=f"One microbatch, kernel by kernel ({result.compute.framework.name}: {per_kernel})",
+        xaxis_title="milliseconds",
+        yaxis={"autorange": "reversed"},
+        height=160 + 36 * len(rows),
     )
     return fig
 
@@ -199,6 +241,7 @@ def headline_html(result: Result) -> str:
         ("Tokens/s", f"{m.tokens_per_s:,.0f}"),
         ("Tokens/s per GPU", f"{m.tokens_per_s_per_gpu:,.1f}"),
         ("MFU", f"{m.mfu:.1%}"),
+        ("GPU busy", f"{m.host.get('gpu_busy_fraction', 0.0):.0%}"),
         ("Pipeline bubble", f"{m.bubble_fraction:.1%}"),
         ("Exposed comm.", f"{m.comm['exposed_s']:.3f} s"),
         ("Peak memory", f"{m.memory_gib['peak']:.1f} / {m.memory_gib['capacity']:.0f} GiB"),
@@ -248,6 +291,7 @@ STYLE = """<style>body{font-family:system-ui,sans-serif;margin:24px;color:#222}.
 def write_report(result: Result, path: str | Path) -> None:
     figures = [
         timeline_figure(result.timeline, "Timeline: one row per simulated rank and stream", max_tasks=6000),
+        layers_figure(result),
         memory_figure(result),
         comm_figure(result),
         link_figure(result),

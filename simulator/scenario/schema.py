@@ -135,6 +135,11 @@ class TrainingConfig(_Section):
         False,
         description="DeepSpeed activation checkpointing: keep the (partitioned) checkpoints in host memory.",
     )
+    cuda_graphs: bool = Field(
+        False,
+        description="Forward and backward steps captured as CUDA graphs: one launch per step instead of one host "
+        "dispatch per kernel (Megatron-Core --enable-cuda-graph, torch.compile mode='reduce-overhead').",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TrainingConfig:
@@ -232,10 +237,17 @@ class FsdpConfig(_Section):
 
 
 class DdpConfig(_Section):
-    """PyTorch DistributedDataParallel gradient buckets (also used for ZeRO stage 0)."""
+    """Data-parallel gradient reduction without sharding (PyTorch DDP, Megatron's DDP, ZeRO stage 0). Unset
+    knobs take the framework's behaviour (``simulator/frameworks/*.yaml``, ``ddp:``)."""
 
-    bucket_cap_mb: float = Field(25.0, gt=0)
-    overlap_grad_reduce: bool = True
+    bucket_cap_mb: float | None = Field(
+        None, gt=0, description="Gradient bucket size. Default: the framework's (PyTorch DDP: 25 MB)."
+    )
+    overlap_grad_reduce: bool | None = Field(
+        None,
+        description="Reduce buckets during backward. Default: the framework's (PyTorch DDP: yes; Megatron-LM's "
+        "local DDP before Megatron-Core: one all-reduce after backward).",
+    )
     overlap_param_gather: bool = Field(
         False,
         description="Megatron-Core: all-gather the distributed optimizer's weights under the next forward.",
@@ -281,8 +293,10 @@ class Scenario(_Section):
     training: TrainingConfig
     parallelism: ParallelismConfig = ParallelismConfig()
     framework: str = Field(
-        "ideal",
-        description="Framework-generation profile (simulator/frameworks/*.yaml): kernel efficiency and overhead.",
+        "auto",
+        description="Framework-generation profile (simulator/frameworks/*.yaml): kernel efficiency, extra kernels, "
+        "host dispatch. 'auto' = the realistic profile for the scenario's stack and GPU (Megatron, PyTorch FSDP or "
+        "eager PyTorch); 'ideal' = the hardware's upper bound.",
     )
     deepspeed_config: str | None = Field(
         None,

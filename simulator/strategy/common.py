@@ -16,7 +16,7 @@ from simulator.workload.memory import (
     state_bytes_per_param,
     zero_model_state_bytes,
 )
-from simulator.workload.transformer import Block, Workload, memory_op
+from simulator.workload.transformer import Block, Op, Workload, host_op, memory_op, tensors_per_layer
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,9 @@ def gather_params(w: Workload, u: Unit) -> int:
     return w.head.params if u.name == "head" else u.params
 
 
-def add_forward(p: Program, u: Unit, mb: int, deps=(), rank: int = 0, ops: tuple | None = None) -> int:
+def add_forward(
+    p: Program, u: Unit, mb: int, deps=(), rank: int = 0, ops: tuple | None = None, sync: bool = False
+) -> int:
     return p.add(
         rank,
         COMPUTE,
@@ -57,7 +59,46 @@ def add_forward(p: Program, u: Unit, mb: int, deps=(), rank: int = 0, ops: tuple
         deps,
         ops=ops or u.block.forward,
         microbatch=mb,
+        sync=sync,
     )
+
+
+def with_setup(w: Workload, ops: tuple[Op, ...], cache: dict) -> tuple[Op, ...]:
+    """``ops`` preceded by the framework's per-microbatch host work (data, masks), one tuple per ``ops``."""
+    if not w.microbatch_setup:
+        return ops
+    key = id(ops)
+    if key not in cache:
+        cache[key] = (*w.microbatch_setup, *ops)
+    return cache[key]
+
+
+def microbatch_sync(w: Workload) -> bool:
+    """Does each microbatch's forward start with the host waiting for the GPU (a blocking input copy)?"""
+    return w.framework.host.syncs.microbatch
+
+
+def ddp_settings(s: Scenario, w: Workload) -> tuple[bool, float | None]:
+    """(overlap gradient reduction with backward, bucket bytes or None for one bucket): the scenario's
+    ``parallelism.ddp`` where it says, else the framework's way (PyTorch DDP: 25 MB buckets under backward;
+    Megatron-LM's local DDP: the whole gradient buffer after backward, megatron/model/distributed.py)."""
+    cfg, fw = s.parallelism.ddp, w.framework.ddp
+    overlap = cfg.overlap_grad_reduce if cfg.overlap_grad_reduce is not None else fw.overlap_grad_reduce
+    cap_mb = cfg.bucket_cap_mb if cfg.bucket_cap_mb is not None else fw.bucket_cap_mb
+    return overlap, (cap_mb * 2**20 if cap_mb is not None else None)
+
+
+def parameter_tensors(s: Scenario, layers: int, embedding: bool, head: bool) -> int:
+    """Parameter tensors of ``layers`` layers (plus the embedding and output head where held): what an
+    optimizer step loops over in Python (Megatron's fp16 optimizer copies and clips per tensor)."""
+    m = s.model
+    norm = 2 if m.normalization == "layernorm" else 1
+    n = layers * tensors_per_layer(m)
+    if embedding:
+        n += 1 + (m.position_embedding == "learned")
+    if head:
+        n += norm + (0 if m.tied_embeddings else 1)
+    return n
 
 
 def add_backward(
@@ -106,7 +147,18 @@ def add_backward(
 _OPTIMIZER_BYTES = {("adam", True): 30, ("adam", False): 28, ("sgd", True): 18, ("sgd", False): 12}
 
 
-def add_optimizer(p: Program, s: Scenario, params: float, deps=(), rank: int = 0) -> int:
+def add_optimizer(
+    p: Program,
+    s: Scenario,
+    params: float,
+    deps=(),
+    rank: int = 0,
+    w: Workload | None = None,
+    tensors: int = 0,
+) -> int:
+    """The optimizer step over ``params`` parameters (``tensors`` parameter tensors, for the framework's
+    per-tensor host work); with a host model it starts by reading the overflow flag / gradient norm on the host
+    where the framework does (a sync)."""
     opt = "sgd" if s.training.optimizer == "sgd" else "adam"
     per_param = _OPTIMIZER_BYTES[(opt, s.training.precision != "fp32")]
     op = memory_op(
@@ -116,7 +168,14 @@ def add_optimizer(p: Program, s: Scenario, params: float, deps=(), rank: int = 0
         round(params),
         1,
     )
-    return p.add(rank, COMPUTE, "optimizer", "optimizer", "optimizer step", deps, ops=(op,))
+    ops: tuple = (op,)
+    sync = False
+    if w is not None and w.framework.host.active:
+        host = w.framework.host
+        if tensors and host.optimizer_tensor_s:
+            ops = (host_op(f"optimizer loops over {tensors} tensors", tensors * host.optimizer_tensor_s), op)
+        sync = host.syncs.optimizer
+    return p.add(rank, COMPUTE, "optimizer", "optimizer", "optimizer step", deps, ops=ops, sync=sync)
 
 
 def grad_bytes(s: Scenario) -> int:

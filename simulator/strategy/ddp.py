@@ -14,13 +14,17 @@ from simulator.strategy.common import (
     add_forward,
     add_optimizer,
     buckets,
+    ddp_settings,
     grad_bytes,
     grad_group,
     grad_group_size,
     memory_breakdown,
+    microbatch_sync,
+    parameter_tensors,
     rank_label,
     ranks_per_stage,
     units,
+    with_setup,
 )
 from simulator.strategy.program import Program, RankClass
 from simulator.workload.transformer import Workload
@@ -30,32 +34,33 @@ def build(s: Scenario, w: Workload, gpu: GPU, reduce_gradients: bool = True) -> 
     """``reduce_gradients=False``: forward and backward only, for optimizers that communicate in their step
     (1-bit Adam's compressed phase)."""
     dp, gas = grad_group_size(s), s.gradient_accumulation_steps
-    cfg = s.parallelism.ddp
+    overlap, cap = ddp_settings(s, w)
     p = Program("single-gpu" if dp == 1 else "ddp")
     us = units(w)
     gb = grad_bytes(s)
+    total = sum(u.params for u in us) * gb
     reductions: list[int] = []
+    setup: dict = {}
     for mb in range(gas):
         for u in us:
-            add_forward(p, u, mb)
+            first = u is us[0]
+            ops = with_setup(w, u.block.forward, setup) if first else None
+            add_forward(p, u, mb, ops=ops, sync=first and microbatch_sync(w))
         last = mb == gas - 1 and dp > 1 and reduce_gradients
-        plan = (
-            buckets([(u.index, u.params * gb) for u in reversed(us)], cfg.bucket_cap_mb * 2**20)
-            if last
-            else []
-        )
+        plan = buckets([(u.index, u.params * gb) for u in reversed(us)], cap or total) if last else []
         closes = {b[0][-1]: b for b in plan}  # unit index that completes each bucket
         bwd = None
         for u in reversed(us):
             bwd = add_backward(p, s, u, mb)
-            if u.index in closes and cfg.overlap_grad_reduce:
+            if u.index in closes and overlap:
                 reductions.append(_all_reduce(p, closes[u.index], bwd, grad_group(s)))
-        if last and not cfg.overlap_grad_reduce:
+        if last and not overlap:
             reductions += [_all_reduce(p, b, bwd, grad_group(s)) for b in plan]
     if reduce_gradients:
-        add_optimizer(p, s, w.params_per_rank, reductions)
+        tensors = parameter_tensors(s, w.num_layers, True, True)
+        add_optimizer(p, s, w.params_per_rank, reductions, w=w, tensors=tensors)
 
-    buffers = 2 * cfg.bucket_cap_mb * 2**20 if dp > 1 else 0.0  # buckets in flight
+    buffers = 2 * min(cap or total, total) if dp > 1 else 0.0  # buckets in flight
     mem = memory_breakdown(s, w, gpu, dp, 0, buffers)
     p.ranks.append(RankClass(rank_label(s), ranks_per_stage(s), mem))
     return p

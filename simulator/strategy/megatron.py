@@ -21,9 +21,11 @@ from simulator.scenario.schema import Scenario
 from simulator.strategy.common import (
     Unit,
     add_optimizer,
+    ddp_settings,
     grad_bytes,
     grad_group,
     grad_group_size,
+    parameter_tensors,
     ranks_per_stage,
     units,
     weight_bytes,
@@ -152,8 +154,15 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
         return () if i is None else (i,)
 
     stage_params = [sum(u.params for c in range(v) for u in chunks[(st, c)]) for st in range(pp)]
+    stage_tensors = [_tensors(s, [u for c in range(v) for u in chunks[(st, c)]]) for st in range(pp)]
     names: dict[Step, str] = {}  # every stage runs the same steps: one name string per step
     add = prog.add_compute
+    # where the host thread waits for the GPU: at every pipeline send / receive (Megatron synchronizes after
+    # its batched p2p: megatron/core/pipeline_parallel/p2p_communication.py, _communicate), and at each
+    # forward's input broadcast (get_batch)
+    host = w.framework.host
+    sync_steps = host.syncs.p2p and pp > 1
+    sync_forward = sync_steps or host.syncs.microbatch
     for st in range(pp):
         # (ops, phase) of each step kind, per chunk
         work = [
@@ -164,13 +173,14 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
             kind, mb, c = step
             if kind == "O":
                 # asynchronous schedule: this stage steps its optimizer now, no flush, no global sync
-                add_optimizer(prog, s, stage_params[st], (), rank=st)
+                add_optimizer(prog, s, stage_params[st], (), rank=st, w=w, tensors=stage_tensors[st])
                 continue
             task_ops, phase = work[c][kind]
             name = names.get(step)
             if name is None:
                 name = names[step] = f"{kind}{mb}.{c}" if v > 1 else f"{kind}{mb}"
-            add(st, phase, phase, name, upstream(st, step), task_ops, mb)
+            sync = sync_forward if kind == "F" else sync_steps
+            add(st, phase, phase, name, upstream(st, step), task_ops, mb, sync)
     last_compute = [ids[(st, *order[st][-1])] for st in range(pp)]
 
     asynchronous = par.pipeline_schedule in ASYNCHRONOUS
@@ -179,7 +189,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
         # one iteration = the steady-state period between stage 0's first and second weight updates
         prog.window = (ids[(0, "O", 0, 0)], ids[(0, "O", 1, 0)])
     else:
-        _flush_and_step(prog, s, order, ids, chunks, stage_params, last_compute)
+        _flush_and_step(prog, s, w, order, ids, chunks, stage_params, stage_tensors, last_compute)
     for st in range(pp):
         mine = [u for c in range(v) for u in chunks[(st, c)]]
         extras = [
@@ -212,7 +222,15 @@ class _StepIds:
         return self.pos[st][Step(*step)]
 
 
-def _flush_and_step(prog: Program, s: Scenario, order, ids, chunks, stage_params, last_compute) -> None:
+def _tensors(s: Scenario, us: list[Unit]) -> int:
+    """Parameter tensors of a stage's units (for the optimizer's per-tensor host work)."""
+    names = {u.name for u in us}
+    return parameter_tensors(s, sum(u.is_layer for u in us), "embedding" in names, "head" in names)
+
+
+def _flush_and_step(
+    prog: Program, s: Scenario, w: Workload, order, ids, chunks, stage_params, stage_tensors, last_compute
+) -> None:
     """Synchronous schedules: after the flush each stage reduces its gradients over data parallelism (per chunk
     as soon as its last backward ends with overlap_grad_reduce), the first and last stage sum the tied word
     embedding's gradient, every stage agrees on the gradient norm, and each steps its optimizer."""
@@ -220,13 +238,14 @@ def _flush_and_step(prog: Program, s: Scenario, order, ids, chunks, stage_params
     pp, v, dp = par.pipeline_parallel, par.virtual_pipeline_stages, grad_group_size(s)
     wb, gb = weight_bytes(s), grad_bytes(s)
     distributed = par.zero_stage == 1
+    overlap = ddp_settings(s, w)[0]
     for st in range(pp):
         reductions = []
         if dp > 1:
             for c in range(v):
                 params = sum(u.params for u in chunks[(st, c)])
                 last_b = max(i for x, i in ids.pos[st].items() if x.chunk == c and x.kind != "F")
-                after = last_b if par.ddp.overlap_grad_reduce else last_compute[st]
+                after = last_b if overlap else last_compute[st]
                 reductions.append(
                     prog.add(
                         st,
@@ -257,7 +276,13 @@ def _flush_and_step(prog: Program, s: Scenario, order, ids, chunks, stage_params
             )
         # gradient clipping all-reduces the norm over every stage: a global sync before the step
         opt = add_optimizer(
-            prog, s, stage_params[st] / (dp if distributed else 1), (*reductions, *last_compute), rank=st
+            prog,
+            s,
+            stage_params[st] / (dp if distributed else 1),
+            (*reductions, *last_compute),
+            rank=st,
+            w=w,
+            tensors=stage_tensors[st],
         )
         if distributed and dp > 1 and par.ddp.overlap_param_gather:
             # the previous step's weights are gathered under this iteration's first forward (steady state)
@@ -329,7 +354,9 @@ def _chunk_ops(s: Scenario, w: Workload, us: list[Unit], key: tuple[int, int], p
     first, last = st == 0 and c == 0, st == pp - 1 and c == v - 1
     mode = s.training.activation_recompute
 
-    fwd: list[Op] = [] if first or regather is None else [regather]
+    fwd: list[Op] = list(w.microbatch_setup)  # every forward step calls get_batch (pretrain_gpt.py)
+    if not first and regather is not None:
+        fwd.append(regather)
     for u in us:
         fwd += u.block.forward
     if not last:

@@ -21,7 +21,7 @@ from dataclasses import replace
 from simulator.hardware.gpus import GPU
 from simulator.scenario.schema import OneBitConfig, Scenario
 from simulator.strategy import ddp
-from simulator.strategy.common import add_optimizer, grad_group, grad_group_size
+from simulator.strategy.common import add_optimizer, grad_group, grad_group_size, parameter_tensors
 from simulator.strategy.program import COMPUTE, Program
 from simulator.workload.transformer import Workload, memory_op
 
@@ -57,7 +57,7 @@ def build(s: Scenario, w: Workload, gpu: GPU, phase: str = "compressed") -> Prog
                     bytes=compressed_bytes(E, n),
                 )
             deps = (prev,)
-        add_optimizer(p, s, E, deps)
+        add_optimizer(p, s, E, deps, w=w, tensors=parameter_tensors(s, w.num_layers, True, True))
     # error feedback: the worker's error on the whole momentum, the server's on its 1/n chunk (fp32)
     rank = p.ranks[0]
     rank.memory = replace(rank.memory, buffers=rank.memory.buffers + 4 * E + 4 * E / n)

@@ -28,6 +28,9 @@ class Task:
     group: str | None = None  # collectives only
     bytes: float = 0.0  # collectives: the full (unsharded) buffer, as NCCL's "size"
     microbatch: int = -1
+    # the host thread waits for the GPU (and the task's dependencies) before issuing this task's kernels: a
+    # synchronising call such as a blocking p2p receive, a pageable input copy or ``.item()``
+    sync: bool = False
 
     @property
     def is_collective(self) -> bool:
@@ -55,11 +58,19 @@ class Program:
     window: tuple[int, int] | None = None
 
     def add_compute(
-        self, rank: int, kind: str, phase: str, name: str, deps: tuple, ops: tuple, microbatch: int
+        self,
+        rank: int,
+        kind: str,
+        phase: str,
+        name: str,
+        deps: tuple,
+        ops: tuple,
+        microbatch: int,
+        sync: bool = False,
     ) -> int:
         """``add`` for a compute task, without keyword handling: pipelines create tens of thousands."""
         tid = len(self.tasks)
-        self.tasks.append(Task(tid, rank, COMPUTE, kind, phase, name, deps, ops, None, 0.0, microbatch))
+        self.tasks.append(Task(tid, rank, COMPUTE, kind, phase, name, deps, ops, None, 0.0, microbatch, sync))
         return tid
 
     def add(self, rank: int, stream: str, kind: str, phase: str, name: str, deps=(), **kw) -> int:

@@ -11,7 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simulator.scenario.schema import Scenario
-from simulator.strategy.common import Unit, add_backward, add_forward, add_optimizer, gather_params
+from simulator.strategy.common import (
+    Unit,
+    add_backward,
+    add_forward,
+    add_optimizer,
+    gather_params,
+    microbatch_sync,
+    parameter_tensors,
+    with_setup,
+)
 from simulator.strategy.offload import add_grad_copy, add_host_step, add_param_copy
 from simulator.strategy.program import Program
 from simulator.workload.transformer import Workload, memory_op
@@ -91,6 +100,7 @@ def add_sharded_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], 
     def gather_deps(u: Unit, phase: str, after: int | None = None) -> tuple[int, ...]:
         return () if u.index in plan.persistent else (gather(u, phase, after),)
 
+    setup: dict = {}
     for mb in range(gas):
         # backward ends by waiting for its reductions (DeepSpeed's independent_gradient_partition_epilogue,
         # FSDP2's post-backward final callback), so the next microbatch starts after them
@@ -103,9 +113,10 @@ def add_sharded_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], 
                 plan.forward_extra_bytes_per_param,
                 gather_params(w, u),
             )
-            computes.append(
-                add_forward(p, u, mb, gather_deps(u, "forward", sync if i == 0 else None), ops=ops)
-            )
+            if i == 0:
+                ops = with_setup(w, ops, setup)
+            deps = gather_deps(u, "forward", sync if i == 0 else None)
+            computes.append(add_forward(p, u, mb, deps, ops=ops, sync=i == 0 and microbatch_sync(w)))
         reduce = plan.reduce_every_microbatch or mb == gas - 1
         blocking = None
         for u in reversed(us):
@@ -153,7 +164,7 @@ def add_sharded_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], 
             reductions.append(rid)
     params = sum(u.params for u in us) / plan.shard_size
     if not plan.offload_optimizer:
-        add_optimizer(p, s, params, reductions)
+        add_optimizer(p, s, params, reductions, w=w, tensors=parameter_tensors(s, w.num_layers, True, True))
         return
     step = add_host_step(p, s, params, reductions)
     if not plan.offload_param:  # updated 16-bit shards back to the GPU for the next gathers

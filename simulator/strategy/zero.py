@@ -30,11 +30,14 @@ from simulator.strategy.common import (
     grad_group,
     grad_group_size,
     memory_breakdown,
+    microbatch_sync,
     model_parallel_size,
+    parameter_tensors,
     rank_label,
     ranks_per_stage,
     units,
     weight_bytes,
+    with_setup,
 )
 from simulator.strategy.offload import (
     add_grad_copy,
@@ -195,10 +198,13 @@ def _iteration_1_2(
             )
             ahead.update(dict.fromkeys(idx, gid))
     bwd = -1
+    setup: dict = {}
     for mb in range(gas):
         for i, u in enumerate(us):
             first = ready if mb == 0 and i == 0 else None
-            add_forward(p, u, mb, (ahead.get(u.index) if mb == 0 else None, first))
+            ops = with_setup(w, u.block.forward, setup) if i == 0 else None
+            deps = (ahead.get(u.index) if mb == 0 else None, first)
+            add_forward(p, u, mb, deps, ops=ops, sync=i == 0 and microbatch_sync(w))
         reduce = (dp > 1 or offload) and (stage == 2 or mb == gas - 1)
         plan = (
             buckets([(u.index, u.params * gb) for u in reversed(us)], cfg.reduce_bucket_size * gb)
@@ -232,7 +238,8 @@ def _iteration_1_2(
         step = add_host_step(p, s, w.params_per_rank / dp, reductions)
         opt = add_param_copy(p, "updated weights to GPU", w.params_per_rank / dp * wb, (step,), "optimizer")
     else:
-        opt = add_optimizer(p, s, w.params_per_rank / dp, reductions)
+        tensors = parameter_tensors(s, w.num_layers, True, True)
+        opt = add_optimizer(p, s, w.params_per_rank / dp, reductions, w=w, tensors=tensors)
     last = opt
     if not ahead:
         for idx, nbytes in gathers:

@@ -32,6 +32,10 @@ class Timeline:
         self.start = [0.0] * n
         self.end = [0.0] * n
         self.blocker = [-1] * n
+        # GPU time lost to the host thread inside the task's window (from when the GPU could have started it to
+        # its end): kernels not issued yet
+        self.host_idle = [0.0] * n
+        self.busy = [0.0] * n  # compute tasks: GPU seconds of their kernels and the collectives they wait for
         self.parts: dict[int, tuple[Part, ...]] = {}
         self.events = 0
 

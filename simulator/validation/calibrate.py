@@ -14,10 +14,18 @@ from simulator.frameworks import Framework, GpuFactors
 from simulator.validation.runner import run_case
 
 BOUNDS = {
-    "gemm_efficiency": (0.4, 1.2),
+    "gemm_efficiency": (0.4, 1.3),
     "attention_efficiency": (0.3, 1.3),
     "memory_efficiency": (0.3, 1.3),
     "kernel_overhead_s": (0.0, 1e-4),
+    # the host thread (seconds): per kernel issued in forward / backward, per collective call, per microbatch
+    # outside the layers, per synchronisation, per parameter tensor in the optimizer step
+    "host.forward_kernel_s": (0.0, 1e-4),
+    "host.backward_kernel_s": (0.0, 1e-4),
+    "host.collective_s": (0.0, 2e-4),
+    "host.microbatch_s": (0.0, 2e-2),
+    "host.sync_s": (0.0, 1e-4),
+    "host.optimizer_tensor_s": (0.0, 2e-4),
 }
 
 
@@ -48,7 +56,11 @@ def golden_section(f: Callable[[float], float], lo: float, hi: float, iterations
 
 
 def with_value(framework: Framework, name: str, value: float, gpu: str | None = None) -> Framework:
-    """``framework`` with parameter ``name`` set, for every GPU or, with ``gpu``, as that GPU's factor."""
+    """``framework`` with parameter ``name`` set (``host.x`` for the host profile's), for every GPU or, with
+    ``gpu``, as that GPU's factor."""
+    if name.startswith("host."):
+        host = framework.host.model_copy(update={name.removeprefix("host."): value})
+        return framework.model_copy(update={"host": host})
     if gpu is None:
         return framework.model_copy(update={name: value})
     factors = framework.gpus.get(gpu, GpuFactors())
@@ -58,6 +70,8 @@ def with_value(framework: Framework, name: str, value: float, gpu: str | None = 
 
 
 def value_of(framework: Framework, name: str, gpu: str | None = None) -> float:
+    if name.startswith("host."):
+        return getattr(framework.host, name.removeprefix("host."))
     return getattr(framework.on_gpu(gpu) if gpu else framework, name)
 
 

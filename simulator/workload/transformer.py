@@ -12,67 +12,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from simulator.frameworks import Framework, get_framework
 from simulator.scenario.schema import Scenario
+from simulator.workload import framework_kernels
 from simulator.workload.memory import checkpoint_bytes_per_layer
-
-
-@dataclass(frozen=True)
-class Op:
-    """One kernel. ``flops`` are executed FLOPs (what takes time); ``model_flops`` the FLOPs the model needs
-    (full causal attention counted, as in Megatron's MFU formula)."""
-
-    name: str
-    kind: str  # gemm | memory | flash_attention | collective
-    flops: float = 0.0
-    bytes: float = 0.0
-    m: int = 0
-    n: int = 0
-    k: int = 0
-    batch: int = 1
-    model_flops: float = 0.0
-    collective: str = ""  # collective ops: all_reduce, all_gather, reduce_scatter, send_recv
-    group: str = ""  # collective ops: the group kind (tp, pp, ...)
-    overlaps: str = ""  # collective ops: "previous" / "next" = runs alongside that neighbouring kernel
-    # what a calibration table calls this kernel (simulator/calibration/table.py: KERNEL_OPS) and its pass;
-    # memory-bound kernels keep their tensor's rows x columns in m x n. "" = no table row can describe it
-    kernel: str = ""
-    direction: str = "forward"
-
-
-def collective_op(name: str, collective: str, group: str, nbytes: float, overlaps: str = "") -> Op:
-    """A collective inside a block: blocking (Megatron's tensor-parallel all-reduces, pipeline send/recv), or
-    with ``overlaps`` ("previous" / "next") running alongside that neighbouring kernel, so only what outlasts
-    the kernel is exposed (ring attention; Transformer Engine's TP communication overlap)."""
-    return Op(name, "collective", bytes=float(nbytes), collective=collective, group=group, overlaps=overlaps)
-
-
-def gemm(
-    name: str, m: int, n: int, k: int, batch: int = 1, elem_bytes: int = 2, direction: str = "forward"
-) -> Op:
-    """A (batched) matrix multiply C[m,n] = A[m,k] B[k,n]: 2mnk FLOPs, reads A and B, writes C."""
-    flops = 2.0 * m * n * k * batch
-    kernel = "gemm" if batch == 1 else "batched_gemm"
-    nbytes = elem_bytes * batch * (m * k + k * n + m * n)
-    return Op(name, "gemm", flops, nbytes, m, n, k, batch, flops, kernel=kernel, direction=direction)
-
-
-def memory_op(
-    name: str, nbytes: float, kernel: str = "", rows: int = 0, cols: int = 0, direction: str = "forward"
-) -> Op:
-    """A memory-bound kernel moving ``nbytes``; ``kernel`` and its tensor's ``rows`` x ``cols`` name it for the
-    calibration tables (left empty where no table kind fits, e.g. quantization kernels)."""
-    return Op(name, "memory", 0.0, float(nbytes), rows, cols, kernel=kernel, direction=direction)
-
-
-def gemm_backward(op: Op, has_weight: bool = True) -> tuple[Op, Op]:
-    """dX = dY W^T (m x k, reduce over n) and dW = X^T dY (k x n, reduce over m): each as many FLOPs as forward.
-    Only a GEMM with a weight has a "wgrad" (which zero-bubble schedules may defer); attention's batched GEMMs
-    multiply two activations, so both their gradients are input gradients."""
-    second = "wgrad" if has_weight else "dgrad (second input)"
-    return (
-        gemm(f"{op.name} dgrad", op.m, op.k, op.n, op.batch, direction="backward"),
-        gemm(f"{op.name} {second}", op.k, op.n, op.m, op.batch, direction="backward"),
-    )
+from simulator.workload.ops import (  # noqa: F401  (re-exported: strategies build ops with these)
+    Op,
+    collective_op,
+    gemm,
+    gemm_backward,
+    host_op,
+    memory_op,
+    recomputed,
+)
 
 
 @dataclass(frozen=True)
@@ -97,6 +49,9 @@ class Workload:
     layer: Block  # all transformer layers are alike
     embedding: Block
     head: Block  # final norm, logits, cross-entropy loss
+    framework: Framework  # the software that runs it: its extra kernels, host costs and syncs
+    # host work at the start of every microbatch's forward (data, masks; one op, or () without a host model)
+    microbatch_setup: tuple[Op, ...] = ()
 
     @property
     def num_layers(self) -> int:
@@ -121,6 +76,13 @@ class Workload:
         return 3.0 * fwd * t
 
 
+def tensors_per_layer(m) -> int:
+    """Parameter tensors of one layer: QKV, projection, MLP in and out weights (and their biases), two norms
+    (weight, and bias for LayerNorm). Megatron fuses Q, K, V and the SwiGLU gate and up projections."""
+    norm = 2 if m.normalization == "layernorm" else 1
+    return 4 + (4 if m.add_bias_linear else 0) + 2 * norm
+
+
 def parameter_count(s: Scenario) -> int:
     """Exact parameter count of the model described by the scenario (whole model)."""
     m = s.model
@@ -135,29 +97,50 @@ def parameter_count(s: Scenario) -> int:
     return m.num_layers * layer + embed + head + norm
 
 
-def tp_collectives(t: int, sequence_parallel: bool, nbytes: float, overlap: bool = False):
+def tp_collectives(
+    t: int, sequence_parallel: bool, nbytes: float, overlap: bool = False, async_grad: bool = False
+):
     """Factories for the four tensor-parallel collectives around a column- then row-parallel pair:
     (before column-parallel forward, after row-parallel forward, column-parallel input gradient,
     row-parallel output gradient). Each returns None where the collective does not exist. With ``overlap``
     (Megatron-Core --tp-comm-overlap, Transformer Engine userbuffers) an all-gather runs alongside the GEMM after
-    it and a reduce-scatter alongside the GEMM before it."""
+    it and a reduce-scatter alongside the GEMM before it. With ``async_grad`` the column-parallel input
+    gradient's all-reduce runs alongside the weight-gradient GEMM issued after it (Megatron's
+    async_tensor_model_parallel_allreduce: megatron/core/tensor_parallel/layers.py,
+    LinearWithGradAccumulationAndAsyncCommunication.backward)."""
 
-    def make(kind: str | None):
+    def make(kind: str | None, direction: str = "forward", side: str = ""):
         if t == 1 or kind is None:
             return lambda name: None
-        side = ("next" if kind == "all_gather" else "previous") if overlap else ""
-        return lambda name: collective_op(f"tp {kind.replace('_', '-')} ({name})", kind, "tp", nbytes, side)
+        if overlap:
+            side = "next" if kind == "all_gather" else "previous"
+        return lambda name: collective_op(
+            f"tp {kind.replace('_', '-')} ({name})", kind, "tp", nbytes, side, direction
+        )
 
     if sequence_parallel:
-        return make("all_gather"), make("reduce_scatter"), make("reduce_scatter"), make("all_gather")
-    return make(None), make("all_reduce"), make("all_reduce"), make(None)
+        return (
+            make("all_gather"),
+            make("reduce_scatter"),
+            make("reduce_scatter", "backward"),
+            make("all_gather", "backward"),
+        )
+    return (
+        make(None),
+        make("all_reduce"),
+        make("all_reduce", "backward", "previous" if async_grad else ""),
+        make(None),
+    )
 
 
 def _ops(*ops: Op | None) -> tuple[Op, ...]:
     return tuple(op for op in ops if op is not None)
 
 
-def build_workload(s: Scenario) -> Workload:
+def build_workload(s: Scenario, framework: Framework | None = None) -> Workload:
+    """The model's kernels for one microbatch on one tensor-parallel rank, as ``framework`` (default: the
+    scenario's) launches them."""
+    fw = framework or get_framework(s.framework)
     m, p, tr = s.model, s.parallelism, s.training
     b, t = tr.micro_batch_size, p.tensor_parallel
     seq = m.seq_length // p.context_parallel
@@ -271,22 +254,69 @@ def build_workload(s: Scenario) -> Workload:
     # before and a reduce-scatter after, so the norms and dropouts between them work on s/t tokens.
     full = e * tokens * h  # bytes of one b x s x h activation
     gather_in, scatter_out, grad_in, grad_out = tp_collectives(
-        t, p.sequence_parallel, full, p.tp_comm_overlap
+        t, p.sequence_parallel, full, p.tp_comm_overlap, fw.overlap_tp_grad_allreduce
     )
+    layer_params = (
+        h * (heads + 2 * kv_heads) * d
+        + heads * d * h
+        + h * f_up // t
+        + f // t * h
+        + bias * ((heads + 2 * kv_heads) * d + h + f_up // t + h)
+        + 2 * norm_params
+    )
+    # the framework's own small kernels beyond the model's (bias adds, layout copies, bias-gradient reductions)
+    legacy = fw.kernels == "megatron-legacy"
+    qkv_out, heads_dim = (heads + 2 * kv_heads) * d, heads * d
+    qkv_bias, context_copy, mlp_bias = (
+        framework_kernels.layer_forward(e, tokens, h, qkv_out, heads_dim, sp, bias) if legacy else (None,) * 3
+    )
+    extra_bwd = (
+        framework_kernels.layer_backward(e, tokens, h, qkv_out, heads_dim, f_up // t, sp, bias)
+        if legacy
+        else ()
+    )
+
+    # synchronising calls inside the layer's forward, between attention and MLP (Megatron-DeepSpeed's
+    # ParallelTransformerLayer.forward builds moe_loss and mlp_bias with torch.tensor(0.0, device=...): a
+    # pageable host-to-device copy, which PyTorch follows with cudaStreamSynchronize)
+    layer_syncs = tuple(
+        Op("host sync (device tensor from a host scalar)", "sync", launches=0, host_s=fw.host.sync_s)
+        for _ in range(fw.host.syncs.layer_forward)
+    )
+    # Megatron-LM's local DDP without gradient-accumulation fusion: a hook adds every parameter's gradient
+    # into its main_grad buffer after each backward (megatron/model/distributed.py, param_hook), one kernel per
+    # tensor reading the gradient and main_grad and writing main_grad (fp32 for bf16 training)
+    main_bytes = 2 if tr.precision == "fp16" else 4
+
+    def accumulate(name: str, params: int, tensors: int) -> Op | None:
+        if not fw.grad_accumulation_kernels:
+            return None
+        return Op(
+            f"gradient accumulation ({name})",
+            "memory",
+            bytes=params * (2 + 2 * main_bytes),
+            direction="backward",
+            launches=tensors,
+        )
+
     fwd = _ops(
         norm("input layernorm"),
         gather_in("attention input"),
         qkv,
+        qkv_bias,
         *attn_fwd,
+        context_copy,
         proj,
         scatter_out("attention output"),
         bias_dropout_add("attention bias-dropout-add"),
         norm("post-attention layernorm"),
+        *layer_syncs,
         gather_in("mlp input"),
         up,
         act,
         down,
         scatter_out("mlp output"),
+        mlp_bias,
         bias_dropout_add("mlp bias-dropout-add"),
     )
     bwd = _ops(
@@ -311,20 +341,14 @@ def build_workload(s: Scenario) -> Workload:
         *gemm_backward(qkv),
         grad_in("attention input gradient"),
         norm_backward("input layernorm backward"),
-    )
-    layer_params = (
-        h * (heads + 2 * kv_heads) * d
-        + heads * d * h
-        + h * f_up // t
-        + f // t * h
-        + bias * ((heads + 2 * kv_heads) * d + h + f_up // t + h)
-        + 2 * norm_params
+        *extra_bwd,
+        accumulate("layer", layer_params, tensors_per_layer(m)),
     )
     # DeepSpeed activation checkpointing: the checkpoint (layer input) split over the TP ranks
     # (partition_activations) and kept in host memory (cpu_checkpointing); backward fetches and re-gathers it
     tr, ckpt = s.training, checkpoint_bytes_per_layer(s)
     fetch: list[Op] = []
-    recompute = fwd
+    recompute = recomputed(fwd)
     if tr.cpu_checkpointing:
         fwd = (*fwd, collective_op("checkpoint to host", "d2h", "host", ckpt, overlaps="previous"))
         fetch.append(collective_op("checkpoint from host", "h2d", "host", ckpt))
@@ -336,7 +360,7 @@ def build_workload(s: Scenario) -> Workload:
         "transformer layer",
         fwd,
         bwd,
-        attn_fwd if m.attention == "standard" else (),
+        recomputed(attn_fwd) if m.attention == "standard" else (),
         layer_params,
         (*fetch, *recompute),
     )
@@ -357,8 +381,9 @@ def build_workload(s: Scenario) -> Workload:
                 kernel="embedding",
             ),
             scatter_out("embedding output"),
+            *(framework_kernels.embedding_forward(e, tokens, h, sp, t) if legacy else ()),
         ),
-        (
+        _ops(
             Op(
                 "embedding backward (scatter-add into fp32 grad)",
                 "memory",
@@ -369,6 +394,15 @@ def build_workload(s: Scenario) -> Workload:
                 kernel="embedding",
                 direction="backward",
             ),
+            # the dense weight gradient is zero-filled, and a tied weight's two gradients (lookup and logits)
+            # are summed by autograd (AccumulateGrad)
+            memory_op(
+                "embedding weight gradient (zero fill, tied sum)",
+                e * v * h // t * (4 if m.tied_embeddings else 1),
+                direction="backward",
+            ),
+            *(framework_kernels.embedding_backward(e, tokens, h, sp) if legacy else ()),
+            accumulate("embedding", embed_params, 1 + pos),
         ),
         (),
         embed_params,
@@ -378,6 +412,12 @@ def build_workload(s: Scenario) -> Workload:
     ce_stats = (
         collective_op("cross-entropy statistics", "all_reduce", "tp", 3 * 4 * tokens) if t > 1 else None
     )
+    # Megatron's vocab-parallel cross-entropy on fp32 logits, bytes per logit (megatron/core/tensor_parallel/
+    # cross_entropy.py): forward casts to fp32 (e + 4), takes the max (4), subtracts it (8), exponentiates in
+    # place (8), sums (4) and divides in place (8); backward scales the saved softmax in place (8) and casts the
+    # gradient back (4 + e). PyTorch's F.cross_entropy under autocast: cast (e + 4) and log-softmax (8)
+    # forward; NLL backward (4), log-softmax backward (12) and the cast back (4 + e)
+    ce_fwd, ce_bwd = (e + 32, 12 + e) if fw.loss == "megatron" else (e + 12, 20 + e)
     head = Block(
         "output head",
         _ops(
@@ -385,14 +425,13 @@ def build_workload(s: Scenario) -> Workload:
             gather_in("logits input"),
             logits,
             ce_stats,
-            memory_op(
-                "cross-entropy loss (fp32)", tokens * v // t * (e + 8), "cross_entropy", tokens, v // t
-            ),
+            memory_op("cross-entropy loss (fp32)", tokens * v // t * ce_fwd, "cross_entropy", tokens, v // t),
+            *(framework_kernels.loss_forward(tokens) if legacy else ()),
         ),
         _ops(
             memory_op(
                 "cross-entropy backward",
-                tokens * v // t * (4 + e),
+                tokens * v // t * ce_bwd,
                 "cross_entropy",
                 tokens,
                 v // t,
@@ -401,8 +440,15 @@ def build_workload(s: Scenario) -> Workload:
             *gemm_backward(logits),
             grad_in("logits input gradient"),
             norm_backward("final layernorm backward"),
+            *(framework_kernels.loss_backward(tokens) if legacy else ()),
+            accumulate("final norm", norm_params, 2 if m.normalization == "layernorm" else 1),
         ),
         (),
         v * h // t + norm_params,
     )
-    return Workload(s, layer, embedding, head)
+    setup = (
+        (host_op("microbatch setup (data, masks, loss bookkeeping)", fw.host.microbatch_s),)
+        if fw.host.microbatch_s
+        else ()
+    )
+    return Workload(s, layer, embedding, head, fw, setup)

@@ -1,0 +1,137 @@
+"""What a compute task costs the GPU and the host thread that issues it.
+
+Eager PyTorch issues every kernel from one host thread per rank: a Python module call, ATen dispatch and
+``cudaLaunchKernel`` in forward; the autograd engine (and Python custom ``Function.backward``) in backward. The
+GPU runs a kernel once it is free *and* the kernel has been issued. A task is a sequence of kernels i = 1..n with
+host issue times c_i and GPU times g_i; if the host starts issuing at H and the GPU is free from B, kernel i
+ends at e_i = max(e_{i-1}, H + c_1 + ... + c_i) + g_i, so
+
+    end = max(B + sum g, H + span),   span = max_i (c_1 + ... + c_i + g_i + ... + g_n)
+
+which the engine evaluates in O(1) per task (``simulator/engine/engine.py``). The per-kernel host costs are
+the framework profile's (``simulator/frameworks/*.yaml``, ``host:``); with CUDA graphs a task is one graph
+launch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from simulator.costs.compute import ComputeModel
+from simulator.engine.engine import TaskCost
+from simulator.frameworks import HostProfile
+from simulator.timeline.timeline import Part
+from simulator.workload.transformer import Op
+
+
+def op_host_s(op: Op, host: HostProfile) -> float:
+    """Host seconds to issue ``op``: per kernel by pass, per collective call, or the op's own host work (a
+    sync's own latency)."""
+    if op.kind in ("host", "sync"):
+        return op.host_s
+    if op.kind == "collective":
+        return host.collective_s
+    per_kernel = host.forward_kernel_s if op.direction == "forward" else host.backward_kernel_s
+    return per_kernel * op.launches
+
+
+def gpu_times(
+    ops: tuple[Op, ...], compute: ComputeModel, comm_time: Callable[[Op], float]
+) -> tuple[list[float], list[Part]]:
+    """GPU seconds of each op in order (a collective: the part the stream waits for) and the task's parts
+    (runs of kernels and the collectives the stream waits for; empty without collectives). A collective that
+    ``overlaps`` the kernel before or after it hides behind that kernel; only what outlasts it adds time."""
+    parts: list[Part] = []
+    gpu: list[float] = []
+    run_s = 0.0
+    in_run = False
+    budget = 0.0  # time of the last kernel that "previous"-overlapping collectives can still hide behind
+    has_collective = False
+    for i, op in enumerate(ops):
+        if op.kind != "collective":
+            g = compute.op_time_s(op)
+            gpu.append(g)
+            run_s += g
+            in_run = True
+            budget = g
+            continue
+        has_collective = True
+        if in_run:
+            parts.append(Part("kernels", "compute", "", 0.0, run_s))
+            run_s, in_run = 0.0, False
+        seconds = comm_time(op)
+        hidden = 0.0
+        if op.overlaps == "previous":
+            hidden = min(seconds, budget)
+            budget -= hidden
+        elif op.overlaps == "next":
+            following = next((o for o in ops[i + 1 :] if o.kind != "collective"), None)
+            hidden = min(seconds, compute.op_time_s(following)) if following else 0.0
+        gpu.append(seconds - hidden)
+        parts.append(Part(op.name, op.collective, op.group, op.bytes, seconds - hidden, hidden))
+    if has_collective and in_run:
+        parts.append(Part("kernels", "compute", "", 0.0, run_s))
+    return gpu, parts if has_collective else []
+
+
+def host_times(
+    ops: tuple[Op, ...], host: HostProfile, cuda_graphs: bool = False
+) -> tuple[list[float], list[bool]]:
+    """Host seconds to issue each op, and which ops are syncs (the host waits for the GPU there). With CUDA
+    graphs one launch issues every kernel (a captured graph holds no sync); host work outside kernels remains."""
+    if cuda_graphs:
+        issue = [op.host_s if op.kind == "host" else 0.0 for op in ops]
+        if issue:
+            issue[0] += host.graph_launch_s
+        return issue, [False] * len(ops)
+    return [op_host_s(op, host) for op in ops], [op.kind == "sync" for op in ops]
+
+
+def task_cost(
+    ops: tuple[Op, ...],
+    compute: ComputeModel,
+    comm_time: Callable[[Op], float],
+    host: HostProfile | None = None,
+    cuda_graphs: bool = False,
+) -> TaskCost:
+    """GPU seconds of a compute task, its parts, and how its host thread issues it (``TaskCost``)."""
+    if not ops:
+        return TaskCost(0.0)
+    gpu, parts = gpu_times(ops, compute, comm_time)
+    total = sum(gpu)
+    parts_t = tuple(parts)
+    if host is None or not host.active:
+        return TaskCost(total, parts_t, first_s=total)
+    issue, syncs = host_times(ops, host, cuda_graphs)
+    segments: list[list[tuple[float, float]]] = [[]]
+    between = 0.0  # latency of the syncs inside the task
+    for c, g, is_sync in zip(issue, gpu, syncs, strict=True):
+        if is_sync:
+            segments.append([])
+            between += c
+        else:
+            segments[-1].append((c, g))
+    first = _segment(segments[0])
+    if len(segments) == 1:
+        return TaskCost(total, parts_t, first[1], first[2], first[3], first[0])
+    later = [_segment(seg) for seg in segments[1:]]
+    then = between + sum(seg[2] for seg in later)
+    slack = later[-1][2] - later[-1][1]
+    return TaskCost(total, parts_t, first[1], first[2], first[3], first[0], then, slack)
+
+
+def _segment(items: list[tuple[float, float]]) -> tuple[float, float, float, float]:
+    """(GPU seconds, host seconds, span, lead) of kernels (host issue seconds, GPU seconds) issued back to back:
+    span = max_i (issued up to i + GPU time from i on); lead = host time before the first kernel can start."""
+    total = sum(g for _, g in items)
+    span = lead = issued = 0.0
+    remaining = total
+    first = True
+    for c, g in items:
+        issued += c
+        if issued + remaining > span:
+            span = issued + remaining
+        if first and g > 0:
+            lead, first = issued, False
+        remaining -= g
+    return total, issued, span, lead

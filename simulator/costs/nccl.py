@@ -1,0 +1,70 @@
+"""NCCL's protocols: which of LL, LL128 and Simple a collective runs on, its latency and its bandwidth.
+
+NCCL times every (algorithm, protocol) pair of a call as ``base + steps x hop + bytes / bandwidth`` and runs the
+fastest (src/graph/tuning.cc, ``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime``, v2.18.3). LL (8-byte flag
+per 8 bytes) has the lowest latency and a quarter of the bandwidth; LL128 nearly full bandwidth at a higher
+latency; Simple full bandwidth and the highest latency. Small messages therefore pay a few microseconds per
+step, large ones move at the link's bus bandwidth, and the curve between bends where the protocol changes.
+
+The constants are NCCL's (``nccl.yaml``); a topology may replace the hop latencies and bandwidth factors of a
+link kind with values measured there (``nccl:`` in topologies/*.yaml).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+PROTOCOLS = ("LL", "LL128", "Simple")
+_DATA = Path(__file__).with_name("nccl.yaml")
+
+
+@dataclass(frozen=True)
+class ProtocolCost:
+    protocol: str
+    latency_s: float
+    bandwidth_factor: float  # bus bandwidth as a fraction of the Simple protocol's
+
+
+@cache
+def defaults() -> dict:
+    return yaml.safe_load(_DATA.read_text())
+
+
+def protocol_costs(
+    algorithm: str,
+    intra_steps: int,
+    inter_steps: int,
+    intra: str,
+    overrides: dict | None = None,
+    busbw_Bps: float | None = None,
+) -> list[ProtocolCost]:
+    """Latency and bandwidth factor of each protocol for a collective of ``intra_steps`` steps inside nodes
+    (over ``intra``: nvlink | pcie) and ``inter_steps`` steps across the network. ``overrides`` (a topology's
+    ``nccl`` section) replaces base and hop latencies and bandwidth factors; ``busbw_Bps``, the Simple protocol's bus
+    bandwidth, caps LL at NCCL's ``llMaxBw``."""
+    d = defaults()
+    o = overrides or {}
+    out = []
+    for p in PROTOCOLS:
+        hop_intra = _pick(o, d, "hop_us", algorithm, intra, p)
+        hop_inter = _pick(o, d, "hop_us", algorithm, "network", p)
+        factor = o.get("bandwidth", {}).get(algorithm, {}).get(p, d["bandwidth"][algorithm][p])
+        if p == "LL" and busbw_Bps:
+            factor = min(factor, d["ll_max_busbw_GBps"] * 1e9 / busbw_Bps)
+        base = o.get("base_us", {}).get(algorithm, {}).get(p, d["base_us"][algorithm][p])
+        latency_us = base + intra_steps * hop_intra + inter_steps * hop_inter
+        out.append(ProtocolCost(p, latency_us * 1e-6, factor))
+    return out
+
+
+def _pick(o: dict, d: dict, key: str, algorithm: str, kind: str, p: str) -> float:
+    return o.get(key, {}).get(algorithm, {}).get(kind, {}).get(p, d[key][algorithm][kind][p])
+
+
+def fastest(costs: list[ProtocolCost], bandwidth_s: float) -> ProtocolCost:
+    """The protocol NCCL picks: the lowest latency + time at its bandwidth (``bandwidth_s`` at Simple's)."""
+    return min(costs, key=lambda c: c.latency_s + bandwidth_s / c.bandwidth_factor)

@@ -1,0 +1,93 @@
+"""Why a small model is slow, per layer: one microbatch on one rank replayed kernel by kernel.
+
+The engine costs a whole step at once (``simulator/costs/dispatch.py``); this view replays one microbatch's
+kernels in order through the same recurrence, one op at a time: the host issues each op after the previous
+(waiting for the GPU at every sync), a kernel starts when the GPU is free and the host has issued it. Each
+block and pass (embedding, the transformer layers, output head; forward, recompute, backward) gets its GPU busy
+time, the GPU time lost waiting for the host (host-bound idle), and the collectives the stream waited for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from simulator.costs.dispatch import gpu_times, host_times
+
+
+@dataclass
+class BlockTime:
+    block: str  # embedding | layer (average of all layers) | output head
+    phase: str  # forward | recompute | backward
+    gpu_busy_s: float = 0.0
+    host_bound_idle_s: float = 0.0
+    exposed_comm_s: float = 0.0
+    kernels: int = 0
+    host_issue_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def microbatch_view(result, comm_time: Callable | None = None) -> list[BlockTime]:
+    """Per (block, pass) of one microbatch of the whole model on one rank; the layer rows are per layer (the
+    average over ``num_layers`` layers run back to back)."""
+    from simulator.api import cost_model
+
+    s, w, compute = result.scenario, result.workload, result.compute
+    host = compute.framework.host
+    if comm_time is None:
+
+        def comm_time(op):
+            return cost_model(result.comm, result.host, op.group).standalone_time_s(
+                op.collective, op.group, op.bytes
+            )
+
+    mode = s.training.activation_recompute
+    recompute = {"full": w.layer.recompute_full, "selective": w.layer.recompute_selective}.get(mode, ())
+    layers = w.num_layers
+    # (block, pass, ops, times run back to back, host waits for the GPU first); recompute ops carry their flag
+    plan = [
+        ("embedding", "forward", (*w.microbatch_setup, *w.embedding.forward), 1, host.syncs.microbatch),
+        ("layer", "forward", w.layer.forward, layers, False),
+        ("output head", "forward", w.head.forward, 1, False),
+        ("output head", "backward", w.head.backward, 1, False),
+        ("layer", "backward", (*recompute, *w.layer.backward), layers, False),
+        ("embedding", "backward", w.embedding.backward, 1, False),
+    ]
+    rows: dict[tuple[str, str], BlockTime] = {}
+    gpu_clock = host_clock = 0.0
+    for block, phase, ops, repeat, sync_first in plan:
+        gpu, _ = gpu_times(ops, compute, comm_time)
+        issue, syncs = (
+            host_times(ops, host, s.training.cuda_graphs)
+            if host.active
+            else ([0.0] * len(ops), [False] * len(ops))
+        )
+        for _ in range(repeat):
+            if sync_first and host_clock < gpu_clock:
+                host_clock = gpu_clock
+            for op, g, c, is_sync in zip(ops, gpu, issue, syncs, strict=True):
+                op_phase = "recompute" if op.recompute else phase
+                row = rows.setdefault((block, op_phase), BlockTime(block, op_phase))
+                if is_sync:
+                    host_clock = max(host_clock, gpu_clock) + c
+                    row.host_issue_s += c
+                    continue
+                host_clock += c
+                row.host_issue_s += c
+                start = max(gpu_clock, host_clock)
+                row.host_bound_idle_s += start - gpu_clock
+                gpu_clock = start + g
+                if op.kind == "collective":
+                    row.exposed_comm_s += g
+                else:
+                    row.gpu_busy_s += g
+                    row.kernels += op.launches
+    out = list(rows.values())
+    for r in out:
+        if r.block == "layer":
+            for key in ("gpu_busy_s", "host_bound_idle_s", "exposed_comm_s", "host_issue_s"):
+                setattr(r, key, getattr(r, key) / layers)
+            r.kernels //= layers
+    return out

@@ -1,0 +1,95 @@
+"""Kernels and the constructors of the common ones: what a workload is made of.
+
+``flops`` are executed FLOPs (what takes time); ``model_flops`` the FLOPs the model needs (full causal
+attention counted, as in Megatron's MFU formula). ``bytes`` is the HBM traffic of memory-bound kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel. ``flops`` are executed FLOPs (what takes time); ``model_flops`` the FLOPs the model needs
+    (full causal attention counted, as in Megatron's MFU formula)."""
+
+    name: str
+    kind: str  # gemm | memory | flash_attention | collective | host (host work only) | sync (host waits)
+    flops: float = 0.0
+    bytes: float = 0.0
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    batch: int = 1
+    model_flops: float = 0.0
+    collective: str = ""  # collective ops: all_reduce, all_gather, reduce_scatter, send_recv
+    group: str = ""  # collective ops: the group kind (tp, pp, ...)
+    overlaps: str = ""  # collective ops: "previous" / "next" = runs alongside that neighbouring kernel
+    # what a calibration table calls this kernel (simulator/calibration/table.py: KERNEL_OPS) and its pass;
+    # memory-bound kernels keep their tensor's rows x columns in m x n. "" = no table row can describe it
+    kernel: str = ""
+    direction: str = "forward"
+    launches: int = (
+        1  # kernels this op stands for (a bundle of a framework's small kernels); 0 = host work only
+    )
+    recompute: bool = False  # re-run by activation recomputation: hardware FLOPs, not model FLOPs
+    host_s: float = 0.0  # kind "host": host seconds of work that launches no kernel
+
+
+def collective_op(
+    name: str, collective: str, group: str, nbytes: float, overlaps: str = "", direction: str = "forward"
+) -> Op:
+    """A collective inside a block: blocking (Megatron's tensor-parallel all-reduces, pipeline send/recv), or
+    with ``overlaps`` ("previous" / "next") running alongside that neighbouring kernel, so only what outlasts
+    the kernel is exposed (ring attention; Transformer Engine's TP communication overlap)."""
+    return Op(
+        name,
+        "collective",
+        bytes=float(nbytes),
+        collective=collective,
+        group=group,
+        overlaps=overlaps,
+        direction=direction,
+    )
+
+
+def host_op(name: str, seconds: float, direction: str = "forward") -> Op:
+    """Host work that launches no kernel of its own (data loading, masks, schedule bookkeeping, Python loops
+    over parameters): ``seconds`` of the host thread, none of the GPU."""
+    return Op(name, "host", direction=direction, launches=0, host_s=seconds)
+
+
+def recomputed(ops: tuple[Op, ...]) -> tuple[Op, ...]:
+    """The forward ops as activation recomputation re-runs them: the same kernels, counted as hardware FLOPs
+    only (MFU counts the model's FLOPs once; HFU counts the recompute too)."""
+    return tuple(replace(op, recompute=True) for op in ops)
+
+
+def gemm(
+    name: str, m: int, n: int, k: int, batch: int = 1, elem_bytes: int = 2, direction: str = "forward"
+) -> Op:
+    """A (batched) matrix multiply C[m,n] = A[m,k] B[k,n]: 2mnk FLOPs, reads A and B, writes C."""
+    flops = 2.0 * m * n * k * batch
+    kernel = "gemm" if batch == 1 else "batched_gemm"
+    nbytes = elem_bytes * batch * (m * k + k * n + m * n)
+    return Op(name, "gemm", flops, nbytes, m, n, k, batch, flops, kernel=kernel, direction=direction)
+
+
+def memory_op(
+    name: str, nbytes: float, kernel: str = "", rows: int = 0, cols: int = 0, direction: str = "forward"
+) -> Op:
+    """A memory-bound kernel moving ``nbytes``; ``kernel`` and its tensor's ``rows`` x ``cols`` name it for the
+    calibration tables (left empty where no table kind fits, e.g. quantization kernels)."""
+    return Op(name, "memory", 0.0, float(nbytes), rows, cols, kernel=kernel, direction=direction)
+
+
+def gemm_backward(op: Op, has_weight: bool = True) -> tuple[Op, Op]:
+    """dX = dY W^T (m x k, reduce over n) and dW = X^T dY (k x n, reduce over m): each as many FLOPs as forward.
+    Only a GEMM with a weight has a "wgrad" (which zero-bubble schedules may defer); attention's batched GEMMs
+    multiply two activations, so both their gradients are input gradients."""
+    second = "wgrad" if has_weight else "dgrad (second input)"
+    return (
+        gemm(f"{op.name} dgrad", op.m, op.k, op.n, op.batch, direction="backward"),
+        gemm(f"{op.name} {second}", op.k, op.n, op.m, op.batch, direction="backward"),
+    )
