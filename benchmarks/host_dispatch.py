@@ -214,6 +214,17 @@ def sync_costs(device, dtype) -> dict:
     for _ in range(reps):
         torch.tensor(0.0, device=device, dtype=dtype)
     out["device_tensor_from_scalar_s"] = (time.perf_counter() - t0) / reps
+    # does it wait for the GPU? queue ~20 ms of GPU work, then time it: a sync takes the rest of that work
+    torch.cuda._sleep(40_000_000)
+    t0 = time.perf_counter()
+    torch.tensor(0.0, device=device, dtype=dtype)
+    out["device_tensor_from_scalar_behind_busy_gpu_s"] = time.perf_counter() - t0
+    sync(device)
+    torch.cuda._sleep(40_000_000)
+    t0 = time.perf_counter()
+    torch.empty(1, device=device, dtype=dtype)
+    out["device_empty_behind_busy_gpu_s"] = time.perf_counter() - t0
+    sync(device)
     # a graph of 100 small kernels: one replay's host time
     a = torch.randn(1024, device=device, dtype=dtype)
     g = torch.cuda.CUDAGraph()

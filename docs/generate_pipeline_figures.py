@@ -30,6 +30,7 @@ def scenario(schedule: str, v: int, m: int = 8, p: int = 4):
     return load_scenario(
         {
             "name": f"{schedule} p={p} m={m}" + (f" v={v}" if v > 1 else ""),
+            "framework": "ideal",  # the closed forms assume no host cost
             "model": MODEL,
             "cluster": {"topology": "dgx-a100", "num_nodes": 1, "gpus_per_node": p},
             "training": {"global_batch_size": m, "micro_batch_size": 1, "precision": "bf16"},

@@ -1,6 +1,7 @@
-"""Make docs/validation.md's figure and table from `clustersim validate`.
+"""Make docs/validation.md's figures and tables from `clustersim validate`: the built-in published runs and, when
+the file is there, the 720 measured small-model runs (../shared/validation/measured-a100-small.yaml).
 
-Run: python docs/generate_validation.py   (needs Chromium for the PNG: apt-get install chromium)
+Run: python docs/generate_validation.py   (needs Chromium for the PNGs: apt-get install chromium)
 """
 
 from __future__ import annotations
@@ -69,5 +70,82 @@ def main() -> None:
         print(f"| {r.id} | {UNITS[r.metric]} | {r.published:,.4g} | {pred} | {err} | {r.status} |")
 
 
+SMALL = Path(__file__).resolve().parents[2] / "shared" / "validation" / "measured-a100-small.yaml"
+
+
+def small_runs(path: Path = SMALL) -> None:
+    """The measured small-model runs: summary, mean signed and absolute error by each varied setting, and a
+    scatter of predicted against measured iteration time."""
+    import statistics
+
+    import yaml
+
+    if not path.is_file():
+        print(f"\n{path} not found: small-model section skipped")
+        return
+    cases = load_cases(path)
+    results = run_cases(cases)
+    print("\n" + summary_line(summarize(results)))
+    errors = [r.error_pct for r in results]
+    print(f"mean signed error {statistics.fmean(errors):+.1f}%\n")
+    settings = {
+        "micro-batch": lambda c: c["training"]["micro_batch_size"],
+        "hidden": lambda c: c["model"]["hidden_size"],
+        "tensor parallel": lambda c: c["parallelism"]["tensor_parallel"],
+        "pipeline parallel": lambda c: c["parallelism"]["pipeline_parallel"],
+        "data parallel": lambda c: c["parallelism"]["data_parallel"],
+    }
+    print(
+        "| setting | value | cases | mean signed error | mean abs error | max abs error |\n|---|---|---|---|---|---|"
+    )
+    for name, key in settings.items():
+        groups: dict = {}
+        for c, r in zip(cases, results, strict=True):
+            groups.setdefault(key(c), []).append(r.error_pct)
+        for value, errs in sorted(groups.items()):
+            print(
+                f"| {name} | {value} | {len(errs)} | {statistics.fmean(errs):+.1f}% | "
+                f"{statistics.fmean(abs(e) for e in errs):.1f}% | {max(abs(e) for e in errs):.1f}% |"
+            )
+    fig = go.Figure(
+        go.Scatter(
+            x=[r.published for r in results],
+            y=[r.predicted for r in results],
+            mode="markers",
+            text=[f"{r.id}: {r.error_pct:+.1f}%" for r in results],
+            marker={
+                "size": 5,
+                "color": [c["training"]["micro_batch_size"] for c in cases],
+                "colorscale": "Viridis",
+                "colorbar": {"title": "micro-batch"},
+                "showscale": True,
+            },
+            name="runs",
+            showlegend=False,
+        )
+    )
+    lo, hi = 0.05, 3.0
+    for f, dash in ((1.0, "solid"), (1.15, "dot"), (1 / 1.15, "dot")):
+        fig.add_trace(
+            go.Scatter(
+                x=[lo, hi],
+                y=[lo * f, hi * f],
+                mode="lines",
+                showlegend=False,
+                line={"color": "grey", "dash": dash},
+            )
+        )
+    fig.update_layout(
+        title="720 measured small-model runs on 2-4 A100 (Megatron-DeepSpeed): predicted vs measured s/iter",
+        xaxis={"type": "log", "title": "measured iteration time (s)"},
+        yaxis={"type": "log", "title": "predicted (s)"},
+        width=900,
+        height=700,
+    )
+    fig.write_image(OUT / "validation-small.png")
+    del yaml
+
+
 if __name__ == "__main__":
     main()
+    small_runs()

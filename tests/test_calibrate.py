@@ -10,6 +10,7 @@ from simulator.validation.runner import run_case
 
 CASE = {
     "id": "TOY-1",
+    "framework": "ideal",
     "model": {
         "num_layers": 4,
         "hidden_size": 1024,

@@ -1,5 +1,5 @@
-"""Each table kernel as PyTorch runs it, and the timer: only documented PyTorch APIs, so the same code runs
-on a CPU, an A100 or an H100 node.
+"""Each table kernel as PyTorch runs it, and the timer: public PyTorch APIs (and ``torch.cuda._sleep`` for a GPU
+spin), so the same code runs on a CPU, an A100 or an H100 node.
 
 Timing (per shape): 3 warm-up calls, then ``repeats`` timed calls; the row keeps the median and the spread
 (max - min) / median. On CUDA each sample is 5 calls queued behind a GPU spin and timed with CUDA events (kernel
