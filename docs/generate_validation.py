@@ -20,6 +20,28 @@ UNITS = {
 }
 
 
+def diagonal(fig: go.Figure, lo: float, hi: float, title: str) -> None:
+    """Log-log axes with the predicted = measured line and +-15% dotted lines."""
+    for f, dash in ((1.0, "solid"), (1.15, "dot"), (1 / 1.15, "dot")):
+        fig.add_trace(
+            go.Scatter(
+                x=[lo, hi],
+                y=[lo * f, hi * f],
+                mode="lines",
+                showlegend=f == 1.0,
+                name="predicted = measured (dotted: ±15%)",
+                line={"color": "grey", "dash": dash},
+            )
+        )
+    fig.update_layout(
+        title=title,
+        xaxis={"type": "log", "title": "published / measured"},
+        yaxis={"type": "log", "title": "predicted"},
+        width=900,
+        height=700,
+    )
+
+
 def main() -> None:
     results = run_cases(load_cases())
     fig = go.Figure()
@@ -37,23 +59,8 @@ def main() -> None:
         )
     lo = min(min(r.published, r.predicted or r.published) for r in results) * 0.7
     hi = max(max(r.published, r.predicted or r.published) for r in results) * 1.4
-    for f, dash in ((1.0, "solid"), (1.15, "dot"), (1 / 1.15, "dot")):
-        fig.add_trace(
-            go.Scatter(
-                x=[lo, hi],
-                y=[lo * f, hi * f],
-                mode="lines",
-                showlegend=f == 1.0,
-                name="predicted = published (dotted: ±15%)",
-                line={"color": "grey", "dash": dash},
-            )
-        )
-    fig.update_layout(
-        title="Predicted vs published (each case in its own metric: s/iter, tokens/s/GPU, TFLOP/s/GPU)",
-        xaxis={"type": "log", "title": "published"},
-        yaxis={"type": "log", "title": "predicted"},
-        width=900,
-        height=700,
+    diagonal(
+        fig, lo, hi, "Predicted vs published (each case in its own metric: s/iter, tokens/s/GPU, TFLOP/s/GPU)"
     )
     OUT.mkdir(exist_ok=True)
     fig.write_image(OUT / "validation-scatter.png")
@@ -77,8 +84,6 @@ def small_runs(path: Path = SMALL) -> None:
     """The measured small-model runs: summary, mean signed and absolute error by each varied setting, and a
     scatter of predicted against measured iteration time."""
     import statistics
-
-    import yaml
 
     if not path.is_file():
         print(f"\n{path} not found: small-model section skipped")
@@ -124,26 +129,13 @@ def small_runs(path: Path = SMALL) -> None:
             showlegend=False,
         )
     )
-    lo, hi = 0.05, 3.0
-    for f, dash in ((1.0, "solid"), (1.15, "dot"), (1 / 1.15, "dot")):
-        fig.add_trace(
-            go.Scatter(
-                x=[lo, hi],
-                y=[lo * f, hi * f],
-                mode="lines",
-                showlegend=False,
-                line={"color": "grey", "dash": dash},
-            )
-        )
-    fig.update_layout(
-        title="720 measured small-model runs on 2-4 A100 (Megatron-DeepSpeed): predicted vs measured s/iter",
-        xaxis={"type": "log", "title": "measured iteration time (s)"},
-        yaxis={"type": "log", "title": "predicted (s)"},
-        width=900,
-        height=700,
+    diagonal(
+        fig,
+        0.05,
+        3.0,
+        "720 measured small-model runs on 2-4 A100 (Megatron-DeepSpeed): predicted vs measured s/iter",
     )
     fig.write_image(OUT / "validation-small.png")
-    del yaml
 
 
 if __name__ == "__main__":

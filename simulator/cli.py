@@ -78,7 +78,10 @@ def run(
     if image:
         _write_image(result, image)
     if json_out:
-        print(json.dumps({"name": result.scenario.name, **result.metrics.to_dict()}, indent=2))
+        from simulator.metrics.layers import microbatch_view
+
+        layers = [row.to_dict() for row in microbatch_view(result)]
+        print(json.dumps({"name": result.scenario.name, **result.metrics.to_dict(), "microbatch": layers}, indent=2))
     else:
         print_table([(result.scenario.name, result.metrics)])
         if trace:

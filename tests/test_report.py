@@ -34,9 +34,16 @@ def report(tmp_path_factory):
 def test_report_is_self_contained_with_every_panel(report):
     text = report.read_text()
     assert 'src="https://cdn.plot.ly' not in text and "plotly.js v" in text  # library embedded, no CDN script
-    for i in range(5):
+    for i in range(6):
         assert f'id="panel{i}"' in text
-    for title in ("Timeline", "Memory per GPU", "Communication per GPU", "Busiest links", "Topology"):
+    for title in (
+        "Timeline",
+        "One microbatch, kernel by kernel",
+        "Memory per GPU",
+        "Communication per GPU",
+        "Busiest links",
+        "Topology",
+    ):
         assert title in text
     assert "Iteration time" in text and "Pipeline bubble" in text
 
@@ -83,7 +90,7 @@ def test_report_renders_in_headless_chromium_without_javascript_errors(report, t
     dom = subprocess.run(
         [CHROMIUM, *flags, "--dump-dom", report.as_uri()], capture_output=True, text=True, timeout=120
     )
-    assert dom.stdout.count('class="main-svg"') >= 5, "plotly did not draw the five panels"
+    assert dom.stdout.count('class="main-svg"') >= 6, "plotly did not draw the six panels"
     assert "Uncaught" not in dom.stderr and "SyntaxError" not in dom.stderr
     shot = tmp_path / "report.png"
     subprocess.run(
