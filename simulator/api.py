@@ -47,10 +47,19 @@ class Result:
         """The phases (latency, link demand) the engine ran task ``t`` as."""
         return task_phases(self.comm, self.host, t, stage)
 
+    def op_comm_time_s(self, op) -> float:
+        """Seconds of a collective op inside a compute task, as the run costed it."""
+        return op_comm_time_s(self.comm, self.host, op)
+
 
 def cost_model(comm: CollectiveModel, host: HostModel, group: str) -> CollectiveModel | HostModel:
     """Which model costs a transfer on ``group``: host copies (``host``, ``nvme``) or collectives."""
     return host if group in HOST_GROUPS else comm
+
+
+def op_comm_time_s(comm: CollectiveModel, host: HostModel, op) -> float:
+    """Seconds of a collective (or host copy) op inside a compute task, alone on its links."""
+    return cost_model(comm, host, op.group).standalone_time_s(op.collective, op.group, op.bytes)
 
 
 def task_phases(comm: CollectiveModel, host: HostModel, t, stage: int | None):
@@ -105,7 +114,7 @@ def _simulate(scenario, cluster, workload, framework) -> Result:
     peak = cluster.gpu.peak_flops(s.training.precision)
 
     def comm_time(op) -> float:
-        return cost_model(comm, host, op.group).standalone_time_s(op.collective, op.group, op.bytes)
+        return op_comm_time_s(comm, host, op)
 
     def run(program: Program) -> tuple[Timeline, Metrics]:
         durations: dict[int, TaskCost] = {}  # tasks share ops tuples: cost each once

@@ -81,7 +81,11 @@ def run(
         from simulator.metrics.layers import microbatch_view
 
         layers = [row.to_dict() for row in microbatch_view(result)]
-        print(json.dumps({"name": result.scenario.name, **result.metrics.to_dict(), "microbatch": layers}, indent=2))
+        print(
+            json.dumps(
+                {"name": result.scenario.name, **result.metrics.to_dict(), "microbatch": layers}, indent=2
+            )
+        )
     else:
         print_table([(result.scenario.name, result.metrics)])
         if trace:

@@ -9,7 +9,7 @@ from simulator.engine.engine import simulate_program
 from simulator.frameworks import HostProfile, Syncs, get_framework
 from simulator.metrics.layers import microbatch_view
 from simulator.strategy.program import Program
-from simulator.workload.ops import Op
+from simulator.workload.ops import Op, sync_op
 from tests.conftest import make
 
 
@@ -68,7 +68,7 @@ def test_a_sync_inside_a_step_restarts_it_from_an_idle_gpu():
     """[k1..k3, sync, k4..k6] with GPU-bound kernels: the host waits for k3, pays the sync's latency, then
     issues k4 while the GPU idles."""
     c, g, sync_s = 5e-6, 20e-6, 7e-6
-    ops = (*kernels(3), Op("sync", "sync", launches=0, host_s=sync_s), *kernels(3))
+    ops = (*kernels(3), sync_op("sync", sync_s), *kernels(3))
     tl = run([(ops, False)], g, HostProfile(forward_kernel_s=c))
     first = c + 3 * g
     assert tl.end[0] == pytest.approx(first + sync_s + c + 3 * g, rel=1e-12)

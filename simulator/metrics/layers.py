@@ -32,17 +32,9 @@ class BlockTime:
 def microbatch_view(result, comm_time: Callable | None = None) -> list[BlockTime]:
     """Per (block, pass) of one microbatch of the whole model on one rank; the layer rows are per layer (the
     average over ``num_layers`` layers run back to back)."""
-    from simulator.api import cost_model
-
     s, w, compute = result.scenario, result.workload, result.compute
     host = compute.framework.host
-    if comm_time is None:
-
-        def comm_time(op):
-            return cost_model(result.comm, result.host, op.group).standalone_time_s(
-                op.collective, op.group, op.bytes
-            )
-
+    comm_time = comm_time or result.op_comm_time_s
     mode = s.training.activation_recompute
     recompute = {"full": w.layer.recompute_full, "selective": w.layer.recompute_selective}.get(mode, ())
     layers = w.num_layers

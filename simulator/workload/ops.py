@@ -60,6 +60,12 @@ def host_op(name: str, seconds: float, direction: str = "forward") -> Op:
     return Op(name, "host", direction=direction, launches=0, host_s=seconds)
 
 
+def sync_op(name: str, seconds: float) -> Op:
+    """A call that makes the host wait for the GPU (``.item()``, a device tensor from a host scalar): the host
+    resumes ``seconds`` after the GPU has finished everything issued before it."""
+    return Op(name, "sync", launches=0, host_s=seconds)
+
+
 def recomputed(ops: tuple[Op, ...]) -> tuple[Op, ...]:
     """The forward ops as activation recomputation re-runs them: the same kernels, counted as hardware FLOPs
     only (MFU counts the model's FLOPs once; HFU counts the recompute too)."""

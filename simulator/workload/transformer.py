@@ -24,6 +24,7 @@ from simulator.workload.ops import (  # noqa: F401  (re-exported: strategies bui
     host_op,
     memory_op,
     recomputed,
+    sync_op,
 )
 
 
@@ -280,7 +281,7 @@ def build_workload(s: Scenario, framework: Framework | None = None) -> Workload:
     # ParallelTransformerLayer.forward builds moe_loss and mlp_bias with torch.tensor(0.0, device=...): a
     # pageable host-to-device copy, which PyTorch follows with cudaStreamSynchronize)
     layer_syncs = tuple(
-        Op("host sync (device tensor from a host scalar)", "sync", launches=0, host_s=fw.host.sync_s)
+        sync_op("host sync (device tensor from a host scalar)", fw.host.sync_s)
         for _ in range(fw.host.syncs.layer_forward)
     )
     # Megatron-LM's local DDP without gradient-accumulation fusion: a hook adds every parameter's gradient
