@@ -66,17 +66,43 @@ def test_zero3_keeps_parameters_reused_within_the_reuse_distance():
     assert len(gathers) == 96 + 1  # every layer and the embedding, not the head
 
 
-def test_zero1_and_zero2_move_the_same_bytes_as_ddp_without_accumulation():
+def zero(stage: int, version: str | None = None, **zero_cfg):
+    cfg = {**zero_cfg, **({"deepspeed_version": version} if version else {})}
+    return simulate(make(model=UNTIED, parallelism={"zero_stage": stage, "zero": cfg})).metrics
+
+
+def test_before_deepspeed_0_12_4_zero1_and_zero2_move_the_same_bytes_as_ddp_without_accumulation():
+    """ZeRO paper: stage 1/2 reduce each rank's slice ((n-1)/n of the gradients, as n reduces) and all-gather
+    the updated weights ((n-1)/n): 2(n-1)/n, a DDP all-reduce's volume."""
     ddp = simulate(make(model=UNTIED)).metrics.comm["bytes_per_gpu"]
     for stage in (1, 2):
-        z = simulate(make(model=UNTIED, parallelism={"zero_stage": stage})).metrics.comm["bytes_per_gpu"]
-        assert z == pytest.approx(ddp, rel=1e-12)
+        m = zero(stage, "0.12.3")
+        assert m.comm["bytes_per_gpu"] == pytest.approx(ddp, rel=1e-12)
+        assert (
+            m.comm_by_collective["reduce:dp"]["count"] == 8 * m.comm_by_collective["all_gather:dp"]["count"]
+        )
+
+
+def test_from_deepspeed_0_12_4_gradient_buckets_are_all_reduced_doubling_the_gradient_bytes():
+    """stage_1_and_2.py average_tensor with use_multi_rank_bucket_allreduce (default from v0.12.4): the whole
+    bucket is all-reduced, 2(n-1)/n of the gradients, then the weights all-gathered: 1.5 x DDP's bytes. Turning
+    the switch off gives the old volume back; reduce_scatter: false all-reduces too."""
+    ddp = simulate(make(model=UNTIED)).metrics.comm["bytes_per_gpu"]
+    for stage in (1, 2):
+        new = zero(stage)
+        assert new.comm["bytes_per_gpu"] == pytest.approx(1.5 * ddp, rel=1e-12)
+        grads_new = new.comm_by_collective["all_reduce:dp"]["bytes_sent_per_gpu"]
+        grads_old = zero(stage, "0.12.3").comm_by_collective["reduce:dp"]["bytes_sent_per_gpu"]
+        assert grads_new == pytest.approx(2 * grads_old, rel=1e-12)
+        off = zero(stage, use_multi_rank_bucket_allreduce=False).comm["bytes_per_gpu"]
+        assert off == pytest.approx(ddp, rel=1e-12)
+        assert zero(stage, "0.12.3", reduce_scatter=False).comm["bytes_per_gpu"] == pytest.approx(1.5 * ddp)
 
 
 def test_zero2_reduces_gradients_every_microbatch_zero1_only_at_the_boundary():
     kw = {"model": UNTIED, "training": {"global_batch_size": 32}}  # 8 GPUs x 1 x 4 microbatches
-    z1 = simulate(make(**kw, parallelism={"zero_stage": 1})).metrics.comm_by_collective["reduce_scatter:dp"]
-    z2 = simulate(make(**kw, parallelism={"zero_stage": 2})).metrics.comm_by_collective["reduce_scatter:dp"]
+    z1 = simulate(make(**kw, parallelism={"zero_stage": 1})).metrics.comm_by_collective["all_reduce:dp"]
+    z2 = simulate(make(**kw, parallelism={"zero_stage": 2})).metrics.comm_by_collective["all_reduce:dp"]
     assert z2["bytes_sent_per_gpu"] == pytest.approx(4 * z1["bytes_sent_per_gpu"], rel=1e-12)
 
 

@@ -26,7 +26,7 @@ from simulator.hardware.placement import Placement
 
 LinkClass = tuple[frozenset, str, str]  # (pipeline stages on the link's nodes, from, to)
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "reduce", "broadcast", "all_to_all", "send_recv")
 
 
 @dataclass(frozen=True)
@@ -47,20 +47,22 @@ class Phase:
 
 
 def ring_steps(op: str, n: int) -> int:
-    """Steps of the ring algorithm: 2(n-1) for all-reduce (reduce-scatter + all-gather), n-1 otherwise."""
+    """Steps of the ring algorithm: 2(n-1) for all-reduce (reduce-scatter + all-gather), n-1 otherwise (a reduce
+    to one rank runs as a pipelined chain of n-1 hops)."""
     if n <= 1:
         return 0
     return 2 * (n - 1) if op == "all_reduce" else n - 1
 
 
 def ring_bytes_per_rank(op: str, n: int, size_bytes: float) -> float:
-    """Bytes each rank sends: 2(n-1)/n S (all-reduce), (n-1)/n S (all-gather, reduce-scatter, all-to-all),
+    """Bytes each rank sends: 2(n-1)/n S (all-reduce), (n-1)/n S (all-gather, reduce-scatter, all-to-all, reduce),
     S (broadcast, send/recv). ``size_bytes`` is the full (unsharded) buffer."""
     if n <= 1:
         return 0.0
     if op == "all_reduce":
         return 2 * (n - 1) / n * size_bytes
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+    # a reduce (chain to the root): n-1 of the n ranks send S, (n-1)/n S per rank on average
+    if op in ("all_gather", "reduce_scatter", "all_to_all", "reduce"):
         return (n - 1) / n * size_bytes
     return size_bytes
 
@@ -166,14 +168,15 @@ class CollectiveModel:
             pattern = self._pattern("all_pairs", groups)
             return (self._on_protocol(pattern, 1, size_bytes / n, *self._split(n - 1, nodes)),)
         steps = ring_steps(op, n)
+        units, chunk = steps, size_bytes / n  # each hop carries ``units`` chunks
         if op == "broadcast":
-            steps, chunk = n - 1, size_bytes / (n - 1)
-        else:
-            chunk = size_bytes / n
+            units, chunk = n - 1, size_bytes / (n - 1)
+        elif op == "reduce":  # a pipelined chain to the root: each link carries the buffer once
+            units, chunk = 1, size_bytes
         # NCCL's ring: of its steps, 2 x nodes (all-reduce) or nodes - 1 cross the network (tuning.cc)
         inter = 0 if nodes == 1 else (2 * nodes if op == "all_reduce" else nodes - 1)
         ring = (
-            self._on_protocol(self._pattern("ring", groups), steps, chunk, steps - inter, min(inter, steps)),
+            self._on_protocol(self._pattern("ring", groups), units, chunk, steps - inter, min(inter, steps)),
         )
         if op != "all_reduce" or self.algorithm == "ring" or nodes == 1:
             return ring

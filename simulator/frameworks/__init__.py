@@ -131,6 +131,11 @@ class Framework(BaseModel):
         description="Which kernels run beyond the model's own (simulator/workload/framework_kernels.py): 'model' "
         "= none (fused stacks, the ideal bound); 'megatron-legacy' = Megatron-LM's eager GPT layer.",
     )
+    zero: Literal["deepspeed", "megatron"] = Field(
+        "deepspeed",
+        description="Who shards optimizer states for zero_stage 1: DeepSpeed's ZeRO (its gradient reduction by "
+        "release) or Megatron-Core's distributed optimizer (reduce-scatter of gradient buckets).",
+    )
     loss: Literal["megatron", "torch"] = Field(
         "megatron",
         description="How the cross-entropy loss runs on fp32 logits: 'megatron' = vocab_parallel_cross_entropy's "

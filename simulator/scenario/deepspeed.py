@@ -19,6 +19,8 @@ class DeepSpeedConfigWarning(UserWarning):
 
 # zero_optimization keys modelled, under the same names in parallelism.zero
 ZERO_KEYS = {
+    "reduce_scatter",
+    "use_multi_rank_bucket_allreduce",
     "reduce_bucket_size",
     "allgather_bucket_size",
     "overlap_comm",
@@ -73,7 +75,6 @@ NEUTRAL = {
     "flops_profiler",
     "comms_logger",
     "zero_optimization.contiguous_gradients",
-    "zero_optimization.reduce_scatter",
     "zero_optimization.allgather_partitions",
     "zero_optimization.round_robin_gradients",
     "zero_optimization.sub_group_size",

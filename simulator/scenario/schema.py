@@ -196,9 +196,27 @@ class AioConfig(_Section):
     thread_count: PositiveInt = 1
 
 
+DEEPSPEED_VERSION = "0.16.4"  # the behaviour simulated when a scenario does not say (the newest release read)
+
+
 class ZeroConfig(_Section):
     """DeepSpeed ``zero_optimization`` knobs, DeepSpeed's names and defaults (elements, not bytes)."""
 
+    deepspeed_version: str = Field(
+        DEEPSPEED_VERSION,
+        pattern=r"^\d+\.\d+(\.\d+)?$",
+        description="The DeepSpeed release whose behaviour is simulated where releases differ (ZeRO-1/2 "
+        "gradient reduction changed in 0.12.4). Not part of a DeepSpeed JSON config.",
+    )
+    reduce_scatter: bool = Field(
+        True, description="ZeRO-1/2: reduce each rank's gradient slice; false = all-reduce every gradient."
+    )
+    use_multi_rank_bucket_allreduce: bool | None = Field(
+        None,
+        description="ZeRO-1/2 with reduce_scatter: all-reduce each gradient bucket and keep the rank's slice "
+        "(DeepSpeed >= 0.12.4, where it is the default) instead of one reduce per owning rank. Default: by "
+        "deepspeed_version.",
+    )
     reduce_bucket_size: float = Field(5e8, gt=0)
     allgather_bucket_size: float = Field(5e8, gt=0)
     overlap_comm: bool | None = Field(

@@ -135,6 +135,27 @@ def _zero_plus_plus(s: Scenario, dp: int) -> dict:
     return out
 
 
+def version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split("."))
+
+
+def gradient_reduction(cfg, dp: int, implementation: str = "deepspeed") -> tuple[str, int]:
+    """How DeepSpeed ZeRO-1/2 reduces one gradient bucket over ``dp`` ranks: (collective, calls, each of 1/calls
+    of the bucket). deepspeed/runtime/zero/stage_1_and_2.py, ``average_tensor``: without ``reduce_scatter`` the
+    bucket is all-reduced; from v0.12.4 ``use_multi_rank_bucket_allreduce`` (default true) all-reduces the whole
+    bucket and each rank keeps its slice (``allreduce_and_scatter``): twice a reduce-scatter's wire bytes;
+    before, one ``dist.reduce`` to each rank that owns a slice of the bucket. Megatron-Core's distributed
+    optimizer reduce-scatters its gradient buckets (``implementation="megatron"``)."""
+    if implementation == "megatron":
+        return "reduce_scatter", 1
+    if not cfg.reduce_scatter:
+        return "all_reduce", 1
+    multi = cfg.use_multi_rank_bucket_allreduce
+    if multi is None:
+        multi = version(cfg.deepspeed_version) >= (0, 12, 4)
+    return ("all_reduce", 1) if multi else ("reduce", dp)
+
+
 def _kept_after_forward(us: list[Unit], cfg) -> frozenset[int]:
     """Units DeepSpeed does not release after forward: those whose parameters are reused (in backward) within
     ``stage3_max_reuse_distance`` fetched parameters, while all kept fit in ``stage3_max_live_parameters``.
@@ -221,16 +242,18 @@ def _iteration_1_2(
                 name = f"(units {idx[-1]}..{idx[0]})"
                 rid = bwd
                 if dp > 1:
-                    rid = p.add(
-                        0,
-                        "comm.dp",
-                        "reduce_scatter",
-                        "backward",
-                        f"grad reduce-scatter {name}",
-                        (bwd,),
-                        group=grad_group(s),
-                        bytes=nbytes,
-                    )
+                    kind, calls = gradient_reduction(cfg, dp, w.framework.zero)
+                    for _ in range(calls):  # one reduce per owning rank (DeepSpeed < 0.12.4), in turn
+                        rid = p.add(
+                            0,
+                            "comm.dp",
+                            kind,
+                            "backward",
+                            f"grad {kind.replace('_', '-')} {name}",
+                            (rid,),
+                            group=grad_group(s),
+                            bytes=nbytes / calls,
+                        )
                     blocking = None if overlap else rid
                 # ZeRO-Offload: the rank's reduced partition goes to host memory (accumulated there)
                 reductions.append(add_grad_copy(p, name, rid, nbytes / dp) if offload else rid)
