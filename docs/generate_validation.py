@@ -39,6 +39,7 @@ def diagonal(fig: go.Figure, lo: float, hi: float, title: str) -> None:
         yaxis={"type": "log", "title": "predicted"},
         width=900,
         height=700,
+        legend={"x": 0.01, "y": 0.99, "bgcolor": "rgba(255,255,255,0.8)"},
     )
 
 
