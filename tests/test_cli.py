@@ -55,6 +55,8 @@ def test_run_json_has_the_documented_keys(tmp_path):
         "host",
         "host_capacity",
         "nvme",
+        "step",
+        "step_extra",
     } == set(d["memory_gib"])
     b = d["breakdown"]
     assert b["forward_s"] + b["backward_s"] + b["optimizer_s"] == pytest.approx(

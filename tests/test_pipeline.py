@@ -38,7 +38,7 @@ def pipeline(p, m, schedule, v=1, equal_stages=True, ideal=True, **par):
     return simulate(s, cluster=ideal_network_cluster(s) if ideal else None, workload=w)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "deepspeed"])
 @pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16), (8, 8)])
 def test_gpipe_and_1f1b_bubble_is_p_minus_1_over_m_plus_p_minus_1(schedule, p, m):
     assert pipeline(p, m, schedule).metrics.bubble_fraction == pytest.approx((p - 1) / (m + p - 1), rel=1e-9)
@@ -176,7 +176,11 @@ def test_tied_embeddings_add_a_gradient_all_reduce_between_first_and_last_stage(
     tied = pipeline(4, 8, "1f1b", equal_stages=False, ideal=False)
     words = 32000 * 1024 * 2
     reduces = [t for t in tied.program.tasks if t.group == "embedding"]
-    assert [t.rank for t in reduces] == [0, 3] and all(t.bytes == words for t in reduces)
+    # one collective of the two stages (simulated once, so its links are not loaded twice), awaited by both
+    assert len(reduces) == 1 and reduces[0].bytes == words
+    steps = [t for t in tied.program.tasks if t.kind == "optimizer"]
+    waiting = sorted(t.rank for t in steps if reduces[0].id in t.deps)
+    assert waiting == [0, 3]
 
 
 def test_first_and_last_stage_layer_counts_move_layers_off_the_imbalanced_ends():
@@ -262,3 +266,37 @@ def test_pipedream_2bw_has_no_bubble_in_steady_state_and_keeps_two_weight_versio
     assert [r.memory.activations for r in bw.program.ranks] == pytest.approx(
         [r.memory.activations for r in one.program.ranks]
     )
+
+
+def test_deepspeed_train_schedule_instructions_by_hand():
+    """deepspeed/runtime/pipe/schedule.py TrainSchedule, 2 stages, 3 microbatches: stage 0 sends an activation
+    one step after computing it, after receiving the previous gradient; stage 1 sends each gradient one step
+    after its backward, before receiving the next activation."""
+    from simulator.strategy.schedules.deepspeed_train import commands
+
+    def plain(stage):
+        return " ".join(f"{c.kind}{c.microbatch}" for c in commands(2, 3, stage) if c.kind != "load")
+
+    assert plain(0) == "F0 send_act0 F1 recv_grad0 send_act1 B0 F2 recv_grad1 send_act2 B1 recv_grad2 B2"
+    assert plain(1) == "recv_act0 F0 B0 send_grad0 recv_act1 F1 B1 send_grad1 recv_act2 F2 B2 send_grad2"
+
+
+def test_deepspeed_pipeline_transfers_block_both_stages():
+    """Two stages, m microbatches, forward f and backward b per stage, each transfer T: DeepSpeed's blocking
+    send / receive pairs put every transfer on the critical path, (m + 1)(f + b) + 2 m T until stage 0's last
+    backward ends (Megatron's 1F1B sends each activation as part of the step that made it)."""
+    m = 4
+    r = pipeline(2, m, "deepspeed", ideal=False)
+    tl, tasks = r.timeline, r.program.tasks
+
+    def length(pred):
+        durations = {round(tl.end[t.id] - tl.start[t.id], 12) for t in tasks if pred(t)}
+        assert len(durations) == 1
+        return durations.pop()
+
+    f = length(lambda t: t.kind == "forward")
+    b = length(lambda t: t.kind == "backward")
+    transfer = length(lambda t: t.kind == "send_recv")
+    assert transfer > 0
+    last_b = max(tl.end[t.id] for t in tasks if t.kind == "backward" and t.rank == 0)
+    assert last_b == pytest.approx((m + 1) * (f + b) + 2 * m * transfer, rel=1e-9)

@@ -131,6 +131,12 @@ class Framework(BaseModel):
         description="Which kernels run beyond the model's own (simulator/workload/framework_kernels.py): 'model' "
         "= none (fused stacks, the ideal bound); 'megatron-legacy' = Megatron-LM's eager GPT layer.",
     )
+    modules: Literal["megatron", "huggingface"] = Field(
+        "huggingface",
+        description="How the model's layers are split into nn.Modules, which DeepSpeed ZeRO-3 fetches one by one: "
+        "'megatron' = query_key_value, dense, dense_h_to_4h, dense_4h_to_h; 'huggingface' = q/k/v/o_proj and "
+        "gate/up/down_proj (or fc1/fc2).",
+    )
     zero: Literal["deepspeed", "megatron"] = Field(
         "deepspeed",
         description="Who shards optimizer states for zero_stage 1: DeepSpeed's ZeRO (its gradient reduction by "

@@ -21,6 +21,7 @@ MEMORY_PARTS = [
     ("optimizer", "optimizer states"),
     ("activations", "activations"),
     ("buffers", "buffers"),
+    ("step_extra", "optimizer step (beyond activations)"),
 ]
 
 

@@ -53,6 +53,12 @@ ROWS = [
     ("Memory: activations", lambda m: m.memory_gib["activations"], "{:.2f} GiB"),
     ("Memory: buffers", lambda m: m.memory_gib["buffers"], "{:.2f} GiB"),
     (
+        "Memory: optimizer-step temporaries",
+        lambda m: m.memory_gib.get("step", 0.0),
+        "{:.2f} GiB",
+        lambda m: bool(m.memory_gib.get("step", 0.0)),
+    ),
+    (
         "Memory: peak / capacity",
         lambda m: (m.memory_gib["peak"], m.memory_gib["capacity"]),
         "{0[0]:.2f} / {0[1]:.0f} GiB",

@@ -219,12 +219,25 @@ class ZeroConfig(_Section):
     )
     reduce_bucket_size: float = Field(5e8, gt=0)
     allgather_bucket_size: float = Field(5e8, gt=0)
+    contiguous_gradients: bool = Field(
+        True, description="Copy gradients into a flat bucket of reduce_bucket_size elements (GPU memory)."
+    )
+    sub_group_size: float = Field(
+        1e9, gt=0, description="ZeRO-3: the optimizer steps this many elements of the partition at a time."
+    )
     overlap_comm: bool | None = Field(
         None, description="Default: False for stage 1-2, True for stage 3 (DeepSpeed)."
     )
     stage3_prefetch_bucket_size: float = Field(5e7, ge=0)
     stage3_max_live_parameters: float = Field(1e9, gt=0)
-    stage3_param_persistence_threshold: float = Field(1e5, ge=0)
+    stage3_param_persistence_threshold: float = Field(
+        1e5,
+        ge=0,
+        description="Parameters of at most this many elements stay whole on every rank (never fetched).",
+    )
+    stage3_model_persistence_threshold: float = Field(
+        float("inf"), ge=0, description="Cap on the elements of all persistent parameters together."
+    )
     zero_quantized_weights: bool = Field(
         False, description="ZeRO++ qwZ: forward all-gathers in block-quantized INT8."
     )
@@ -284,7 +297,13 @@ class ParallelismConfig(_Section):
         False,
         description="Megatron-Core --tp-comm-overlap: TP all-gathers / reduce-scatters run alongside GEMMs.",
     )
-    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "pipedream-2bw", "zb-h1"] = "1f1b"
+    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "pipedream-2bw", "zb-h1", "deepspeed"] = (
+        Field(
+            "1f1b",
+            description="Megatron's schedules, or 'deepspeed': DeepSpeed's PipelineEngine running TrainSchedule "
+            "(lock-step stages, blocking send/recv between steps), as Megatron-DeepSpeed with --deepspeed runs.",
+        )
+    )
     virtual_pipeline_stages: PositiveInt = 1
     zero_stage: Literal[0, 1, 2, 3] = 0
     zero: ZeroConfig = ZeroConfig()

@@ -125,6 +125,10 @@ def chunk_units(w: Workload, pp: int, v: int) -> dict[tuple[int, int], list[Unit
 def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     check(s)
     par = s.parallelism
+    if par.pipeline_schedule == "deepspeed":
+        from simulator.strategy import deepspeed_pipe
+
+        return deepspeed_pipe.build(s, w, gpu)
     pp, v = par.pipeline_parallel, par.virtual_pipeline_stages
     dp, m = grad_group_size(s), s.gradient_accumulation_steps
     split = par.pipeline_schedule in SPLITS_BACKWARD
@@ -239,6 +243,22 @@ def _flush_and_step(
     wb, gb = weight_bytes(s), grad_bytes(s)
     distributed = par.zero_stage == 1
     overlap = ddp_settings(s, w)[0]
+    tied = None
+    if s.model.tied_embeddings and pp > 1:
+        # the first and last stage each hold the word embedding and sum its gradients after the flush (Megatron
+        # _allreduce_word_embedding_grads, DeepSpeed allreduce_tied_weight_gradients): one collective of the
+        # two stages, simulated once and awaited by both
+        words = s.model.vocab_size * s.model.hidden_size // par.tensor_parallel
+        tied = prog.add(
+            0,
+            "comm.dp",
+            "all_reduce",
+            "backward",
+            "tied embedding grad all-reduce",
+            (last_compute[0], last_compute[-1]),
+            group="embedding",
+            bytes=words * gb,
+        )
     for st in range(pp):
         reductions = []
         if dp > 1:
@@ -258,22 +278,8 @@ def _flush_and_step(
                         bytes=params * gb,
                     )
                 )
-        if s.model.tied_embeddings and st in (0, pp - 1):
-            # the first and last stage each hold the word embedding and sum its gradients after the flush
-            # (Megatron _allreduce_word_embedding_grads, DeepSpeed allreduce_tied_weight_gradients)
-            words = s.model.vocab_size * s.model.hidden_size // par.tensor_parallel
-            reductions.append(
-                prog.add(
-                    st,
-                    "comm.dp",
-                    "all_reduce",
-                    "backward",
-                    "tied embedding grad all-reduce",
-                    (last_compute[0], last_compute[-1]),
-                    group="embedding",
-                    bytes=words * gb,
-                )
-            )
+        if tied is not None and st in (0, pp - 1):
+            reductions.append(tied)
         # gradient clipping all-reduces the norm over every stage: a global sync before the step
         opt = add_optimizer(
             prog,
@@ -335,8 +341,18 @@ def _reduce_per_batch(prog: Program, s: Scenario, order, ids, stage_params) -> N
             opt.deps = (*opt.deps, rid)
 
 
-def _chunk_ops(s: Scenario, w: Workload, us: list[Unit], key: tuple[int, int], pp: int, v: int, split: bool):
-    """(forward, backward, weight-gradient) ops of one chunk, with the p2p sends as blocking collectives."""
+def _chunk_ops(
+    s: Scenario,
+    w: Workload,
+    us: list[Unit],
+    key: tuple[int, int],
+    pp: int,
+    v: int,
+    split: bool,
+    sends: bool = True,
+):
+    """(forward, backward, weight-gradient) ops of one chunk, with the p2p sends as blocking collectives (unless
+    ``sends`` is false: DeepSpeed's engine runs them as instructions of their own)."""
     st, c = key
     par, mdl = s.parallelism, s.model
     t = par.tensor_parallel
@@ -353,13 +369,15 @@ def _chunk_ops(s: Scenario, w: Workload, us: list[Unit], key: tuple[int, int], p
     )
     first, last = st == 0 and c == 0, st == pp - 1 and c == v - 1
     mode = s.training.activation_recompute
+    if not sends:
+        send = None
 
     fwd: list[Op] = list(w.microbatch_setup)  # every forward step calls get_batch (pretrain_gpt.py)
     if not first and regather is not None:
         fwd.append(regather)
     for u in us:
         fwd += u.block.forward
-    if not last:
+    if not last and send is not None:
         fwd.append(send)
     bwd: list[Op] = [] if last or regather is None else [regather]
     wgt: list[Op] = []
@@ -370,7 +388,7 @@ def _chunk_ops(s: Scenario, w: Workload, us: list[Unit], key: tuple[int, int], p
             bwd += u.block.recompute_selective
         for op in u.block.backward:
             (wgt if split and op.name.endswith(" wgrad") else bwd).append(op)
-    if not first:
+    if not first and send is not None:
         bwd.append(send)
     return tuple(fwd), tuple(bwd), tuple(wgt)
 

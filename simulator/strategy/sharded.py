@@ -23,6 +23,7 @@ from simulator.strategy.common import (
 )
 from simulator.strategy.offload import add_grad_copy, add_host_step, add_param_copy
 from simulator.strategy.program import Program
+from simulator.strategy.zero3_fetch import FetchSchedule
 from simulator.workload.transformer import Workload, memory_op
 
 
@@ -52,11 +53,17 @@ class ShardingPlan:
     # ZeRO-Offload / ZeRO-Infinity: where optimizer states and parameter shards live ("cpu", "nvme" or None)
     offload_optimizer: str | None = None
     offload_param: str | None = None
+    # DeepSpeed ZeRO-3: the coordinator's calls, module by module (simulator/strategy/zero3_fetch.py); without it
+    # every unit is gathered whole, ``prefetch_depth`` units ahead (FSDP2)
+    fetch: FetchSchedule | None = None
 
 
 def add_sharded_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], plan: ShardingPlan) -> None:
     """Units gather ``gather_params`` (the head also needs a tied embedding's weight) and reduce the
     gradients of their own ``params``."""
+    if plan.fetch is not None:
+        _fetched_iteration(p, s, w, us, plan)
+        return
     gas = s.gradient_accumulation_steps
     computes: list[int] = []  # compute task ids in execution order, for prefetch limits
     reductions: list[int] = []
@@ -162,6 +169,13 @@ def add_sharded_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], 
             if plan.offload_optimizer:  # ZeRO-Offload: the reduced shard goes to host memory
                 rid = add_grad_copy(p, u.name, rid, u.params * plan.grad_bytes / plan.shard_size)
             reductions.append(rid)
+    _step(p, s, w, us, plan, reductions)
+
+
+def _step(
+    p: Program, s: Scenario, w: Workload, us: list[Unit], plan: ShardingPlan, reductions: list[int]
+) -> None:
+    """The optimizer step on the rank's shard, once every reduction is done (on the host with ZeRO-Offload)."""
     params = sum(u.params for u in us) / plan.shard_size
     if not plan.offload_optimizer:
         add_optimizer(p, s, params, reductions, w=w, tensors=parameter_tensors(s, w.num_layers, True, True))
@@ -169,3 +183,148 @@ def add_sharded_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], 
     step = add_host_step(p, s, params, reductions)
     if not plan.offload_param:  # updated 16-bit shards back to the GPU for the next gathers
         add_param_copy(p, "updated weights to GPU", params * plan.weight_bytes, (step,), "optimizer")
+
+
+# Bytes per gathered element that DeepSpeed's coalesced all-gather copies on the GPU (partition_parameters.py,
+# _all_gather_dtype and AllGatherCoalescedHandle.wait): the local shard into the flat buffer (1/N of a read and
+# a write) and, on wait, each parameter out of the flat buffer (a read and a write); a single-parameter gather
+# writes in place.
+COALESCED_COPY_PER_BYTE = 2.0
+# Bytes per reduced element copied around one reduce-scatter call (stage3.py __add_grad_to_ipg_bucket and
+# runtime/comm/coalesced_collectives.py reduce_scatter_coalesced): the gradient into the bucket, the bucket into
+# the per-rank flat buffer (a read and a write each).
+REDUCE_COPY_PER_BYTE = 4.0
+
+
+def _fetched_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], plan: ShardingPlan) -> None:
+    """ZeRO-3 as DeepSpeed's hooks drive it: the coordinator's all-gather calls in their order on the all-gather
+    stream (the host issues them ahead of the GPU, so they wait for nothing but the previous microbatch's
+    reductions), each followed by its buffer copies; a unit's compute waits for the calls its modules wait
+    for; gradient buckets reduce-scatter on the reduction stream after the backward that filled them."""
+    f = plan.fetch
+    gas = s.gradient_accumulation_steps
+    wb = plan.weight_bytes
+    reductions: list[int] = []
+    setup: dict = {}
+
+    def gather(g, mb: int, after: tuple) -> int:
+        # hpZ: a re-gather, or any gather after the first microbatch, reads the secondary (intra-node) shard
+        secondary = plan.backward_gather_group is not None and (g.regather or mb > 0)
+        group = plan.backward_gather_group if secondary else plan.gather_group
+        # qwZ quantizes every fetch (partitioned_param_coordinator.py: quantize=self.zero_quantized_weights)
+        per = plan.forward_gather_bytes or wb
+        deps = after
+        if plan.offload_param:  # ZeRO-Infinity: the rank's shard comes from host memory or NVMe first
+            where = "host" if plan.offload_param == "cpu" else "nvme"
+            phase = g.block[1]
+            deps = (add_param_copy(p, "param fetch", g.numel * wb / plan.shard_size, deps, phase, where),)
+        phase = g.block[1]
+        what = "prefetch" if g.prefetch else "fetch"
+        gid = p.add(
+            0,
+            "comm.ag",
+            "all_gather",
+            phase,
+            f"param {what} all-gather ({g.numel:,} elements)",
+            deps,
+            group=group,
+            bytes=g.numel * per,
+        )
+        ops: tuple = ()
+        if len(g.params) > 1:
+            ops += (memory_op("all-gather buffer copies", COALESCED_COPY_PER_BYTE * wb * g.numel),)
+        if plan.forward_extra_bytes_per_param:
+            ops += (memory_op("qwZ dequantize weights", plan.forward_extra_bytes_per_param * g.numel),)
+        if ops:
+            gid = p.add(0, "comm.ag", "copy", phase, "gathered parameters to their buffers", (gid,), ops=ops)
+        return gid
+
+    sync: tuple[int, ...] = ()
+    for mb in range(gas):
+        ids = [gather(g, mb, sync if i == 0 else ()) for i, g in enumerate(f.gathers)]
+
+        def waits(block, ids=ids) -> tuple[int, ...]:
+            return tuple(ids[g] for g in f.waits.get(block, ()))
+
+        for i, u in enumerate(us):
+            ops = with_setup(w, u.block.forward, setup) if i == 0 else u.block.forward
+            deps = waits((u.index, "forward"))
+            add_forward(p, u, mb, deps, ops=ops, sync=i == 0 and microbatch_sync(w))
+        blocking = None
+        reduces = {}
+        for r in f.reduces:
+            reduces.setdefault(r.block, []).append(r)
+        for u in reversed(us):
+            deps = waits((u.index, "backward")) + ((blocking,) if blocking is not None else ())
+            ops = u.block.backward
+            if plan.backward_extra_bytes_per_param:
+                ops = (
+                    memory_op("qgZ quantize gradients", plan.backward_extra_bytes_per_param * u.params),
+                    *ops,
+                )
+            bid = add_backward(p, s, u, mb, deps, ops=ops)
+            for r in reduces.get((u.index, "backward"), ()):
+                rid = _reduce_bucket(p, plan, r.numel, bid)
+                blocking = None if plan.overlap_reduce else rid
+                reductions.append(rid)
+        if mb < gas - 1 and reductions:
+            # backward ends with the host waiting for its reductions (stage3.py
+            # independent_gradient_partition_epilogue: reduce_and_partition_stream.synchronize()), so the next
+            # microbatch's fetches and forward start after them
+            sync = (
+                p.add_compute(
+                    0, "backward", "backward", "gradient epilogue", (reductions[-1],), (), mb, True
+                ),
+            )
+    _step(p, s, w, us, plan, reductions)
+
+
+def _reduce_bucket(p: Program, plan: ShardingPlan, numel: int, after: int) -> int:
+    """One gradient bucket: copies, then a reduce-scatter (or ZeRO++ qgZ's two all-to-alls) on the reduction
+    stream; with ZeRO-Offload the rank's reduced shard goes to host memory."""
+    gb = plan.grad_bytes
+    rid = p.add(
+        0,
+        "comm.rs",
+        "copy",
+        "backward",
+        "gradients to the bucket",
+        (after,),
+        ops=(memory_op("reduce bucket copies", REDUCE_COPY_PER_BYTE * gb * numel),),
+    )
+    if plan.quantized_reduce:
+        intra, inter, size, per_param = plan.quantized_reduce
+        rid = p.add(
+            0,
+            "comm.rs",
+            "all_to_all",
+            "backward",
+            "qgZ intra-node all-to-all",
+            (rid,),
+            group=intra,
+            bytes=numel * per_param,
+        )
+        rid = p.add(
+            0,
+            "comm.rs",
+            "all_to_all",
+            "backward",
+            "qgZ inter-node all-to-all",
+            (rid,),
+            group=inter,
+            bytes=numel * per_param / size,
+        )
+    else:
+        rid = p.add(
+            0,
+            "comm.rs",
+            "reduce_scatter",
+            "backward",
+            f"grad reduce-scatter ({numel:,} elements)",
+            (rid,),
+            group=plan.gather_group,
+            bytes=numel * gb,
+        )
+    if plan.offload_optimizer:
+        rid = add_grad_copy(p, "gradient bucket", rid, numel * gb / plan.shard_size)
+    return rid

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from simulator.errors import ScenarioError
 from simulator.hardware.gpus import GPU
@@ -25,7 +26,6 @@ from simulator.strategy.common import (
     add_forward,
     add_optimizer,
     buckets,
-    gather_params,
     grad_bytes,
     grad_group,
     grad_group_size,
@@ -49,6 +49,7 @@ from simulator.strategy.offload import (
 )
 from simulator.strategy.program import Program, RankClass
 from simulator.strategy.sharded import ShardingPlan, add_sharded_iteration
+from simulator.strategy.zero3_fetch import schedule_for
 from simulator.workload.transformer import Workload
 
 
@@ -60,42 +61,42 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     dp = grad_group_size(s)
     overlap = cfg.overlap_comm if cfg.overlap_comm is not None else stage == 3
     wb, gb = weight_bytes(s), grad_bytes(s)
-    persistent: frozenset[int] = frozenset()
+    persistent_params = 0
     if stage == 3:
-        biggest = max(u.params for u in us)
-        depth = 1 + min(
-            int(cfg.stage3_prefetch_bucket_size // biggest), int(cfg.stage3_max_live_parameters // biggest)
-        )
-        threshold = cfg.stage3_param_persistence_threshold
-        persistent = frozenset(u.index for u in us if gather_params(w, u) <= threshold)
-        kept = _kept_after_forward(us, cfg)
+        fetch = fetch_schedule(s, w)
         zpp = _zero_plus_plus(s, dp)
         plan = ShardingPlan(
             gather_group=grad_group(s),
             replicate_group=None,
             shard_size=dp,
-            prefetch_depth=max(1, depth),
-            kept_after_forward=kept,
+            prefetch_depth=1,
+            kept_after_forward=frozenset(),
             reduce_every_microbatch=True,
             overlap_reduce=overlap,
             weight_bytes=wb,
             grad_bytes=gb,
-            persistent=persistent,
             offload_optimizer=optimizer_device(s),
             offload_param=param_device(s),
+            fetch=fetch,
             **zpp,
         )
         add_sharded_iteration(p, s, w, us, plan)
-        live = min(cfg.stage3_max_live_parameters, (1 + depth) * biggest)
-        buffers = live * wb + cfg.reduce_bucket_size * gb
+        # DeepSpeed v0.16.4 stage3.py: the flat ipg bucket of reduce_bucket_size elements (allocated at start with
+        # contiguous_gradients, whatever the model's size) and the parameters the coordinator holds gathered at
+        # its peak
+        buffers = ipg_buffer(cfg, gb) + fetch.peak_live * wb
+        persistent_params = fetch.persistent
         if cfg.zero_hpz_partition_size > 1:
             # hpZ's secondary copy: the weights sharded over the hpZ group only
             buffers += w.params_per_rank * wb / cfg.zero_hpz_partition_size
     else:
         _stage_1_2(p, s, w, us, overlap)
-        buffers = cfg.reduce_bucket_size * gb + cfg.allgather_bucket_size * wb
-    # persistent units keep a full copy of their weights on every rank
-    mem = memory_breakdown(s, w, gpu, dp, stage, buffers, sum(u.params for u in us if u.index in persistent))
+        # stage_1_and_2.py backward(): the ipg buffer of reduce_bucket_size elements, two with overlap_comm; the
+        # updated weights are all-gathered in place into the flat 16-bit groups (no buffer of their own)
+        buffers = ipg_buffer(cfg, gb) * (2 if overlap else 1)
+    # persistent parameters keep a full copy of their weights on every rank
+    mem = memory_breakdown(s, w, gpu, dp, stage, buffers, persistent_params)
+    mem = replace(mem, step=step_temporaries(s, w.params_per_rank, dp, stage))
     mem = offloaded_memory(s, mem, w.params_per_rank, dp, stage)
     p.ranks.append(RankClass(rank_label(s), ranks_per_stage(s), mem))
     return p
@@ -133,6 +134,54 @@ def _zero_plus_plus(s: Scenario, dp: int) -> dict:
             backward_extra_bytes_per_param=GRAD_QUANTIZE_BYTES_PER_PARAM,
         )
     return out
+
+
+def ipg_buffer(cfg, grad_bytes: int) -> float:
+    """DeepSpeed's contiguous gradient bucket: ``reduce_bucket_size`` elements of the gradient type, whatever
+    the model's size (stage_1_and_2.py ``backward``, stage3.py ``__ipg_bucket_flat_buffer``)."""
+    return cfg.reduce_bucket_size * grad_bytes if cfg.contiguous_gradients else 0.0
+
+
+def step_temporaries(s: Scenario, params: float, dp: int, stage: int) -> float:
+    """The fp32 gradient of the rank's optimizer partition, made at the step (stage_1_and_2.py ``step``:
+    ``get_flat_partition(..., dtype=fp32)``; stage3.py ``_prepare_fp32_grad_for_sub_group``, one
+    ``sub_group_size`` at a time). On the host with ZeRO-Offload."""
+    cfg = s.parallelism.zero
+    if stage == 0 or cfg.offload_optimizer.device != "none":
+        return 0.0
+    part = params / dp
+    return 4.0 * (min(part, cfg.sub_group_size) if stage == 3 else part)
+
+
+def fetch_schedule(s: Scenario, w: Workload):
+    """DeepSpeed's ZeRO-3 calls for one microbatch of this scenario (simulator/strategy/zero3_fetch.py)."""
+    m, t, cfg = s.model, s.parallelism.tensor_parallel, s.parallelism.zero
+    key = (
+        ("layers", w.num_layers),
+        ("hidden", m.hidden_size),
+        ("heads", m.num_attention_heads // t),
+        ("kv_heads", max(m.query_groups // t, 1)),
+        ("head_dim", m.head_dim),
+        ("ffn", m.ffn_size // t),
+        ("vocab", m.vocab_size // t),
+        ("seq", m.seq_length),
+        ("swiglu", m.activation == "swiglu"),
+        ("bias", m.add_bias_linear),
+        ("layernorm", m.normalization == "layernorm"),
+        ("learned_positions", m.position_embedding == "learned"),
+        ("tied", m.tied_embeddings),
+        ("fused", w.framework.modules == "megatron"),
+        ("recompute", s.training.activation_recompute == "full"),
+    )
+    knobs = (
+        ("prefetch_bucket", cfg.stage3_prefetch_bucket_size),
+        ("max_live", cfg.stage3_max_live_parameters),
+        ("max_reuse", cfg.stage3_max_reuse_distance),
+        ("persistence_threshold", cfg.stage3_param_persistence_threshold),
+        ("model_persistence_threshold", cfg.stage3_model_persistence_threshold),
+        ("reduce_bucket", cfg.reduce_bucket_size),
+    )
+    return schedule_for(key, knobs)
 
 
 def version(text: str) -> tuple[int, ...]:

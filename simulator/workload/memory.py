@@ -23,10 +23,18 @@ class MemoryBreakdown:
     host: float = 0.0  # bytes per node (every rank of the node together)
     host_capacity: float = 0.0
     nvme: float = 0.0  # bytes per node
+    # temporaries of the optimizer step, allocated once backward has freed the activations (DeepSpeed's fp32
+    # gradient partition): they count only where they exceed the activations
+    step: float = 0.0
+
+    @property
+    def step_extra(self) -> float:
+        return max(0.0, self.step - self.activations)
 
     @property
     def peak(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+        """The most bytes allocated at once, as ``torch.cuda.max_memory_allocated`` reports it."""
+        return self.params + self.grads + self.optimizer + self.activations + self.buffers + self.step_extra
 
     @property
     def oom(self) -> bool:
@@ -38,6 +46,7 @@ class MemoryBreakdown:
 
     def gib(self) -> dict[str, float]:
         out = {k: v / 2**30 for k, v in asdict(self).items()}
+        out["step_extra"] = self.step_extra / 2**30
         out["peak"] = self.peak / 2**30
         return out
 

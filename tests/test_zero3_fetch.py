@@ -1,0 +1,172 @@
+"""DeepSpeed ZeRO-3's coordinator replayed against what its logic gives by hand (partitioned_param_coordinator.py
+and stage3.py, v0.16.4), and the calls of a whole iteration."""
+
+from simulator import simulate
+from simulator.strategy.zero3_fetch import Module, model_modules, replay
+from tests.conftest import make
+
+
+def four_modules():
+    """Parameters p0..p3 of 100, 200, 300 and 400 elements, one per module M0..M3 (units 0..3), run forward
+    then backward."""
+    numel = [100, 200, 300, 400]
+    fwd = [Module(f"M{i}", (i,), (i, "forward"), True) for i in range(4)]
+    bwd = [Module(f"M{i}", (i,), (i, "backward"), False) for i in reversed(range(4))]
+    return numel, fwd + bwd
+
+
+def test_prefetch_bucket_reuse_distance_and_gradient_buckets_by_hand():
+    """prefetch bucket 250, reuse distance 0, reduce bucket 450, nothing persistent. By hand:
+
+    step 0 (M0 fwd): fetch [p0] (call 0). Prefetch pops (p1, used at step 1) and (p2, step 2): 500 >= 250, one
+      call [p1, p2] (call 1). p0 is released (next use at step 7, beyond distance 0): live 500.
+    step 1 (M1 fwd): waits for call 1. Prefetch [p3] (call 2, 400). p1 released.
+    step 2 (M2 fwd): waits for call 1. Prefetch pops (p3, step 4) in flight, (p2, step 5) available, then
+      (p1, step 6) and (p0, step 7), not available: call 3 [p0, p1] (300), live peaks at 1000. p2 is KEPT: the
+      prefetcher already passed its next use (step 5 > step id 3).
+    step 3 (M3 fwd): waits for call 2; p3 released (its use at step 4 is at distance 0, not below 0).
+    step 4 (M3 bwd): fetch [p3] again (call 4). Steps 5-7: p2 available, p1 and p0 wait for call 3.
+    Gradients ready p3, p2, p1, p0: 400 | 300 (400 + 300 > 450) | 200 + 100 (300 + 200 > 450), flushed at
+    M2's and M1's backward, the rest by the epilogue."""
+    numel, trace = four_modules()
+    f = replay(
+        numel,
+        trace,
+        prefetch_bucket=250,
+        max_live=float("inf"),
+        max_reuse=0,
+        persistence_threshold=0,
+        reduce_bucket=450,
+    )
+    assert [(g.params, g.numel, g.prefetch, g.regather) for g in f.gathers] == [
+        ((0,), 100, False, False),
+        ((1, 2), 500, True, False),
+        ((3,), 400, True, False),
+        ((0, 1), 300, True, True),
+        ((3,), 400, False, True),
+    ]
+    assert sum(g.numel for g in f.gathers) == 1700
+    assert f.waits == {
+        (0, "forward"): [0],
+        (1, "forward"): [1],
+        (2, "forward"): [1],
+        (3, "forward"): [2],
+        (3, "backward"): [4],
+        (1, "backward"): [3],
+        (0, "backward"): [3],
+    }
+    assert [(r.numel, r.block) for r in f.reduces] == [
+        (400, (2, "backward")),
+        (300, (1, "backward")),
+        (300, (0, "backward")),
+    ]
+    assert f.peak_live == 1000
+
+
+def test_max_live_parameters_stops_the_prefetcher():
+    """With stage3_max_live_parameters 500 the prefetch at step 0 may add min(500 - 100, 250) elements: it pops
+    p1 (200 < 250) and p2 (500): one call of 500 all the same (the limit is checked before each pop). After p0's
+    release 500 are live, so step 1 prefetches nothing; p1's release leaves 300, and step 2 may prefetch
+    min(500 - 300, 250) = 200 elements: p3 (400), in a call of its own."""
+    numel, trace = four_modules()
+    f = replay(
+        numel,
+        trace,
+        prefetch_bucket=250,
+        max_live=500,
+        max_reuse=0,
+        persistence_threshold=0,
+        reduce_bucket=1e9,
+    )
+    assert [(g.params, g.step, g.prefetch) for g in f.gathers][:3] == [
+        ((0,), 0, False),
+        ((1, 2), 0, True),
+        ((3,), 2, True),
+    ]
+    assert [r.numel for r in f.reduces] == [1000]  # one bucket, flushed by the epilogue
+
+
+def test_persistent_parameters_are_never_gathered():
+    numel, trace = four_modules()
+    f = replay(
+        numel,
+        trace,
+        prefetch_bucket=0,
+        max_live=1e9,
+        max_reuse=1e9,
+        persistence_threshold=250,
+        reduce_bucket=1e9,
+    )
+    assert {p for g in f.gathers for p in g.params} == {2, 3}
+    assert f.persistent == 300
+
+
+GPT = {
+    "num_layers": 2,
+    "hidden_size": 256,
+    "num_attention_heads": 4,
+    "seq_length": 256,
+    "vocab_size": 1024,
+    "tied_embeddings": True,
+}
+
+
+def test_a_small_gpt_is_gathered_in_one_call_per_microbatch_and_reduced_in_one_bucket():
+    """DeepSpeed's defaults on a model far below stage3_prefetch_bucket_size (5e7 elements): the first module's
+    fetch prefetches every parameter above the persistence threshold (1e5 elements) in one coalesced call, the
+    reuse distance (1e9) keeps them all until backward, and reduce_bucket_size (5e8) holds every gradient, so
+    each microbatch is one all-gather and one reduce-scatter. The ideal profile splits layers as Hugging Face
+    does: the two MLP matrices (256 x 1,024 = 262,144 elements each) and the 1,024 x 256 word embedding are
+    gathered; q/k/v/o_proj (65,536 each), the position embedding (65,536), biases and norms persist."""
+    r = simulate(
+        make(
+            model=GPT,
+            cluster={"gpus_per_node": 2},
+            training={"global_batch_size": 8},
+            parallelism={"zero_stage": 3},
+        )
+    )
+    h = 256
+    gathered = 2 * (4 * h * h + 4 * h * h) + 1024 * h  # per layer the two MLP matrices
+    ags = [t for t in r.program.tasks if t.kind == "all_gather"]
+    rss = [t for t in r.program.tasks if t.kind == "reduce_scatter"]
+    microbatches = 8 // 2
+    assert len(ags) == microbatches and all(t.bytes == 2 * gathered for t in ags)
+    psi = r.workload.params_per_rank
+    assert len(rss) == microbatches and all(t.bytes == 2 * psi for t in rss)
+
+
+def test_recomputation_gathers_a_layer_again_when_it_exceeds_the_reuse_distance():
+    """Activation checkpointing puts each layer's forward back into the backward trace. With a reuse distance
+    below one layer's weights, a layer released after forward is gathered again by its recomputation (as
+    forward fetches); its backward then reuses only the last module (dense_4h_to_h, whose backward comes right
+    after its recomputation) and gathers QKV, the projection and dense_h_to_4h a third time, each more than
+    1e5 elements of trace away from its next use. The word embedding, used first and last, is gathered again
+    too; the output layer's backward follows its forward at once and keeps it."""
+    dims = dict(
+        layers=2,
+        hidden=512,
+        heads=8,
+        kv_heads=8,
+        head_dim=64,
+        ffn=2048,
+        vocab=1024,
+        seq=128,
+        swiglu=False,
+        bias=False,
+        layernorm=True,
+        learned_positions=False,
+        tied=False,
+        fused=True,
+    )
+    knobs = dict(
+        prefetch_bucket=0, max_live=1e12, max_reuse=1e5, persistence_threshold=1e4, reduce_bucket=5e8
+    )
+    h = 512
+    layer, fc2 = 12 * h * h, 4 * h * h
+    for recompute, expected in ((False, 2 * layer), (True, 2 * layer + 2 * (layer - fc2))):
+        numel, trace = model_modules(**dims, recompute=recompute)
+        f = replay(numel, trace, **knobs)
+        backward = sum(g.numel for g in f.gathers if g.block[1] == "backward")
+        assert backward == expected + 1024 * h
+        assert any(m.forward and m.block[1] == "backward" for m in trace) == recompute
