@@ -235,3 +235,17 @@ def test_zero3_parameters_below_the_persistence_threshold_are_never_gathered():
     gathered = 12 * 128 * 128 + 2 * 256 * 128 + 128 * 128
     # each gathered once, in fp16: a model this small stays gathered from forward to backward (reuse distance)
     assert sum(t.bytes for t in some.program.tasks if t.kind == "all_gather") == 2 * gathered
+
+
+def test_model_states_match_deepspeeds_own_estimators():
+    """DeepSpeed v0.16.4 estimate_zero2_model_states_mem_needs (stage_1_and_2.py), without offload: 2 Psi + 18
+    Psi / N per GPU (16-bit weights; 16-bit and fp32 gradient, fp32 weight and Adam's two moments per shard).
+    Here: weights, gradient partition, optimizer states and the step's fp32 gradient partition. The ZeRO-3
+    estimator (stage3.py estimate_zero3_model_states_mem_needs) has 18 Psi / N plus the largest layer and leaves
+    out the 16-bit shard of the weights themselves (2 Psi / N), which this model keeps."""
+    n = 8
+    for stage, expected in ((2, lambda psi: 2 * psi + 18 * psi / n), (3, lambda psi: 20 * psi / n)):
+        zero = {"stage3_param_persistence_threshold": 0}
+        r = simulate(make(model=UNTIED, parallelism={"zero_stage": stage, "zero": zero}))
+        mem, psi = r.program.ranks[0].memory, r.workload.params_per_rank
+        assert mem.params + mem.grads + mem.optimizer + mem.step == pytest.approx(expected(psi), rel=1e-12)

@@ -123,3 +123,17 @@ def test_per_gpu_memory_matches_korthikanti_fig1_within_10_percent(size, states,
     assert (got[0].params + got[0].grads + got[0].optimizer) / gib == pytest.approx(states, rel=0.10)
     assert got[0].activations / gib == pytest.approx(none, rel=0.10)
     assert got[1].activations / gib == pytest.approx(selective, rel=0.10)
+
+
+def test_the_deepspeed_cases_simulate_and_each_names_its_source_and_assumptions():
+    """simulator/validation/deepspeed.yaml: public DeepSpeed runs at scale (kept out of the gated suite, see
+    docs/deepspeed.md); every case must simulate, fit in memory and say where it comes from."""
+    from pathlib import Path
+
+    from simulator.validation.runner import run_cases
+
+    path = Path(__file__).resolve().parents[1] / "simulator" / "validation" / "deepspeed.yaml"
+    cases = load_cases(path)
+    assert len(cases) == 5 and all(c["published"]["source"] and c.get("assumptions") for c in cases)
+    results = run_cases(cases)
+    assert [r.status for r in results] == ["ok"] * 5

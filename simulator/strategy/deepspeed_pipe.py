@@ -25,7 +25,7 @@ from simulator.strategy.megatron import (
 from simulator.strategy.program import Program, RankClass
 from simulator.strategy.schedules import Step
 from simulator.strategy.schedules.deepspeed_train import commands
-from simulator.workload.transformer import Workload
+from simulator.workload.transformer import Workload, collective_op
 
 
 def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
@@ -40,45 +40,58 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     e = 4 if s.training.precision == "fp32" else 2
     mdl = s.model
     tokens = s.training.micro_batch_size * mdl.seq_length // par.context_parallel
-    act = tokens * mdl.hidden_size * e // (par.tensor_parallel if par.sequence_parallel else 1)
+    # with tensor parallelism each rank sends its 1/t slice (engine.py: is_pipe_partitioned, PartitionedTensor)
+    # and the receiver all-gathers it over the tensor-parallel group (in the step's ops, as Megatron's
+    # scatter-gather)
+    act = tokens * mdl.hidden_size * e // par.tensor_parallel
+    send_op = collective_op("pipeline send", "send_recv", "pp", act)
 
-    # one transfer task per (boundary, direction, microbatch), on the lower stage's rank; deps are filled in
-    # as both stages reach it
-    xfer: dict[tuple[str, int, int], int] = {}
-    for st in range(pp - 1):
-        for mb in range(m):
-            xfer[("act", st, mb)] = prog.add(
-                st,
-                "comm.pp.act",
-                "send_recv",
-                "forward",
-                f"activation {mb} to stage {st + 1}",
-                (),
-                group="pp",
-                bytes=act,
-            )
-            xfer[("grad", st, mb)] = prog.add(
-                st + 1,
-                "comm.pp.grad",
-                "send_recv",
-                "backward",
-                f"gradient {mb} to stage {st}",
-                (),
-                group="pp",
-                bytes=act,
-            )
+    # Each stage's own instructions (F, B and the sends it makes) run in order on its stream; a send is a
+    # blocking transfer task costed alone, as Megatron's sends are (pipeline neighbours use their own links).
+    # Pass 1 numbers them, pass 2 adds them with their dependencies: a transfer starts once the sender and
+    # the receiver have both reached it, and the instruction after a receive waits for the transfer.
+    def key(st: int, c) -> tuple[str, int, int]:
+        """(direction, boundary, microbatch) of a transfer instruction of stage ``st``."""
+        boundary = st if c.kind in ("send_act", "recv_grad") else st - 1
+        return ("act" if c.kind.endswith("act") else "grad", boundary, c.microbatch)
+
+    own = {st: [c for c in cmds[st] if c.kind in ("F", "B", "send_act", "send_grad")] for st in range(pp)}
+    ids: dict[tuple[int, int], int] = {}  # (stage, index in own) -> task id
+    transfer: dict[tuple[str, int, int], int] = {}
+    n = len(prog.tasks)
+    for st in range(pp):
+        for i, c in enumerate(own[st]):
+            ids[(st, i)] = n
+            if c.kind.startswith("send"):
+                transfer[key(st, c)] = n
+            n += 1
+    # the instruction each stage ran before each of its receives (the receiver's side of the rendezvous)
+    before_recv: dict[tuple[str, int, int], int | None] = {}
+    for st in range(pp):
+        last, i = None, 0
+        for c in cmds[st]:
+            if c.kind in ("F", "B", "send_act", "send_grad"):
+                last, i = ids[(st, i)], i + 1
+            elif c.kind.startswith("recv"):
+                before_recv[key(st, c)] = last
+                last = transfer[key(st, c)]
     host = w.framework.host
     pos: list[dict[Step, int]] = []
     last_compute: list[int] = []
     for st in range(pp):
         fwd, bwd, _ = ops[st]
-        last: int | None = None
         steps: dict[Step, int] = {}
+        last, i = None, 0
         for c in cmds[st]:
+            if c.kind.startswith("recv"):
+                last = transfer[key(st, c)]
+                continue
+            if c.kind == "load":  # LoadMicroBatch: its host work is in the forward's ops
+                continue
+            deps = (last,) if last is not None else ()
             if c.kind in ("F", "B"):
                 phase = "forward" if c.kind == "F" else "backward"
-                deps = (last,) if last is not None else ()
-                last = prog.add_compute(
+                tid = prog.add_compute(
                     st,
                     phase,
                     phase,
@@ -88,22 +101,30 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
                     c.microbatch,
                     c.kind == "F" and host.syncs.microbatch,
                 )
-                steps[Step(c.kind, c.microbatch)] = last
-            elif c.kind != "load":  # LoadMicroBatch: its host work is in the forward's ops
-                # a blocking transfer: it waits for this stage's previous instruction, the stage for it
-                boundary = st if c.kind in ("send_act", "recv_grad") else st - 1
-                key = ("act" if c.kind.endswith("act") else "grad", boundary, c.microbatch)
-                t = prog.tasks[xfer[key]]
-                if last is not None:
-                    t.deps = (*t.deps, last)
-                last = t.id
+                steps[Step(c.kind, c.microbatch)] = tid
+            else:
+                k = key(st, c)
+                other = before_recv.get(k)
+                what = "activation" if k[0] == "act" else "gradient"
+                to = st + 1 if k[0] == "act" else st - 1
+                tid = prog.add_compute(
+                    st,
+                    "send_recv",
+                    "forward" if k[0] == "act" else "backward",
+                    f"{what} {c.microbatch} to stage {to}",
+                    deps + ((other,) if other is not None else ()),
+                    (send_op,),
+                    c.microbatch,
+                )
+            assert tid == ids[(st, i)]
+            last, i = tid, i + 1
         pos.append(steps)
         last_compute.append(max(steps.values()))
-    ids = _StepIds(pos)
+    step_ids = _StepIds(pos)
     order = {st: [x for x in sorted(pos[st], key=pos[st].get)] for st in range(pp)}
     stage_params = [sum(u.params for u in chunks[(st, 0)]) for st in range(pp)]
     stage_tensors = [_tensors(s, chunks[(st, 0)]) for st in range(pp)]
-    _flush_and_step(prog, s, w, order, ids, chunks, stage_params, stage_tensors, last_compute)
+    _flush_and_step(prog, s, w, order, step_ids, chunks, stage_params, stage_tensors, last_compute)
     for st in range(pp):
         mine = chunks[(st, 0)]
         extras = [
