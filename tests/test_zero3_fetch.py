@@ -1,7 +1,10 @@
 """DeepSpeed ZeRO-3's coordinator replayed against what its logic gives by hand (partitioned_param_coordinator.py
 and stage3.py, v0.16.4), and the calls of a whole iteration."""
 
+import pytest
+
 from simulator import simulate
+from simulator.strategy.common import parameter_tensors
 from simulator.strategy.zero3_fetch import Module, model_modules, replay
 from tests.conftest import make
 
@@ -170,3 +173,25 @@ def test_recomputation_gathers_a_layer_again_when_it_exceeds_the_reuse_distance(
         backward = sum(g.numel for g in f.gathers if g.block[1] == "backward")
         assert backward == expected + 1024 * h
         assert any(m.forward and m.block[1] == "backward" for m in trace) == recompute
+
+
+def test_deepspeed_hooks_cost_host_time_per_module_invocation():
+    """DeepSpeed's hooks run around every module (measured on an H100 host: docs/deepspeed.md). A 2-layer GPT in
+    Hugging Face's layout runs 29 modules forward (embedding container, word and position embeddings; per layer
+    the layer, 2 norms, attention container, q/k/v/o_proj, the attention, MLP container, fc1, fc2; final norm,
+    output layer) and the same 29 in backward; the step adds a cost per parameter tensor."""
+    s = make(
+        model=GPT,
+        cluster={"gpus_per_node": 2},
+        training={"global_batch_size": 2},
+        parallelism={"zero_stage": 3},
+    )
+    r = simulate(s.model_copy(update={"framework": "pytorch-2024"}))
+    host = r.workload.framework.host
+    hooks = [op.host_s for t in r.program.tasks for op in t.ops if op.name == "DeepSpeed ZeRO-3 module hooks"]
+    per_microbatch = 29 * host.zero3_module_forward_s + 29 * host.zero3_module_backward_s
+    assert sum(hooks) == pytest.approx(per_microbatch, rel=1e-12)
+    (step,) = [t for t in r.program.tasks if t.kind == "optimizer"]
+    (loops,) = [op.host_s for op in step.ops if op.kind == "host"]
+    tensors = parameter_tensors(r.scenario, 2, True, True)
+    assert loops == pytest.approx(tensors * (host.optimizer_tensor_s + host.zero3_tensor_step_s), rel=1e-12)

@@ -92,6 +92,26 @@ class HostProfile(BaseModel):
     optimizer_tensor_s: float = Field(
         0.0, ge=0, le=1e-2, description="Host seconds per parameter tensor in the optimizer step."
     )
+    zero3_module_forward_s: float = Field(
+        0.0,
+        ge=0,
+        le=1e-2,
+        description="DeepSpeed ZeRO-3: host seconds of the hooks around one module's forward (fetch_sub_module, "
+        "release_sub_module, the coordinator's bookkeeping), recomputation included.",
+    )
+    zero3_module_backward_s: float = Field(
+        0.0,
+        ge=0,
+        le=1e-2,
+        description="DeepSpeed ZeRO-3: host seconds per module in backward (its hooks and its parameters' "
+        "gradient hooks into the reduce bucket).",
+    )
+    zero3_tensor_step_s: float = Field(
+        0.0,
+        ge=0,
+        le=1e-2,
+        description="DeepSpeed ZeRO-3: extra host seconds per parameter tensor at the step.",
+    )
     syncs: Syncs = Syncs()
     graph_launch_s: float = Field(
         1e-5,

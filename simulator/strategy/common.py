@@ -155,10 +155,11 @@ def add_optimizer(
     rank: int = 0,
     w: Workload | None = None,
     tensors: int = 0,
+    tensor_host_s: float = 0.0,
 ) -> int:
     """The optimizer step over ``params`` parameters (``tensors`` parameter tensors, for the framework's
-    per-tensor host work); with a host model it starts by reading the overflow flag / gradient norm on the host
-    where the framework does (a sync)."""
+    per-tensor host work, plus ``tensor_host_s`` per tensor for the strategy's own); with a host model it starts
+    by reading the overflow flag / gradient norm on the host where the framework does (a sync)."""
     opt = "sgd" if s.training.optimizer == "sgd" else "adam"
     per_param = _OPTIMIZER_BYTES[(opt, s.training.precision != "fp32")]
     op = memory_op(
@@ -172,8 +173,9 @@ def add_optimizer(
     sync = False
     if w is not None and w.framework.host.active:
         host = w.framework.host
-        if tensors and host.optimizer_tensor_s:
-            ops = (host_op(f"optimizer loops over {tensors} tensors", tensors * host.optimizer_tensor_s), op)
+        per_tensor = host.optimizer_tensor_s + tensor_host_s
+        if tensors and per_tensor:
+            ops = (host_op(f"optimizer loops over {tensors} tensors", tensors * per_tensor), op)
         sync = host.syncs.optimizer
     return p.add(rank, COMPUTE, "optimizer", "optimizer", "optimizer step", deps, ops=ops, sync=sync)
 

@@ -24,6 +24,7 @@ from simulator.strategy.common import (
 from simulator.strategy.offload import add_grad_copy, add_host_step, add_param_copy
 from simulator.strategy.program import Program
 from simulator.strategy.zero3_fetch import FetchSchedule
+from simulator.workload.ops import host_op
 from simulator.workload.transformer import Workload, memory_op
 
 
@@ -173,12 +174,20 @@ def add_sharded_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], 
 
 
 def _step(
-    p: Program, s: Scenario, w: Workload, us: list[Unit], plan: ShardingPlan, reductions: list[int]
+    p: Program,
+    s: Scenario,
+    w: Workload,
+    us: list[Unit],
+    plan: ShardingPlan,
+    reductions: list[int],
+    tensor_host_s: float = 0.0,
 ) -> None:
-    """The optimizer step on the rank's shard, once every reduction is done (on the host with ZeRO-Offload)."""
+    """The optimizer step on the rank's shard, once every reduction is done (on the host with ZeRO-Offload);
+    ``tensor_host_s`` more host seconds per parameter tensor (DeepSpeed ZeRO-3's step)."""
     params = sum(u.params for u in us) / plan.shard_size
     if not plan.offload_optimizer:
-        add_optimizer(p, s, params, reductions, w=w, tensors=parameter_tensors(s, w.num_layers, True, True))
+        tensors = parameter_tensors(s, w.num_layers, True, True)
+        add_optimizer(p, s, params, reductions, w=w, tensors=tensors, tensor_host_s=tensor_host_s)
         return
     step = add_host_step(p, s, params, reductions)
     if not plan.offload_param:  # updated 16-bit shards back to the GPU for the next gathers
@@ -206,6 +215,30 @@ def _fetched_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], pla
     wb = plan.weight_bytes
     reductions: list[int] = []
     setup: dict = {}
+    # DeepSpeed's Python hooks around every module run on the host thread (measured: docs/deepspeed.md)
+    host = w.framework.host
+    hooks: dict[tuple, float] = {}
+    for m in f.modules:
+        cost = host.zero3_module_forward_s if m.forward else host.zero3_module_backward_s
+        hooks[m.block] = hooks.get(m.block, 0.0) + cost
+    with_hooks: dict[tuple, tuple] = {}
+
+    def hooked(block, ops: tuple) -> tuple:
+        """``ops`` with the block's hook time spread before its GEMMs (a module's hooks run just before its
+        kernels, so the GPU works on the previous module's kernels meanwhile)."""
+        seconds = hooks.get(block, 0.0)
+        if not seconds:
+            return ops
+        if block not in with_hooks:
+            gemms = sum(op.kind == "gemm" for op in ops)
+            piece = host_op("DeepSpeed ZeRO-3 module hooks", seconds / max(gemms, 1), block[1])
+            if gemms:
+                with_hooks[block] = tuple(
+                    x for op in ops for x in ((piece, op) if op.kind == "gemm" else (op,))
+                )
+            else:
+                with_hooks[block] = (piece, *ops)
+        return with_hooks[block]
 
     def gather(g, mb: int, after: tuple) -> int:
         # hpZ: a re-gather, or any gather after the first microbatch, reads the secondary (intra-node) shard
@@ -247,7 +280,8 @@ def _fetched_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], pla
             return tuple(ids[g] for g in f.waits.get(block, ()))
 
         for i, u in enumerate(us):
-            ops = with_setup(w, u.block.forward, setup) if i == 0 else u.block.forward
+            ops = hooked((u.index, "forward"), u.block.forward)
+            ops = with_setup(w, ops, setup) if i == 0 else ops
             deps = waits((u.index, "forward"))
             add_forward(p, u, mb, deps, ops=ops, sync=i == 0 and microbatch_sync(w))
         blocking = None
@@ -256,7 +290,7 @@ def _fetched_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], pla
             reduces.setdefault(r.block, []).append(r)
         for u in reversed(us):
             deps = waits((u.index, "backward")) + ((blocking,) if blocking is not None else ())
-            ops = u.block.backward
+            ops = hooked((u.index, "backward"), u.block.backward)
             if plan.backward_extra_bytes_per_param:
                 ops = (
                     memory_op("qgZ quantize gradients", plan.backward_extra_bytes_per_param * u.params),
@@ -276,7 +310,7 @@ def _fetched_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], pla
                     0, "backward", "backward", "gradient epilogue", (reductions[-1],), (), mb, True
                 ),
             )
-    _step(p, s, w, us, plan, reductions)
+    _step(p, s, w, us, plan, reductions, host.zero3_tensor_step_s)
 
 
 def _reduce_bucket(p: Program, plan: ShardingPlan, numel: int, after: int) -> int:
