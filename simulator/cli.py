@@ -4,6 +4,7 @@ traceback."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -189,6 +190,138 @@ def validate(
     if check and (missed := runner.gate_failures(summary)):
         err.print("[bold red]validation gate missed:[/bold red] " + "; ".join(missed))
         raise typer.Exit(1)
+
+
+@app.command()
+def sweep(
+    base: Annotated[Path, typer.Argument(help="Base scenario YAML, or a sweep YAML (base:, vary:, zip:).")],
+    vary: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--vary",
+            help="FIELD=v1,v2,...: a dotted scenario field and its values (repeat for more fields).",
+        ),
+    ] = None,
+    zipped: Annotated[
+        bool, typer.Option("--zip", help="Pair the values in order instead of taking every combination.")
+    ] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="Directory for points.jsonl and results.")] = None,
+    workers: Annotated[
+        int | None, typer.Option("--workers", min=1, help="Processes (default: one per core; 1 = inline).")
+    ] = None,
+    dask: Annotated[
+        str | None,
+        typer.Option(
+            "--dask", help="Run on Dask: 'local' (a LocalCluster) or a scheduler address tcp://host:8786."
+        ),
+    ] = None,
+    report: Annotated[Path | None, typer.Option(help="Write an HTML report of the sweep.")] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print {points, ran, skipped, failed, ...} as JSON.")
+    ] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+) -> None:
+    """Simulate a base scenario over a grid of field values; resumable (finished points are skipped)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from simulator.study import sweep as sw
+
+    try:
+        with shown_warnings():
+            if vary:
+                base_data, base_dir = sw.load_base(base)
+                parsed = [sw.parse_vary(v) for v in vary]
+                plan = sw.Sweep(
+                    base_data, base_dir, tuple(f for f, _ in parsed), tuple(v for _, v in parsed), zipped
+                )
+                options: dict = {}
+            else:
+                plan, options = sw.load_sweep_file(base)
+                if zipped:
+                    plan = sw.Sweep(plan.base, plan.base_dir, plan.fields, plan.values, True)
+    except ScenarioError as e:
+        fail(str(e))
+    plan, dropped = sw.derived_data_parallel(plan)
+    if dropped and not json_out:
+        print(
+            "note: data_parallel is derived from the GPU count at each point (vary it to fix it)",
+            file=sys.stderr,
+        )
+    out = out or (Path(options["out"]) if "out" in options else None)
+    if out is None:
+        fail("sweep: give --out DIR (where points.jsonl and the results go)")
+    report = report or (Path(options["report"]) if "report" in options else None)
+    _check_output_dir(out, "--out")
+    if report is not None:
+        _check_output_file(report, "--report")
+    show = not quiet and not json_out and sys.stderr.isatty()
+    columns = (
+        TextColumn("simulating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=err, transient=True, disable=not show) as bar:
+        task = bar.add_task("points", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        try:
+            with shown_warnings():
+                outcome, rows = sw.run_sweep(plan, out, workers=workers, dask=dask, progress=progress)
+        except ScenarioError as e:
+            fail(str(e))
+    if report is not None:
+        from simulator.study.report import write_sweep_report
+
+        write_sweep_report(rows, list(plan.fields), report, f"Sweep of {plan.base.get('name', base.stem)}")
+    if json_out:
+        print(json.dumps(outcome.to_dict(), indent=2))
+    else:
+        c = Console(soft_wrap=True)
+        c.print(
+            f"{outcome.points} points: {outcome.ran} simulated, {outcome.skipped} already done, "
+            f"{outcome.failed} invalid, {outcome.oom} out of memory"
+            + (
+                " (interrupted: every finished point is saved; run again to resume)"
+                if outcome.interrupted
+                else ""
+            )
+        )
+        c.print("results: " + ", ".join(outcome.files) + (f"; report: {report}" if report else ""))
+    if outcome.interrupted:
+        raise typer.Exit(130)
+
+
+def _check_output_dir(path: Path, option: str) -> None:
+    """A directory that exists or can be made, and can be written to; checked before any simulation."""
+    if path.exists() and not path.is_dir():
+        fail(f"{option} {path}: exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        fail(f"{option} {path}: cannot create it: {e.strerror}")
+    if not os.access(path, os.W_OK):
+        fail(f"{option} {path}: not writable")
+
+
+def _check_output_file(path: Path, option: str) -> None:
+    if path.is_dir():
+        fail(f"{option} {path}: is a directory")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        fail(f"{option} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        fail(f"{option} {path}: directory {parent} is not writable")
 
 
 @app.command()

@@ -1,0 +1,131 @@
+"""A sweep's report: each metric against each varied field, and the Pareto front of iteration time against GPUs.
+
+One self-contained HTML page (plotly.js inlined once, so it opens offline).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import plotly.graph_objects as go
+
+# (column, axis title)
+METRICS = [
+    ("iteration_time_s", "iteration time (s)"),
+    ("mfu", "MFU"),
+    ("tokens_per_s_per_gpu", "tokens/s per GPU"),
+    ("memory_gib.peak", "peak memory per GPU (GiB)"),
+]
+COLOURS = {"ok": "#4C78A8"}
+
+
+def metric_figures(rows: list[dict], fields: list[str]) -> list[go.Figure]:
+    """One figure per (metric, varied field): the points that simulated, grouped by the next varied field's
+    value; out-of-memory points as crosses; invalid ones left out (results.csv has their reasons)."""
+    figs = []
+    for column, title in METRICS:
+        for f in fields:
+            other = next((g for g in fields if g != f), None)
+            groups: dict = {}
+            for r in rows:
+                if r["status"] in ("ok", "oom") and r.get(column) is not None:
+                    groups.setdefault(_axis(r[other]) if other else "", []).append(r)
+            fig = go.Figure()
+            for value, sel in groups.items():
+                fig.add_trace(
+                    go.Scatter(
+                        x=[_axis(r[f]) for r in sel],
+                        y=[r[column] for r in sel],
+                        mode="markers",
+                        name=f"{other} = {value}" if other else "points",
+                        marker={
+                            "size": 10,
+                            "symbol": ["x" if r["status"] == "oom" else "circle" for r in sel],
+                        },
+                        text=[
+                            r.get("name", "") + (" (out of memory)" if r["status"] == "oom" else "")
+                            for r in sel
+                        ],
+                        hovertemplate="%{text}<br>%{x}: %{y}<extra></extra>",
+                    )
+                )
+            fig.update_layout(
+                title=f"{title} vs {f} (crosses: out of memory)",
+                xaxis_title=f,
+                yaxis_title=title,
+                height=380,
+                margin={"t": 50},
+            )
+            figs.append(fig)
+    return figs
+
+
+def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Points (gpus, time) not beaten by another with no more GPUs and no more time, by GPU count."""
+    best: list[tuple[float, float]] = []
+    for g, t in sorted(points, key=lambda p: (p[0], p[1])):
+        if not best or t < best[-1][1]:
+            best.append((g, t))
+    return best
+
+
+def pareto_figure(rows: list[dict]) -> go.Figure:
+    ok = [r for r in rows if r["status"] == "ok" and r.get("gpus") and r.get("iteration_time_s")]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=[r["gpus"] for r in ok],
+            y=[r["iteration_time_s"] for r in ok],
+            mode="markers",
+            name="points that fit",
+            marker={"color": COLOURS["ok"], "size": 8, "opacity": 0.6},
+            text=[r.get("name", "") for r in ok],
+            hovertemplate="%{text}<br>%{x} GPUs: %{y:.3f} s<extra></extra>",
+        )
+    )
+    front = pareto([(r["gpus"], r["iteration_time_s"]) for r in ok])
+    if front:
+        fig.add_trace(
+            go.Scatter(
+                x=[g for g, _ in front],
+                y=[t for _, t in front],
+                mode="lines+markers",
+                name="Pareto front",
+                line={"color": "black", "shape": "hv"},
+            )
+        )
+    fig.update_layout(
+        title="Iteration time against GPUs: the Pareto front",
+        xaxis_title="GPUs",
+        yaxis_title="iteration time (s)",
+        xaxis_type="log",
+        height=450,
+    )
+    return fig
+
+
+def write_sweep_report(rows: list[dict], fields: list[str], path: Path, title: str) -> None:
+    counts = {s: sum(r["status"] == s for r in rows) for s in ("ok", "oom", "invalid", "error")}
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    figs = [pareto_figure(rows), *metric_figures(rows, fields)]
+    parts = [
+        f.to_html(full_html=False, include_plotlyjs=(i == 0), default_width="100%")
+        for i, f in enumerate(figs)
+    ]
+    html = (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_escape(title)}</title></head>"
+        f"<body style='font-family:sans-serif;margin:20px'><h2>{_escape(title)}</h2>"
+        f"<p>{len(rows)} points: {summary}. Varied: {_escape(', '.join(fields))}. Every number is in "
+        f"results.csv; invalid points are listed there with their reason.</p>{''.join(parts)}</body></html>"
+    )
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(html)
+    tmp.replace(path)
+
+
+def _axis(v):
+    return v if isinstance(v, int | float | str) else str(v)
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

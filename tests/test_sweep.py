@@ -1,0 +1,191 @@
+"""clustersim sweep: the grid, resuming, invalid points kept as rows, Dask giving the local results, the CLI."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from simulator.cli import app
+from simulator.errors import ScenarioError
+from simulator.study import sweep as sw
+
+BASE = {
+    "name": "tiny",
+    "model": {
+        "num_layers": 2,
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "seq_length": 256,
+        "vocab_size": 1024,
+    },
+    "cluster": {"topology": "dgx-a100", "num_nodes": 1},
+    "training": {"global_batch_size": 16, "micro_batch_size": 2},
+    "parallelism": {"data_parallel": 8},
+    "framework": "ideal",
+}
+
+
+@pytest.fixture
+def base_file(tmp_path) -> Path:
+    path = tmp_path / "base.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    return path
+
+
+def grid(**vary) -> sw.Sweep:
+    return sw.Sweep(BASE, None, tuple(vary), tuple(tuple(v) for v in vary.values()))
+
+
+def test_cartesian_and_zipped_grids():
+    g = grid(**{"training.micro_batch_size": [1, 2], "cluster.num_nodes": [1, 2, 4]})
+    assert g.size == 6 and len(list(g.assignments())) == 6
+    z = sw.Sweep(BASE, None, ("a.b", "c.d"), ((1, 2), (3, 4)), zipped=True)
+    assert list(z.assignments()) == [{"a.b": 1, "c.d": 3}, {"a.b": 2, "c.d": 4}]
+    with pytest.raises(ScenarioError, match="as many"):
+        sw.Sweep(BASE, None, ("a.b", "c.d"), ((1, 2), (3,)), zipped=True)
+
+
+def test_vary_values_are_read_as_yaml_and_bad_specs_name_the_problem():
+    assert sw.parse_vary("parallelism.tensor_parallel=1,2, 4") == ("parallelism.tensor_parallel", (1, 2, 4))
+    assert sw.parse_vary("cluster.topology=dgx-a100,dgx-h100")[1] == ("dgx-a100", "dgx-h100")
+    assert sw.parse_vary("training.cuda_graphs=true,false")[1] == (True, False)
+    for bad in ("tensor_parallel", "=1,2", "a..b=1", "x.y="):
+        with pytest.raises(ScenarioError, match="--vary"):
+            sw.parse_vary(bad)
+
+
+def test_a_model_name_means_a_preset_and_the_same_scenario_has_the_same_key():
+    assert sw.assign(BASE, {"model": "gpt3-1.3b"})["model"] == {"preset": "gpt3-1.3b"}
+    (same,) = sw.resolve(grid(**{"training.micro_batch_size": [2]}))
+    (other,) = sw.resolve(grid(**{"training.global_batch_size": [16]}))  # the base's own value, spelled out
+    assert same.key == other.key
+
+
+def test_a_rerun_simulates_nothing_and_invalid_points_are_rows_with_their_reason(tmp_path):
+    g = grid(**{"parallelism.tensor_parallel": [1, 3], "training.micro_batch_size": [1, 2]})
+    g, dropped = sw.derived_data_parallel(g)
+    assert dropped  # tensor_parallel is varied: data_parallel is derived at each point
+    first, rows = sw.run_sweep(g, tmp_path, workers=1)
+    assert (first.points, first.ran, first.skipped, first.failed) == (4, 4, 0, 2)
+    bad = [r for r in rows if r["status"] == "invalid"]
+    assert len(bad) == 2 and all(
+        "num_attention_heads (4) is not divisible by tensor_parallel (3)" in r["reason"] for r in bad
+    )
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert len(ok) == 2 and all(r["iteration_time_s"] > 0 and r["gpus"] == 8 for r in ok)
+    again, rows2 = sw.run_sweep(g, tmp_path, workers=1)
+    assert (again.ran, again.skipped) == (0, 4)
+    assert rows2 == rows
+    with open(tmp_path / "results.csv") as f:
+        table = list(csv.DictReader(f))
+    assert [r["status"] for r in table] == [r["status"] for r in rows]
+    assert {"parallelism.tensor_parallel", "training.micro_batch_size", "mfu", "memory_gib.peak"} <= set(
+        table[0]
+    )
+
+
+def test_results_parquet_holds_every_row(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    _, rows = sw.run_sweep(grid(**{"training.micro_batch_size": [1, 2]}), tmp_path, workers=1)
+    t = pq.read_table(tmp_path / "results.parquet")
+    assert t.num_rows == 2 and t.column("iteration_time_s").to_pylist() == [
+        r["iteration_time_s"] for r in rows
+    ]
+
+
+def test_an_interrupted_sweep_keeps_what_it_finished(tmp_path, monkeypatch):
+    calls = {"n": 0}
+    real = sw.simulate_point
+
+    def stop_on_second(scenario):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(scenario)
+
+    monkeypatch.setattr(sw, "simulate_point", stop_on_second)
+    g = grid(**{"training.global_batch_size": [16, 32, 64]})
+    out, rows = sw.run_sweep(g, tmp_path, workers=1)
+    assert out.interrupted and out.ran == 1 and len(rows) == 1
+    monkeypatch.setattr(sw, "simulate_point", real)
+    resumed, rows = sw.run_sweep(g, tmp_path, workers=1)
+    assert (resumed.ran, resumed.skipped, len(rows)) == (2, 1, 3)
+
+
+def test_a_process_pool_gives_the_inline_results(tmp_path):
+    g = grid(**{"training.micro_batch_size": [1, 2, 4]})
+    _, inline = sw.run_sweep(g, tmp_path / "a", workers=1)
+    _, pooled = sw.run_sweep(g, tmp_path / "b", workers=2)
+    drop = {"wall_s"}
+    assert [{k: v for k, v in r.items() if k not in drop} for r in inline] == [
+        {k: v for k, v in r.items() if k not in drop} for r in pooled
+    ]
+
+
+def test_a_dask_local_cluster_gives_the_local_results(tmp_path):
+    pytest.importorskip("dask.distributed")
+    g = grid(**{"training.micro_batch_size": [1, 2]})
+    _, local = sw.run_sweep(g, tmp_path / "local", workers=1)
+    _, on_dask = sw.run_sweep(g, tmp_path / "dask", workers=2, dask="local")
+    drop = {"wall_s"}
+    assert [{k: v for k, v in r.items() if k not in drop} for r in local] == [
+        {k: v for k, v in r.items() if k not in drop} for r in on_dask
+    ]
+
+
+def test_cli_sweep_json_resume_sweep_file_and_report(tmp_path, base_file):
+    runner = CliRunner()
+    args = ["sweep", str(base_file), "--vary", "training.micro_batch_size=1,2", "--out", str(tmp_path / "o")]
+    r = runner.invoke(app, [*args, "--workers", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output) | {"files": []} == {
+        "points": 2,
+        "ran": 2,
+        "skipped": 0,
+        "failed": 0,
+        "oom": 0,
+        "interrupted": False,
+        "files": [],
+    }
+    r = runner.invoke(app, [*args, "--workers", "1", "--json"])
+    assert json.loads(r.output)["ran"] == 0
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(yaml.safe_dump({"base": "base.yaml", "vary": {"cluster.num_nodes": [1, 2]}}))
+    (tmp_path / "base.yaml").write_text(base_file.read_text())
+    report = tmp_path / "r.html"
+    r = runner.invoke(
+        app, ["sweep", str(spec), "--out", str(tmp_path / "f"), "--workers", "1", "--report", str(report)]
+    )
+    assert r.exit_code == 0, r.output
+    assert "2 points: 2 simulated" in r.output and report.stat().st_size > 100_000
+    assert "Pareto front" in report.read_text()
+
+
+def test_cli_sweep_bad_input_is_one_line_and_exit_2(tmp_path, base_file):
+    runner = CliRunner()
+    cases = [
+        (["sweep", str(base_file), "--vary", "tensor_parallel", "--out", str(tmp_path / "o")], "FIELD=v1,v2"),
+        (["sweep", str(base_file), "--vary", "training.micro_batch_size=1"], "--out"),
+        (["sweep", str(base_file), "--out", str(tmp_path)], "no vary"),
+        (["sweep", str(base_file), "--vary", "a.b=1", "--out", str(base_file)], "not a directory"),
+        (
+            [
+                "sweep",
+                str(base_file),
+                "--vary",
+                "a.b=1",
+                "--out",
+                str(tmp_path / "o"),
+                "--report",
+                "/nonexistent/r.html",
+            ],
+            "does not exist",
+        ),
+    ]
+    for args, message in cases:
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        assert message in r.output and "Traceback" not in r.output
