@@ -12,6 +12,19 @@ from simulator.errors import ScenarioError
 from simulator.scenario.schema import Scenario
 
 
+def read_yaml(path: Path) -> object:
+    """A YAML file's content; a missing file or a syntax error is one ScenarioError naming the place."""
+    if not path.is_file():
+        raise ScenarioError(f"{path}: file not found")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ScenarioError(f"{path}: YAML syntax error{where}: {problem}") from None
+
+
 def load_scenario(
     source: str | Path | dict, base_dir: Path | None = None, deepspeed_config: str | Path | None = None
 ) -> Scenario:
@@ -24,16 +37,8 @@ def load_scenario(
     else:
         path = Path(source)
         label = str(path)
-        if not path.is_file():
-            raise ScenarioError(f"{label}: file not found")
+        data = read_yaml(path)
         base_dir = base_dir or path.parent
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise ScenarioError(f"{label}: YAML syntax error{where}: {problem}") from None
         if not isinstance(data, dict):
             raise ScenarioError(f"{label}: expected a mapping with model, cluster, training, parallelism")
         data.setdefault("name", path.stem)

@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from simulator.errors import ScenarioError
+from simulator.scenario.loader import read_yaml
 
 FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 STATUSES = ("ok", "oom", "invalid", "error")
@@ -125,12 +126,7 @@ def _value(text: str, name: str) -> Any:
 
 def load_base(path: Path) -> tuple[dict, Path]:
     """The base scenario file, parsed (validated point by point later)."""
-    if not path.is_file():
-        raise ScenarioError(f"{path}: file not found")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ScenarioError(f"{path}: YAML syntax error: {str(e).splitlines()[0]}") from None
+    data = read_yaml(path)
     if not isinstance(data, dict):
         raise ScenarioError(f"{path}: expected a mapping with model, cluster, training, parallelism")
     data.setdefault("name", path.stem)
@@ -140,12 +136,7 @@ def load_base(path: Path) -> tuple[dict, Path]:
 def load_sweep_file(path: Path) -> tuple[Sweep, dict]:
     """A sweep YAML: ``base:`` (a scenario path, relative to the file, or an inline scenario), ``vary:``
     (field -> list of values), optional ``zip: true``, ``out:``, ``report:``. Returns the sweep and the options."""
-    if not path.is_file():
-        raise ScenarioError(f"{path}: file not found")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ScenarioError(f"{path}: YAML syntax error: {str(e).splitlines()[0]}") from None
+    data = read_yaml(path)
     if not isinstance(data, dict) or "vary" not in data:
         raise ScenarioError(f"{path}: a scenario with no vary: section; a sweep file has base: and vary:")
     unknown = set(data) - {"base", "vary", "zip", "out", "report"}
