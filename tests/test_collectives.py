@@ -152,3 +152,18 @@ def test_all_to_all_sends_n_minus_1_over_n_of_the_buffer_per_rank():
     (phase,) = cm.phases("all_to_all", "dp", S)
     bandwidth = 300e9 * cm.cluster.spec.efficiency.nvlink
     assert max(phase.demand_s.values()) == pytest.approx(7 / 8 * S / bandwidth, rel=1e-12)
+
+
+def test_a_later_stages_collective_is_stage_zeros_moved_when_its_nodes_are():
+    """Pipeline stages outermost, 20 nodes per stage and 20 per leaf switch (dgx-a100): stage 1's data-parallel
+    groups are stage 0's moved by one leaf, so its phases are stage 0's with the link classes' stage set moved
+    (computed once). Computed directly they are the same."""
+    m = model("dgx-a100", 40, "auto", tp=8, pp=2, dp=20)
+    moved = m.phases("all_reduce", "dp", 1e9, 1)
+    direct = model("dgx-a100", 40, "auto", tp=8, pp=2, dp=20)
+    direct._translated = lambda *a: None  # force the loads of stage 1's own groups
+    assert moved == direct.phases("all_reduce", "dp", 1e9, 1)
+    assert {c[0] for ph in moved for c in ph.demand_s} <= {frozenset({1}), frozenset()}
+    # 16 nodes per stage do not fill whole leaves: computed directly
+    odd = model("dgx-a100", 32, "auto", tp=8, pp=2, dp=16)
+    assert odd._translated("all_reduce", "dp", 1e9, 1) is None
