@@ -302,6 +302,99 @@ def sweep(
         raise typer.Exit(130)
 
 
+@app.command()
+def plan(
+    model: Annotated[str, typer.Option("--model", help="A preset name or a Hugging Face config.json.")],
+    gpus: Annotated[int, typer.Option("--gpus", min=1, help="GPUs to lay the job out on.")],
+    topology: Annotated[str, typer.Option("--topology", help="A shipped topology name or a YAML file.")],
+    global_batch_size: Annotated[int, typer.Option("--global-batch-size", min=1, help="Sequences per step.")],
+    seq: Annotated[
+        int | None, typer.Option("--seq", min=1, help="Sequence length (default: the model's).")
+    ] = None,
+    precision: Annotated[str, typer.Option("--precision", help="bf16, fp16 or fp32.")] = "bf16",
+    attention: Annotated[
+        str, typer.Option("--attention", help="flash (default: every current stack has it) or standard.")
+    ] = "flash",
+    framework: Annotated[
+        str, typer.Option("--framework", help="Framework profile (default: auto).")
+    ] = "auto",
+    top: Annotated[int, typer.Option("--top", min=1, help="How many to confirm by simulation.")] = 10,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
+) -> None:
+    """Search parallel layouts (TP, PP, CP, DP, virtual stages, micro-batch, ZeRO / FSDP, recompute) for a
+    model on N GPUs: screen every one with a fast estimate, confirm the best by simulation."""
+    from simulator.hardware.topology import load_topology
+    from simulator.study.plan import plan as run_plan
+
+    model_section: dict = {"hf_config": model} if model.endswith(".json") else {"preset": model}
+    model_section["attention"] = attention
+    if seq:
+        model_section["seq_length"] = seq
+    data = {
+        "name": f"plan-{Path(model).stem}",
+        "framework": framework,
+        "model": model_section,
+        "cluster": {"topology": topology, "num_nodes": 1},
+        "training": {"global_batch_size": global_batch_size, "micro_batch_size": 1, "precision": precision},
+        "parallelism": {"data_parallel": 1},
+    }
+    try:
+        with shown_warnings():
+            gpn = load_topology(topology).node.gpus
+            nodes = max(1, gpus // gpn)
+            if gpus > gpn and gpus % gpn:
+                fail(f"--gpus ({gpus}) is not a whole number of {gpn}-GPU nodes of {topology}")
+            data["cluster"]["num_nodes"] = nodes
+            # a valid stand-in layout (every GPU data-parallel, one sequence each); the search replaces it
+            n = gpus if gpus >= gpn else gpn
+            data["parallelism"] = {}
+            data["training"] = {**data["training"], "global_batch_size": n}
+            base = load_scenario(data)
+            show = not quiet and not json_out and sys.stderr.isatty()
+            with err.status("screening layouts...") if show else _nothing():
+                result = run_plan(base, n, top=top, batch=global_batch_size)
+    except ScenarioError as e:
+        fail(str(e))
+    if json_out:
+        print(json.dumps(result, indent=2, default=str))
+        return
+    from rich.table import Table
+
+    c = Console(soft_wrap=True)
+    c.print(
+        f"screened {result['screened']:,} layouts ({result['screened_per_s']:,.0f}/s), "
+        f"{result['fit_in_memory']:,} fit in memory by the estimate; the best {result['confirmed']} simulated:"
+    )
+    t = Table()
+    for col in ("#", "layout", "estimate s", "simulated s", "MFU", "memory GiB", "bubble", "exposed comm s"):
+        t.add_column(col, justify="left" if col == "layout" else "right", no_wrap=col == "layout")
+    for i, r in enumerate(result["top"], 1):
+        if r["status"] != "ok":
+            t.add_row(str(i), r["layout"], f"{r['estimate_s']:.3f}", r["status"], "", "", "", "")
+            continue
+        t.add_row(
+            str(i),
+            r["layout"],
+            f"{r['estimate_s']:.3f}",
+            f"{r['iteration_time_s']:.3f}",
+            f"{r['mfu']:.1%}",
+            f"{r['memory_gib']:.1f}",
+            f"{r['bubble_fraction']:.1%}",
+            f"{r['exposed_comm_s']:.3f}",
+        )
+    c.print(t)
+    c.print(result["why"])
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
 def _check_output_dir(path: Path, option: str) -> None:
     """A directory that exists or can be made, and can be written to; checked before any simulation."""
     if path.exists() and not path.is_dir():
