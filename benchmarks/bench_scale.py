@@ -19,6 +19,9 @@ CASES = [
     "scenarios/llama2-7b-fsdp2-512xh100.yaml",
     "scenarios/published/nar21-t1-1t.yaml",
     "scenarios/published/kor22-530b-sp-selective.yaml",
+    "scenarios/llama3-405b-4d-cp1-8192xh100.yaml",
+    "scenarios/llama3-405b-4d-cp1-16384xh100.yaml",
+    "scenarios/llama3-405b-4d-cp16-16384xh100.yaml",
 ]
 
 

@@ -19,6 +19,16 @@ MODEL = {
 }
 
 
+def stage_labels(result) -> list[str]:
+    return [rc.label for rc in result.program.ranks]
+
+
+def uneven_labels(first: int, middle: int, last: int, stages: int) -> list[str]:
+    """The rank labels of a pipeline with the embedding on the first stage and the output layer on the last."""
+    inner = [f"stage {i}: {middle} layers" for i in range(1, stages - 1)]
+    return [f"stage 0: {first} layers + embedding", *inner, f"stage {stages - 1}: {last} layers + output layer"]
+
+
 def pipeline(p, m, schedule, v=1, equal_stages=True, ideal=True, **par):
     s = make(
         model=MODEL,
@@ -195,13 +205,7 @@ def test_first_and_last_stage_layer_counts_move_layers_off_the_imbalanced_ends()
             "last_pipeline_stage_layers": 3,
         },
     )
-    r = simulate(s)
-    assert [rc.label for rc in r.program.ranks] == [
-        "stage 0: 3 layers + embedding",
-        "stage 1: 5 layers",
-        "stage 2: 5 layers",
-        "stage 3: 3 layers + output layer",
-    ]
+    assert stage_labels(simulate(s)) == uneven_labels(3, 5, 3, 4)
     with pytest.raises(
         ScenarioError,
         match=r"\(16\) - first_pipeline_stage_layers \(2\) .* = 14 does not split evenly over the 3",
@@ -300,3 +304,38 @@ def test_deepspeed_pipeline_transfers_block_both_stages():
     assert transfer > 0
     last_b = max(tl.end[t.id] for t in tasks if t.kind == "backward" and t.rank == 0)
     assert last_b == pytest.approx((m + 1) * (f + b) + 2 * m * transfer, rel=1e-9)
+
+
+def test_uneven_end_stages_with_interleaving_split_each_stage_over_its_chunks():
+    """Llama 3 405B's layout in small: 14 layers on 4 stages x 2 chunks with 3 layers on the end stages: the
+    middle stages hold 4 (2 per chunk), the first stage's first chunk and the last stage's last chunk one layer
+    fewer (1 + 2 and 2 + 1), every layer once; the interleaved schedule runs it."""
+    from simulator.strategy.megatron import chunk_units
+
+    s = make(
+        model={**MODEL, "num_layers": 14},
+        cluster={"gpus_per_node": 4},
+        training={"global_batch_size": 8, "micro_batch_size": 1},
+        parallelism={
+            "pipeline_parallel": 4,
+            "pipeline_schedule": "interleaved-1f1b",
+            "virtual_pipeline_stages": 2,
+            "first_pipeline_stage_layers": 3,
+            "last_pipeline_stage_layers": 3,
+        },
+    )
+    chunks = chunk_units(build_workload(s), 4, 2)
+    layers = {k: [u.name for u in us if u.is_layer] for k, us in chunks.items()}
+    assert [len(layers[(st, c)]) for c in range(2) for st in range(4)] == [1, 2, 2, 2, 2, 2, 2, 1]
+    order = [n for c in range(2) for st in range(4) for n in layers[(st, c)]]
+    assert order == [f"layer {i}" for i in range(14)]
+    assert stage_labels(simulate(s)) == uneven_labels(3, 4, 3, 4)
+    bad = s.model_copy(
+        update={
+            "parallelism": s.parallelism.model_copy(
+                update={"first_pipeline_stage_layers": 1, "last_pipeline_stage_layers": 5}
+            )
+        }
+    )
+    with pytest.raises(ScenarioError, match="no layer"):
+        simulate(bad)

@@ -54,10 +54,6 @@ def check(s: Scenario) -> None:
         )
     first, last = p.first_pipeline_stage_layers, p.last_pipeline_stage_layers
     if first or last:
-        if v > 1:
-            raise ScenarioError(
-                "parallelism: first/last_pipeline_stage_layers need virtual_pipeline_stages: 1"
-            )
         middle_layers = m.num_layers - (first or 0) - (last or 0)
         middle_stages = pp - (first is not None) - (last is not None)
         if (
@@ -70,6 +66,18 @@ def check(s: Scenario) -> None:
                 f"last_pipeline_stage_layers ({last or 0}) = {middle_layers} does not split evenly over the "
                 f"{middle_stages} other stages"
             )
+        per_middle = middle_layers // middle_stages if middle_stages else 0
+        if v > 1 and per_middle % v:
+            raise ScenarioError(
+                f"parallelism: the middle stages' {per_middle} layers each do not split into "
+                f"virtual_pipeline_stages ({v}) equal chunks"
+            )
+        for name, n in (("first", first), ("last", last)):
+            if v > 1 and n is not None and n < v:
+                raise ScenarioError(
+                    f"parallelism: {name}_pipeline_stage_layers ({n}) gives some of the stage's "
+                    f"virtual_pipeline_stages ({v}) chunks no layer"
+                )
     elif m.num_layers % (pp * v):
         raise ScenarioError(
             f"model.num_layers ({m.num_layers}) is not divisible by pipeline_parallel ({pp}) x "
@@ -99,15 +107,26 @@ def chunk_units(w: Workload, pp: int, v: int) -> dict[tuple[int, int], list[Unit
     us = units(w)
     par = w.scenario.parallelism
     first, last = par.first_pipeline_stage_layers, par.last_pipeline_stage_layers
-    if first or last:  # uneven stages (v = 1): the given counts at the ends, the rest evenly in between
+    if first or last:
+        # uneven stages: the given counts at the ends, the rest evenly in between; with interleaving each stage's
+        # layers split over its v chunks as evenly as possible, the first stage's first chunk and the last
+        # stage's last chunk the lightest (Llama 3's 126 layers on 16 x 2 chunks: one layer fewer in each)
         middle = (w.num_layers - (first or 0) - (last or 0)) // max(
             pp - (first is not None) - (last is not None), 1
         )
-        counts = [middle] * pp
+        per_stage = [middle] * pp
         if first is not None:
-            counts[0] = first
+            per_stage[0] = first
         if last is not None:
-            counts[-1] = last
+            per_stage[-1] = last
+        split = {}
+        for st, n in enumerate(per_stage):
+            base, extra = divmod(n, v)
+            chunks = [base] * v
+            for k in range(extra):  # the remainder goes to the chunks away from the model's ends
+                chunks[v - 1 - k if st == 0 else k] += 1
+            split[st] = chunks
+        counts = [split[st][c] for c in range(v) for st in range(pp)]
     else:
         counts = [w.num_layers // (pp * v)] * (pp * v)
     starts = [sum(counts[:g]) for g in range(len(counts))]
