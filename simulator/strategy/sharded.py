@@ -39,7 +39,6 @@ class ShardingPlan:
     overlap_reduce: bool  # reductions on their own stream; otherwise compute waits for each one
     weight_bytes: int
     grad_bytes: int
-    persistent: frozenset[int] = frozenset()  # small units never sharded, so never gathered
     # ZeRO++ (Wang et al. 2023): forward gathers in fewer bytes per parameter (qwZ), backward gathers from a
     # secondary shard in a smaller group (hpZ), gradients as a two-step quantized all-to-all (qgZ)
     forward_gather_bytes: float | None = (
@@ -60,8 +59,9 @@ class ShardingPlan:
 
 
 def add_sharded_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], plan: ShardingPlan) -> None:
-    """Units gather ``gather_params`` (the head also needs a tied embedding's weight) and reduce the
-    gradients of their own ``params``."""
+    """DeepSpeed ZeRO-3 (``plan.fetch``): the coordinator's calls. Otherwise FSDP2's per-unit iteration: units
+    gather ``gather_params`` (the head also needs a tied embedding's weight) ``prefetch_depth`` computes ahead
+    and reduce-scatter the gradients of their own ``params`` (HSDP then all-reduces the shard across replicas)."""
     if plan.fetch is not None:
         _fetched_iteration(p, s, w, us, plan)
         return
@@ -73,13 +73,6 @@ def add_sharded_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], 
         # the next compute is computes[len]; with depth d its gather may overlap the d computes before it
         pos = len(computes) - 1 - plan.prefetch_depth
         deps = ((computes[pos],) if pos >= 0 else ()) + ((after,) if after is not None else ())
-        forward = phase == "forward"
-        per_param = (plan.forward_gather_bytes or plan.weight_bytes) if forward else plan.weight_bytes
-        group = plan.gather_group if forward else (plan.backward_gather_group or plan.gather_group)
-        if plan.offload_param:  # ZeRO-Infinity: the rank's shard comes from host memory or NVMe first
-            where = "host" if plan.offload_param == "cpu" else "nvme"
-            shard = gather_params(w, u) * plan.weight_bytes / plan.shard_size
-            deps = (add_param_copy(p, f"{u.name} param fetch", shard, deps, phase, where),)
         return p.add(
             0,
             "comm.ag",
@@ -87,77 +80,36 @@ def add_sharded_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], 
             phase,
             f"{u.name} param all-gather",
             deps,
-            group=group,
-            bytes=gather_params(w, u) * per_param,
+            group=plan.gather_group,
+            bytes=gather_params(w, u) * plan.weight_bytes,
         )
 
     def add_reduction(kind: str, name: str, after: int, group: str, nbytes: float) -> int:
         """A gradient reduction step on the reduction stream, after ``after``."""
         return p.add(0, "comm.rs", kind, "backward", name, (after,), group=group, bytes=nbytes)
 
-    extra: dict[tuple, tuple] = {}  # units share blocks: one extended ops tuple per (block, kind, params)
-
-    def with_kernel(u: Unit, ops: tuple, name: str, bytes_per_param: float, params: int) -> tuple:
-        if not bytes_per_param:
-            return ops
-        key = (id(ops), name, params)
-        if key not in extra:
-            extra[key] = (memory_op(name, bytes_per_param * params), *ops)
-        return extra[key]
-
-    def gather_deps(u: Unit, phase: str, after: int | None = None) -> tuple[int, ...]:
-        return () if u.index in plan.persistent else (gather(u, phase, after),)
-
     setup: dict = {}
     for mb in range(gas):
-        # backward ends by waiting for its reductions (DeepSpeed's independent_gradient_partition_epilogue,
-        # FSDP2's post-backward final callback), so the next microbatch starts after them
+        # backward ends by waiting for its reductions (FSDP2's post-backward final callback), so the next
+        # microbatch starts after them
         sync = reductions[-1] if reductions else None
         for i, u in enumerate(us):
-            ops = with_kernel(
-                u,
-                u.block.forward,
-                "qwZ dequantize weights",
-                plan.forward_extra_bytes_per_param,
-                gather_params(w, u),
-            )
-            if i == 0:
-                ops = with_setup(w, ops, setup)
-            deps = gather_deps(u, "forward", sync if i == 0 else None)
+            ops = with_setup(w, u.block.forward, setup) if i == 0 else u.block.forward
+            deps = (gather(u, "forward", sync if i == 0 else None),)
             computes.append(add_forward(p, u, mb, deps, ops=ops, sync=i == 0 and microbatch_sync(w)))
         reduce = plan.reduce_every_microbatch or mb == gas - 1
         blocking = None
         for u in reversed(us):
-            deps = () if u.index in plan.kept_after_forward else gather_deps(u, "backward")
+            deps = () if u.index in plan.kept_after_forward else (gather(u, "backward"),)
             if blocking is not None:
                 deps += (blocking,)
-            ops = with_kernel(
-                u, u.block.backward, "qgZ quantize gradients", plan.backward_extra_bytes_per_param, u.params
-            )
-            computes.append(add_backward(p, s, u, mb, deps, ops=ops))
+            computes.append(add_backward(p, s, u, mb, deps))
             if not reduce:
                 continue
             nbytes = u.params * plan.grad_bytes
-            if plan.quantized_reduce:  # qgZ: all-to-all inside the node, reduce, then across nodes
-                intra, inter, size, per_param = plan.quantized_reduce
-                rid = add_reduction(
-                    "all_to_all",
-                    f"{u.name} qgZ intra-node all-to-all",
-                    computes[-1],
-                    intra,
-                    u.params * per_param,
-                )
-                rid = add_reduction(
-                    "all_to_all",
-                    f"{u.name} qgZ inter-node all-to-all",
-                    rid,
-                    inter,
-                    u.params * per_param / size,
-                )
-            else:
-                rid = add_reduction(
-                    "reduce_scatter", f"{u.name} grad reduce-scatter", computes[-1], plan.gather_group, nbytes
-                )
+            rid = add_reduction(
+                "reduce_scatter", f"{u.name} grad reduce-scatter", computes[-1], plan.gather_group, nbytes
+            )
             if plan.replicate_group:
                 rid = add_reduction(
                     "all_reduce",
@@ -167,8 +119,6 @@ def add_sharded_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], 
                     nbytes / plan.shard_size,
                 )
             blocking = None if plan.overlap_reduce else rid
-            if plan.offload_optimizer:  # ZeRO-Offload: the reduced shard goes to host memory
-                rid = add_grad_copy(p, u.name, rid, u.params * plan.grad_bytes / plan.shard_size)
             reductions.append(rid)
     _step(p, s, w, us, plan, reductions)
 

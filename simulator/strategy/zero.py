@@ -1,14 +1,16 @@
 """DeepSpeed ZeRO stages 1, 2 and 3 (Rajbhandari et al. SC20), with DeepSpeed's knobs and defaults.
 
-* Stage 1 partitions optimizer states: gradients are reduce-scattered in ``reduce_bucket_size`` buckets at the
-  gradient-accumulation boundary, each rank steps its 1/N, and updated weights are all-gathered in
-  ``allgather_bucket_size`` buckets. Volume 2 Psi, as DDP.
+* Stage 1 partitions optimizer states: gradients are reduced in ``reduce_bucket_size`` buckets at the
+  gradient-accumulation boundary as the DeepSpeed release does it (``gradient_reduction``: from v0.12.4 one
+  all-reduce per bucket, before one reduce per owning rank), each rank steps its 1/N, and updated weights are
+  all-gathered in ``allgather_bucket_size`` buckets.
 * Stage 2 also partitions gradients, so every microbatch reduces its gradients (DeepSpeed's
   ``stage_1_and_2.py`` reduces in the backward hooks).
-* Stage 3 partitions weights too: every unit is all-gathered before its forward and, unless it is reused within
-  ``stage3_max_reuse_distance`` parameters, again before its backward; gradients are reduce-scattered per unit.
-  Volume 3 Psi = 1.5 x DDP for models much larger than the reuse distance (1e9 by default).
+* Stage 3 partitions weights too: DeepSpeed's coordinator is replayed module by module
+  (``zero3_fetch.py``: fetches, prefetches, releases by reuse distance, gradient buckets), and
+  ``sharded.py`` turns its calls into tasks. With every parameter released after use, 3 Psi = 1.5 x DDP.
 ``overlap_comm`` (default off for stages 1-2, on for 3) decides whether backward waits for each reduction.
+docs/deepspeed.md describes what is replayed and which DeepSpeed JSON keys change it.
 """
 
 from __future__ import annotations
@@ -203,19 +205,6 @@ def gradient_reduction(cfg, dp: int, implementation: str = "deepspeed") -> tuple
     if multi is None:
         multi = version(cfg.deepspeed_version) >= (0, 12, 4)
     return ("all_reduce", 1) if multi else ("reduce", dp)
-
-
-def _kept_after_forward(us: list[Unit], cfg) -> frozenset[int]:
-    """Units DeepSpeed does not release after forward: those whose parameters are reused (in backward) within
-    ``stage3_max_reuse_distance`` fetched parameters, while all kept fit in ``stage3_max_live_parameters``.
-    Between unit i's forward and its backward, every later unit is fetched for forward and again for backward."""
-    kept, live, later = set(), 0.0, 0.0
-    for u in reversed(us):
-        if 2 * later < cfg.stage3_max_reuse_distance and live + u.params <= cfg.stage3_max_live_parameters:
-            kept.add(u.index)
-            live += u.params
-        later += u.params
-    return frozenset(kept)
 
 
 def _stage_1_2(p: Program, s: Scenario, w: Workload, us: list[Unit], overlap: bool) -> None:
