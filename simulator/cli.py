@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated
 
@@ -352,7 +353,7 @@ def plan(
             data["training"] = {**data["training"], "global_batch_size": n}
             base = load_scenario(data)
             show = not quiet and not json_out and sys.stderr.isatty()
-            with err.status("screening layouts...") if show else _nothing():
+            with err.status("screening layouts...") if show else nullcontext():
                 result = run_plan(base, n, top=top, batch=global_batch_size)
     except ScenarioError as e:
         fail(str(e))
@@ -385,14 +386,6 @@ def plan(
         )
     c.print(t)
     c.print(result["why"])
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
 
 
 def _check_output_dir(path: Path, option: str) -> None:

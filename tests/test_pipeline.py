@@ -26,7 +26,11 @@ def stage_labels(result) -> list[str]:
 def uneven_labels(first: int, middle: int, last: int, stages: int) -> list[str]:
     """The rank labels of a pipeline with the embedding on the first stage and the output layer on the last."""
     inner = [f"stage {i}: {middle} layers" for i in range(1, stages - 1)]
-    return [f"stage 0: {first} layers + embedding", *inner, f"stage {stages - 1}: {last} layers + output layer"]
+    return [
+        f"stage 0: {first} layers + embedding",
+        *inner,
+        f"stage {stages - 1}: {last} layers + output layer",
+    ]
 
 
 def pipeline(p, m, schedule, v=1, equal_stages=True, ideal=True, **par):
