@@ -4,7 +4,6 @@ traceback."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -19,6 +18,7 @@ from simulator.calibration.cli import calibrate_app
 from simulator.calibration.select import check_choice
 from simulator.errors import ScenarioError
 from simulator.report.console import err, fail, shown_warnings
+from simulator.report.output import check_output_dir, check_output_file, temporary_beside
 from simulator.report.table import print_table
 from simulator.report.trace import write_trace
 from simulator.scenario.loader import load_scenario
@@ -62,6 +62,9 @@ def run(
     if image and image.suffix.lower() not in (".png", ".svg", ".pdf"):
         fail(f"--image: use a .png, .svg or .pdf file name (got {image.name})")
     try:
+        for path, option in ((trace, "--trace"), (report, "--report"), (image, "--image")):
+            if path is not None:
+                check_output_file(path, option)
         with shown_warnings():
             s = _with_kernels(load_scenario(scenario, deepspeed_config=deepspeed_config), kernels)
             if quiet or not sys.stderr.isatty():
@@ -69,14 +72,14 @@ def run(
             else:
                 with err.status(f"simulating {s.name} ({s.cluster.num_nodes} nodes)..."):
                     result = simulate(s)
+        if trace:
+            write_trace(result.timeline, trace)
+        if report:
+            from simulator.report.html import write_report
+
+            write_report(result, report)
     except ScenarioError as e:
         fail(str(e))
-    if trace:
-        write_trace(result.timeline, trace)
-    if report:
-        from simulator.report.html import write_report
-
-        write_report(result, report)
     if image:
         _write_image(result, image)
     if json_out:
@@ -106,6 +109,8 @@ def compare(
 ) -> None:
     """Simulate several scenarios and show their metrics side by side."""
     try:
+        if report is not None:
+            check_output_file(report, "--report")
         loaded = [_with_kernels(load_scenario(p), kernels) for p in scenarios]
     except ScenarioError as e:
         fail(str(e))
@@ -258,9 +263,12 @@ def sweep(
     if out is None:
         fail("sweep: give --out DIR (where points.jsonl and the results go)")
     report = report or (Path(options["report"]) if "report" in options else None)
-    _check_output_dir(out, "--out")
-    if report is not None:
-        _check_output_file(report, "--report")
+    try:
+        check_output_dir(out, "--out")
+        if report is not None:
+            check_output_file(report, "--report")
+    except ScenarioError as e:
+        fail(str(e))
     show = not quiet and not json_out and sys.stderr.isatty()
     columns = (
         TextColumn("simulating"),
@@ -388,28 +396,6 @@ def plan(
     c.print(result["why"])
 
 
-def _check_output_dir(path: Path, option: str) -> None:
-    """A directory that exists or can be made, and can be written to; checked before any simulation."""
-    if path.exists() and not path.is_dir():
-        fail(f"{option} {path}: exists and is not a directory")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        fail(f"{option} {path}: cannot create it: {e.strerror}")
-    if not os.access(path, os.W_OK):
-        fail(f"{option} {path}: not writable")
-
-
-def _check_output_file(path: Path, option: str) -> None:
-    if path.is_dir():
-        fail(f"{option} {path}: is a directory")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        fail(f"{option} {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        fail(f"{option} {path}: directory {parent} is not writable")
-
-
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of scenario files."""
@@ -421,9 +407,12 @@ def _write_image(result, path: Path) -> None:
     from simulator.report.figures import timeline_figure
 
     fig = timeline_figure(result.timeline, f"{result.scenario.name}: {result.metrics.iteration_time_s:.3f} s")
+    tmp = temporary_beside(path)
     try:
-        fig.write_image(path, width=1400, height=fig.layout.height)
+        fig.write_image(tmp, width=1400, height=fig.layout.height)
+        tmp.replace(path)
     except Exception as e:  # kaleido missing, or no Chromium for it to drive
+        tmp.unlink(missing_ok=True)
         fail(
             f"--image: static export needs kaleido and a Chromium browser (pip install kaleido; "
             f"apt-get install chromium): {str(e).splitlines()[0][:200]}"

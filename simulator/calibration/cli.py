@@ -17,6 +17,7 @@ from rich.progress import Progress
 
 from simulator.errors import ScenarioError
 from simulator.report.console import err, fail, note
+from simulator.report.output import check_output_file, write_atomic
 from simulator.scenario.loader import load_scenario
 
 calibrate_app = typer.Typer(
@@ -53,6 +54,8 @@ def calibrate_profile(
     from simulator.validation import runner
 
     try:
+        if write is not None:
+            check_output_file(write, "--write")
         start = get_framework(framework)
         if gpu:
             get_gpu(gpu, "--gpu")
@@ -89,7 +92,9 @@ def calibrate_profile(
             fitted = cal.with_value(fitted, "fitted", how, gpu)
         else:
             fitted = fitted.model_copy(update={"fitted": how})
-        write.write_text(yaml.safe_dump(fitted.model_dump(exclude_defaults=True), sort_keys=False))
+        # named after its file, so that `framework: path/to/NAME.yaml` reads as the profile NAME
+        fitted = fitted.model_copy(update={"name": write.stem})
+        write_atomic(write, yaml.safe_dump(fitted.model_dump(exclude_defaults=True), sort_keys=False))
         print(f"profile written to {write}")
 
 

@@ -14,10 +14,10 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simulator.errors import ScenarioError
+from simulator.scenario.files import is_path, read_yaml, validation_message
 
 PROFILE_DIR = Path(__file__).parent
 
@@ -208,9 +208,22 @@ def available_frameworks() -> list[str]:
 
 @cache
 def get_framework(name: str) -> Framework:
-    path = PROFILE_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise ScenarioError(
-            f"framework: unknown framework '{name}'; available: {', '.join(available_frameworks())}"
-        )
-    return Framework.model_validate(yaml.safe_load(path.read_text()))
+    """A shipped profile by name (``megatron-2022``) or a profile file by path (``fitted/my-profile.yaml``, as
+    ``clustersim calibrate profile --write`` writes)."""
+    if is_path(name):
+        path, label = Path(name), f"framework: {name}"
+        data = read_yaml(path, "framework")
+    else:
+        path, label = PROFILE_DIR / f"{name}.yaml", f"framework: {name}"
+        if not path.is_file():
+            raise ScenarioError(
+                f"framework: unknown framework '{name}'; available: {', '.join(available_frameworks())} "
+                "(or a path to a profile file)"
+            )
+        data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{label}: expected a mapping of profile fields, got {type(data).__name__}")
+    try:
+        return Framework.model_validate(data)
+    except ValidationError as e:
+        raise ScenarioError(validation_message(e, label)) from None

@@ -14,6 +14,7 @@ from functools import cache, cached_property
 
 import networkx as nx
 
+from simulator.errors import ScenarioError
 from simulator.hardware.gpus import GPU, get_gpu
 from simulator.hardware.topology import TopologySpec
 
@@ -157,7 +158,14 @@ class Cluster:
     @cached_property
     def _node0_graph(self) -> nx.Graph:
         # a copy, not a view: shortest paths on a view filter every node they touch
-        return self.graph.subgraph([n for n in self.graph if n.startswith("n0.")]).copy()
+        g = self.graph.subgraph([n for n in self.graph if n.startswith("n0.")]).copy()
+        if not nx.is_connected(g):
+            parts = sorted(sorted(c) for c in nx.connected_components(g))
+            raise ScenarioError(
+                f"topology '{self.spec.name}': a node's devices are not all connected "
+                f"({len(parts)} separate groups, e.g. {', '.join(parts[-1][:4])})"
+            )
+        return g
 
     @cache  # noqa: B019
     def _switch_path(self, leaf_a: str, leaf_b: str) -> tuple[tuple[LinkKey, ...], float]:

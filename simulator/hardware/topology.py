@@ -6,14 +6,20 @@ from __future__ import annotations
 import os
 from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
 from simulator.errors import ScenarioError
 from simulator.hardware.gpus import get_gpu
-from simulator.scenario.schema import ClusterConfig, Scenario
+from simulator.scenario.files import is_path, read_yaml, validation_message
+from simulator.scenario.schema import (
+    MAX_GPUS,
+    MAX_MICROBATCHES,
+    MAX_STAGE_MICROBATCHES,
+    ClusterConfig,
+    Scenario,
+)
 
 
 def _topology_dir() -> Path:
@@ -28,38 +34,47 @@ TOPOLOGY_DIR = _topology_dir()
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+# Bounds on hardware numbers: finite, positive, and within a few orders of magnitude of real machines (a
+# bandwidth of 0 or below would be a division by zero or an infinitely fast link).
+GBPS_MAX = 1e5  # GB/s or Gb/s: 100 TB/s
+LATENCY_MAX_US = 1e6
 
 
 class NodeSpec(_Spec):
-    gpus: PositiveInt
+    gpus: PositiveInt = Field(le=1024)
     gpu: str
     intra_node: Literal["nvswitch", "pcie"]
     nvlink_bandwidth_GBps: float | None = Field(
-        None, description="Per GPU per direction; default from the GPU."
+        None, gt=0, le=GBPS_MAX, description="Per GPU per direction; default from the GPU."
     )
-    nvlink_latency_us: float = 0.7
-    pcie_switches: PositiveInt = 1
+    nvlink_latency_us: float = Field(0.7, ge=0, le=LATENCY_MAX_US)
+    pcie_switches: PositiveInt = Field(1, le=256)
     pcie_bandwidth_GBps: float | None = Field(
-        None, description="Per link per direction; default from the GPU."
+        None, gt=0, le=GBPS_MAX, description="Per link per direction; default from the GPU."
     )
-    pcie_latency_us: float = 1.0
-    cpus: PositiveInt = 2
-    cpu_interconnect_GBps: float = 64.0
-    host_memory_gib: float = 1024
-    host_memory_bandwidth_GBps: float = 200
-    nics: PositiveInt = 1
-    nic_bandwidth_gbps: float = 200
+    pcie_latency_us: float = Field(1.0, ge=0, le=LATENCY_MAX_US)
+    cpus: PositiveInt = Field(2, le=64)
+    cpu_interconnect_GBps: float = Field(64.0, gt=0, le=GBPS_MAX)
+    host_memory_gib: float = Field(1024, gt=0, le=2**20)
+    host_memory_bandwidth_GBps: float = Field(200, gt=0, le=GBPS_MAX)
+    nics: PositiveInt = Field(1, le=64)
+    nic_bandwidth_gbps: float = Field(200, gt=0, le=GBPS_MAX)
     nic_kind: Literal["infiniband", "ethernet"] = "infiniband"
-    nic_latency_us: float = 2.0
-    nvme_drives: int = Field(0, ge=0, description="Drives striped as one volume (RAID-0), as DGX /raid.")
-    nvme_bandwidth_GBps: float = 3.5
+    nic_latency_us: float = Field(2.0, ge=0, le=LATENCY_MAX_US)
+    nvme_drives: int = Field(
+        0, ge=0, le=64, description="Drives striped as one volume (RAID-0), as DGX /raid."
+    )
+    nvme_bandwidth_GBps: float = Field(3.5, gt=0, le=GBPS_MAX)
     nvme_latency_us: float = Field(
-        80.0, description="Per request (NVMe read latency, typical datacenter SSD)."
+        80.0, ge=0, le=LATENCY_MAX_US, description="Per request (NVMe read latency, typical datacenter SSD)."
     )
     cpu_optimizer_params_per_s: float | None = Field(
         None,
         gt=0,
+        le=1e13,
         description="CPU-Adam parameters updated per second by the whole host; default: host memory bandwidth "
         "/ 30 bytes per parameter (the step streams fp32 weight, gradient, momentum, variance and writes "
         "them back with a 16-bit copy).",
@@ -67,25 +82,27 @@ class NodeSpec(_Spec):
 
 
 class FabricSpec(_Spec):
-    nodes_per_leaf: PositiveInt = 32
+    nodes_per_leaf: PositiveInt = Field(32, le=2**17)
     rail_optimized: bool = True
-    oversubscription: float = Field(1.0, ge=1)
-    switch_latency_us: float = 0.5
+    oversubscription: float = Field(1.0, ge=1, le=1000)
+    switch_latency_us: float = Field(0.5, ge=0, le=LATENCY_MAX_US)
 
 
 class LinkEfficiency(_Spec):
     """Fraction of nominal bandwidth that NCCL reaches on each link kind (measured bus bandwidth / nominal)."""
 
-    nvlink: float = 0.8
-    pcie: float = 0.8
-    infiniband: float = 0.95
-    ethernet: float = 0.9
-    nvme: float = 0.9
-    memory: float = 0.8
+    nvlink: float = Field(0.8, gt=0, le=1)
+    pcie: float = Field(0.8, gt=0, le=1)
+    infiniband: float = Field(0.95, gt=0, le=1)
+    ethernet: float = Field(0.9, gt=0, le=1)
+    nvme: float = Field(0.9, gt=0, le=1)
+    memory: float = Field(0.8, gt=0, le=1)
 
 
 _Protocol = Literal["LL", "LL128", "Simple"]
 _Algorithm = Literal["ring", "tree"]
+_Latency = Annotated[float, Field(ge=0, le=LATENCY_MAX_US)]
+_Fraction = Annotated[float, Field(gt=0, le=1)]
 
 
 class NcclTuning(_Spec):
@@ -93,9 +110,9 @@ class NcclTuning(_Spec):
     per-step latency by algorithm, link kind and protocol, and each protocol's bus bandwidth as a fraction of
     the Simple protocol's."""
 
-    base_us: dict[_Algorithm, dict[_Protocol, float]] = {}
-    hop_us: dict[_Algorithm, dict[Literal["nvlink", "pcie", "network"], dict[_Protocol, float]]] = {}
-    bandwidth: dict[_Algorithm, dict[_Protocol, float]] = {}
+    base_us: dict[_Algorithm, dict[_Protocol, _Latency]] = {}
+    hop_us: dict[_Algorithm, dict[Literal["nvlink", "pcie", "network"], dict[_Protocol, _Latency]]] = {}
+    bandwidth: dict[_Algorithm, dict[_Protocol, _Fraction]] = {}
     source: str = ""
 
 
@@ -115,19 +132,26 @@ def available_topologies() -> list[str]:
 
 @cache
 def load_topology(name: str) -> TopologySpec:
-    path = Path(name)
-    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
+    """A shipped topology by name (``dgx-a100``) or a topology file by path (``my/cluster.yaml``)."""
+    if is_path(name):
+        path = Path(name)
+        data = read_yaml(path, "cluster.topology")
+    else:
         path = TOPOLOGY_DIR / f"{name}.yaml"
-    if not path.is_file():
+        if not path.is_file():
+            raise ScenarioError(
+                f"cluster.topology: unknown topology '{name}'; available: {', '.join(available_topologies())} "
+                "(or a path to a topology file)"
+            )
+        data = read_yaml(path)
+    if not isinstance(data, dict):
         raise ScenarioError(
-            f"cluster.topology: unknown topology '{name}'; available: {', '.join(available_topologies())}"
+            f"topology file {path}: expected a mapping with name and node, got {type(data).__name__}"
         )
     try:
-        return TopologySpec.model_validate(yaml.safe_load(path.read_text()))
-    except (ValidationError, yaml.YAMLError) as e:
-        raise ScenarioError(
-            f"topology file {path}: {str(e).splitlines()[0]} {str(e).splitlines()[1:3]}"
-        ) from None
+        return TopologySpec.model_validate(data)
+    except ValidationError as e:
+        raise ScenarioError(validation_message(e, f"topology file {path}")) from None
 
 
 def apply_overrides(spec: TopologySpec, cfg: ClusterConfig) -> TopologySpec:
@@ -192,6 +216,13 @@ def resolve_cluster_degrees(scenario: Scenario) -> Scenario:
     """Derive data_parallel from the GPU count, or check the product of all degrees against it."""
     spec = cluster_spec(scenario)
     gpu = get_gpu(spec.node.gpu)
+    if spec.node.intra_node == "nvswitch" and not (
+        spec.node.nvlink_bandwidth_GBps or gpu.nvlink_bandwidth_GBps
+    ):
+        raise ScenarioError(
+            f"cluster.gpu: {gpu.name} has no NVLink, but a '{spec.name}' node connects its GPUs by NVSwitch; "
+            "use a topology with intra_node: pcie (e.g. pcie-8gpu)"
+        )
     gpu.peak_flops(scenario.training.precision)  # errors if the GPU lacks this precision
     from simulator.frameworks import AUTO, default_framework, get_framework
 
@@ -220,10 +251,29 @@ def resolve_cluster_degrees(scenario: Scenario) -> Scenario:
     else:
         dp, derived = p.data_parallel, ""
     t = scenario.training
+    if n_gpus > MAX_GPUS:
+        raise ScenarioError(
+            f"cluster: {gpu_text} exceeds the simulator's limit of {MAX_GPUS:,} GPUs per scenario"
+        )
     if t.global_batch_size % (t.micro_batch_size * dp):
         raise ScenarioError(
             f"training.global_batch_size ({t.global_batch_size}) is not divisible by micro_batch_size "
             f"({t.micro_batch_size}) x data_parallel ({dp}) = {t.micro_batch_size * dp}{derived}"
+        )
+    micro = t.global_batch_size // (t.micro_batch_size * dp)
+    chunks = p.pipeline_parallel * p.virtual_pipeline_stages
+    arithmetic = (
+        f"global_batch_size ({t.global_batch_size}) / (micro_batch_size ({t.micro_batch_size}) x data_parallel "
+        f"({dp})) = {micro:,} micro-batches per iteration"
+    )
+    if micro > MAX_MICROBATCHES:
+        raise ScenarioError(
+            f"training: {arithmetic}; the simulator replays each one and its limit is {MAX_MICROBATCHES:,}"
+        )
+    if micro * chunks > MAX_STAGE_MICROBATCHES:
+        raise ScenarioError(
+            f"training: {arithmetic}, x {chunks} pipeline chunks = {micro * chunks:,} stage steps; the simulator's "
+            f"limit is {MAX_STAGE_MICROBATCHES:,}"
         )
     hs = p.fsdp.hybrid_shard_size if p.fsdp else None
     if hs and dp % hs:

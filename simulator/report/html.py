@@ -14,6 +14,7 @@ from simulator.api import Result
 from simulator.metrics.layers import microbatch_view
 from simulator.metrics.metrics import Metrics
 from simulator.report.figures import COLOURS, timeline_figure
+from simulator.report.output import write_atomic
 
 MEMORY_PARTS = [
     ("params", "parameters"),
@@ -309,9 +310,10 @@ def write_report(result: Result, path: str | Path) -> None:
         + "".join(parts)
         + cost_sources_html(result.metrics)
     )
-    Path(path).write_text(
+    write_atomic(
+        Path(path),
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(result.scenario.name)}"
-        f"</title>{STYLE}</head><body>{body}</body></html>"
+        f"</title>{STYLE}</head><body>{body}</body></html>",
     )
 
 
@@ -387,7 +389,8 @@ def write_compare_report(results: list[tuple[str, Metrics]], path: str | Path) -
         "<table><tr><th>scenario</th><th>iteration</th><th>tokens/s</th><th>MFU</th><th>peak memory</th>"
         f"<th>memory</th></tr>{rows}</table>"
     )
-    Path(path).write_text(
+    write_atomic(
+        Path(path),
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>comparison</title>{STYLE}"
-        f"</head><body><h1>Comparison</h1>{table}{''.join(parts)}</body></html>"
+        f"</head><body><h1>Comparison</h1>{table}{''.join(parts)}</body></html>",
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from simulator.report.output import write_atomic
 from simulator.strategy.program import COMPUTE
 from simulator.timeline.timeline import Timeline
 
@@ -144,4 +145,4 @@ def _counters(timeline: Timeline) -> list[dict]:
 
 
 def write_trace(timeline: Timeline, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(chrome_trace(timeline)))
+    write_atomic(Path(path), json.dumps(chrome_trace(timeline)))

@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 from simulator.errors import ScenarioError
+from simulator.scenario.files import read_json
 
 
 class DeepSpeedConfigWarning(UserWarning):
@@ -98,14 +99,37 @@ NEUTRAL = {
 }
 
 
+# sections that DeepSpeed reads as JSON objects (deepspeed/runtime/config.py, v0.16.4: get_*_config(param_dict))
+OBJECT_SECTIONS = (
+    "fp16",
+    "bf16",
+    "optimizer",
+    "optimizer.params",
+    "scheduler",
+    "zero_optimization",
+    "zero_optimization.offload_optimizer",
+    "zero_optimization.offload_param",
+    "activation_checkpointing",
+    "aio",
+)
+
+
 def read_deepspeed_config(path: str | Path) -> dict:
+    """A DeepSpeed JSON config, checked for its shape: an object whose sections are objects."""
     path = Path(path)
-    if not path.is_file():
-        raise ScenarioError(f"deepspeed_config: file not found: {path}")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ScenarioError(f"deepspeed_config {path}: not valid JSON: line {e.lineno}: {e.msg}") from None
+    ds = read_json(path, "deepspeed_config")
+    if not isinstance(ds, dict):
+        raise ScenarioError(f"deepspeed_config: {path}: expected a JSON object, got {json.dumps(ds)[:60]}")
+    for name in OBJECT_SECTIONS:
+        parent, _, key = name.rpartition(".")
+        section = ds.get(parent, {}) if parent else ds
+        value = section.get(key) if isinstance(section, dict) else None
+        if value is not None and not isinstance(value, dict):
+            example = ' (e.g. "bf16": {"enabled": true})' if name in ("fp16", "bf16") else ""
+            raise ScenarioError(
+                f"deepspeed_config: {path}: {name} must be an object{example}, got {json.dumps(value)[:60]}"
+            )
+    return ds
 
 
 def merge_deepspeed_config(data: dict, ds: dict, label: str = "deepspeed_config") -> dict:
@@ -137,11 +161,11 @@ def merge_deepspeed_config(data: dict, ds: dict, label: str = "deepspeed_config"
         ds.get("train_micro_batch_size_per_gpu"),
         "train_micro_batch_size_per_gpu",
     )
-    if ds.get("fp16", {}).get("enabled") is True:
+    if (ds.get("fp16") or {}).get("enabled") is True:
         put(training, "precision", "fp16", "fp16.enabled")
-    if ds.get("bf16", {}).get("enabled") is True:
+    if (ds.get("bf16") or {}).get("enabled") is True:
         put(training, "precision", "bf16", "bf16.enabled")
-    opt = str(ds.get("optimizer", {}).get("type", "")).lower()
+    opt = str((ds.get("optimizer") or {}).get("type") or "").lower()
     if opt:
         if opt in OPTIMIZERS:
             mapped, keys = OPTIMIZERS[opt]
@@ -206,7 +230,9 @@ def merge_deepspeed_config(data: dict, ds: dict, label: str = "deepspeed_config"
         ):
             continue
         if key in ("fp16", "bf16"):
-            unmodelled += [f"{key}.{k}" for k in value if k != "enabled" and f"{key}.{k}" not in NEUTRAL]
+            unmodelled += [
+                f"{key}.{k}" for k in (value or {}) if k != "enabled" and f"{key}.{k}" not in NEUTRAL
+            ]
             continue
         unmodelled.append(key)
     if unmodelled:

@@ -5,24 +5,11 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
 from simulator.errors import ScenarioError
+from simulator.scenario.files import check_path_value, is_path, read_yaml
 from simulator.scenario.schema import Scenario
-
-
-def read_yaml(path: Path) -> object:
-    """A YAML file's content; a missing file or a syntax error is one ScenarioError naming the place."""
-    if not path.is_file():
-        raise ScenarioError(f"{path}: file not found")
-    try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ScenarioError(f"{path}: YAML syntax error{where}: {problem}") from None
 
 
 def load_scenario(
@@ -44,7 +31,8 @@ def load_scenario(
         data.setdefault("name", path.stem)
     ds_path = deepspeed_config or data.get("deepspeed_config")
     ds_gas = None
-    if ds_path:
+    if ds_path is not None:
+        check_path_value(str(ds_path) if isinstance(ds_path, Path) else ds_path, "deepspeed_config")
         from simulator.scenario.deepspeed import merge_deepspeed_config, read_deepspeed_config
 
         path = Path(ds_path)
@@ -53,6 +41,7 @@ def load_scenario(
         data = merge_deepspeed_config(data, read_deepspeed_config(path), f"deepspeed_config {path.name}")
         ds_gas = data.pop("_deepspeed_gradient_accumulation_steps", None)
         data["deepspeed_config"] = str(path)
+    data = _paths_relative_to(data, base_dir)
     if isinstance(data.get("kernels"), str):  # a table directory is relative to the scenario file
         from simulator.calibration.select import check_choice
 
@@ -75,6 +64,25 @@ def load_scenario(
             f"{scenario.gradient_accumulation_steps}"
         )
     return scenario
+
+
+def _paths_relative_to(data: dict, base_dir: Path | None) -> dict:
+    """Topology and framework files named by a relative path are found beside the scenario file (names of
+    shipped ones are left as they are)."""
+    if base_dir is None:
+        return data
+
+    def resolved(value):
+        if isinstance(value, str) and is_path(value) and not Path(value).is_absolute():
+            return str(base_dir / value)
+        return value
+
+    cluster = data.get("cluster")
+    if isinstance(cluster, dict) and "topology" in cluster:
+        data = {**data, "cluster": {**cluster, "topology": resolved(cluster["topology"])}}
+    if "framework" in data:
+        data = {**data, "framework": resolved(data["framework"])}
+    return data
 
 
 def format_validation_error(err: dict) -> str:

@@ -16,7 +16,14 @@ from simulator.scenario.presets import expand_model_section
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+# What one simulation can hold: every GPU of the cluster is placed and every micro-batch of the iteration is
+# simulated (loader.py checks the products). 131,072 H100 simulate in about 13 s (benchmarks/bench_scale.py).
+MAX_GPUS = 2**17
+MAX_MICROBATCHES = 2**16  # per iteration and data-parallel rank (gradient accumulation steps)
+MAX_STAGE_MICROBATCHES = 2**20  # micro-batches x pipeline stages x virtual stages: about 15 s
 
 
 class ModelConfig(_Section):
@@ -84,17 +91,21 @@ class ClusterConfig(_Section):
     """Which topology file, how many nodes, and what-if overrides of its hardware."""
 
     topology: str = Field(..., description="Name of a file in topologies/ (without .yaml) or a path to one.")
-    num_nodes: PositiveInt = 1
+    num_nodes: PositiveInt = Field(1, le=MAX_GPUS)
     gpus_per_node: PositiveInt | None = Field(None, description="Use only this many GPUs of each node.")
     gpu: str | None = Field(None, description="Replace the topology's GPU with another from the catalogue.")
-    nics_per_node: PositiveInt | None = None
-    nic_bandwidth_gbps: float | None = Field(None, gt=0, description="Per NIC, gigabits per second.")
-    oversubscription: float | None = Field(None, ge=1, description="Leaf-to-spine oversubscription ratio.")
-    pcie_bandwidth_GBps: float | None = Field(None, gt=0, description="Per PCIe link, per direction, GB/s.")
-    nvme_drives: int | None = Field(None, ge=0, description="NVMe drives per node (striped).")
-    nvme_bandwidth_GBps: float | None = Field(None, gt=0, description="Per NVMe drive, GB/s.")
+    nics_per_node: PositiveInt | None = Field(None, le=64)
+    nic_bandwidth_gbps: float | None = Field(None, gt=0, le=1e5, description="Per NIC, gigabits per second.")
+    oversubscription: float | None = Field(
+        None, ge=1, le=1000, description="Leaf-to-spine oversubscription ratio."
+    )
+    pcie_bandwidth_GBps: float | None = Field(
+        None, gt=0, le=1e5, description="Per PCIe link, per direction, GB/s."
+    )
+    nvme_drives: int | None = Field(None, ge=0, le=64, description="NVMe drives per node (striped).")
+    nvme_bandwidth_GBps: float | None = Field(None, gt=0, le=1e5, description="Per NVMe drive, GB/s.")
     cpu_optimizer_params_per_s: float | None = Field(
-        None, gt=0, description="CPU-Adam throughput of one host, parameters per second."
+        None, gt=0, le=1e13, description="CPU-Adam throughput of one host, parameters per second."
     )
 
 

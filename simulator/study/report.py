@@ -9,6 +9,8 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from simulator.report.output import write_atomic
+
 # (column, axis title)
 METRICS = [
     ("iteration_time_s", "iteration time (s)"),
@@ -118,9 +120,7 @@ def write_sweep_report(rows: list[dict], fields: list[str], path: Path, title: s
         f"<p>{len(rows)} points: {summary}. Varied: {_escape(', '.join(fields))}. Every number is in "
         f"results.csv; invalid points are listed there with their reason.</p>{''.join(parts)}</body></html>"
     )
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(html)
-    tmp.replace(path)
+    write_atomic(path, html)
 
 
 def _axis(v):

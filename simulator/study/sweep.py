@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from simulator.errors import ScenarioError
-from simulator.scenario.loader import read_yaml
+from simulator.scenario.files import read_yaml
 
 FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 STATUSES = ("ok", "oom", "invalid", "error")

@@ -1,0 +1,51 @@
+"""Files the CLI writes (traces, reports, images, fitted profiles): checked before any simulation runs, and
+written whole or not at all (a temporary file beside the target, then a rename)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from simulator.errors import ScenarioError
+
+
+def check_output_file(path: Path, option: str) -> None:
+    """``path`` can be written: not a directory, in a directory that exists and is writable."""
+    if path.is_dir():
+        raise ScenarioError(f"{option} {path}: is a directory")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ScenarioError(f"{option} {path}: not writable")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise ScenarioError(f"{option} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise ScenarioError(f"{option} {path}: directory {parent} is not writable")
+
+
+def check_output_dir(path: Path, option: str) -> None:
+    """A directory that exists or can be made, and can be written to."""
+    if path.exists() and not path.is_dir():
+        raise ScenarioError(f"{option} {path}: exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ScenarioError(f"{option} {path}: cannot create it: {e.strerror}") from None
+    if not os.access(path, os.W_OK):
+        raise ScenarioError(f"{option} {path}: not writable")
+
+
+def temporary_beside(path: Path) -> Path:
+    """A hidden temporary name in ``path``'s directory with its suffix (exporters pick the format by it)."""
+    path = Path(path)
+    return path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole: a reader never sees half a file, a failure leaves none."""
+    tmp = temporary_beside(Path(path))
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise ScenarioError(f"{path}: cannot write: {e.strerror}") from None

@@ -1,0 +1,156 @@
+"""Reading the user's files (scenarios, topologies, DeepSpeed and Hugging Face configs, frameworks, case lists):
+one bounded reader, so that every kind of file fails the same clear way.
+
+A file must exist, be at most ``MAX_FILE_BYTES``, be UTF-8, and parse to a tree at most ``MAX_DEPTH`` deep with at
+most ``MAX_VALUES`` values once YAML aliases are expanded (a 484-byte "billion laughs" file expands to 10^9; the
+scenario is then walked by validation and error messages, so the bound is on the expanded size). A scenario is a
+few hundred values and about 5 deep.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from simulator.errors import ScenarioError
+
+MAX_FILE_BYTES = 16 * 2**20
+MAX_DEPTH = 32
+MAX_VALUES = 200_000
+
+
+def is_path(value: str) -> bool:
+    """A name (``dgx-a100``) or a path (``my/dgx.yaml``, ``./fw.yaml``): nothing in between."""
+    return "/" in value or "\\" in value or value.endswith((".yaml", ".yml", ".json"))
+
+
+def validation_message(e: ValidationError, label: str) -> str:
+    """A data file's validation errors on one line each, prefixed with the file (``loc: reason (got x)``)."""
+    lines = []
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        got = f" (got {err['input']!r})" if err["type"] not in ("missing", "extra_forbidden") else ""
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        lines.append(f"{label}: {loc}: {msg}{got}")
+    return "\n".join(lines)
+
+
+def check_path_value(value: object, field: str) -> str:
+    """A field that names a file must be a non-empty string (``deepspeed_config: 5`` is a message, not a
+    TypeError)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ScenarioError(f"{field}: expected a file path (a string), got {value!r}")
+    return value
+
+
+def _label(path: Path, what: str | None) -> str:
+    return f"{what}: {path}" if what else str(path)
+
+
+def read_text(path: Path, what: str | None = None) -> str:
+    """The text of ``path``; ``what`` names the file's role in messages (e.g. ``deepspeed_config``)."""
+    path, label = Path(path), _label(path, what)
+    if path.is_dir():
+        raise ScenarioError(f"{label}: is a directory, not a file")
+    if not path.is_file():
+        raise ScenarioError(f"{label}: file not found")
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise ScenarioError(f"{label}: {size / 2**20:.1f} MiB; the limit is {MAX_FILE_BYTES / 2**20:.0f} MiB")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"{label}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    except OSError as e:
+        raise ScenarioError(f"{label}: cannot read: {e.strerror}") from None
+
+
+class _TooDeep(Exception):
+    pass
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses nesting deeper than MAX_DEPTH while composing (before Python's
+    recursion limit is reached)."""
+
+    depth = 0
+
+    def compose_node(self, parent, index):
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise _TooDeep
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def _yaml_error(e: yaml.YAMLError, label: str) -> ScenarioError:
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return ScenarioError(f"{label}: YAML syntax error{where}: {problem}")
+
+
+def read_yaml(path: Path, what: str | None = None) -> object:
+    """A YAML file's content, bounded (see the module's docstring); every problem is one ScenarioError."""
+    label = _label(path, what)
+    loader = _BoundedLoader(read_text(path, what))
+    try:
+        data = loader.get_single_data()
+    except _TooDeep:
+        raise ScenarioError(f"{label}: nested deeper than {MAX_DEPTH} levels") from None
+    except yaml.YAMLError as e:
+        raise _yaml_error(e, label) from None
+    finally:
+        loader.dispose()
+    check_tree(data, label)
+    return data
+
+
+def read_json(path: Path, what: str | None = None) -> object:
+    """A JSON file's content, bounded as YAML is."""
+    label = _label(path, what)
+    try:
+        data = json.loads(read_text(path, what))
+    except json.JSONDecodeError as e:
+        raise ScenarioError(f"{label}: not valid JSON: line {e.lineno}: {e.msg}") from None
+    except RecursionError:
+        raise ScenarioError(f"{label}: nested deeper than {MAX_DEPTH} levels") from None
+    check_tree(data, label)
+    return data
+
+
+def check_tree(data: object, label: str) -> None:
+    """Refuse a parsed tree deeper than MAX_DEPTH, larger than MAX_VALUES once shared (aliased) subtrees are
+    counted each time they are used, or containing itself."""
+    sizes: dict[int, int] = {}
+    open_ids: set[int] = set()
+
+    def size(node: object, depth: int) -> int:
+        if not isinstance(node, dict | list):
+            return 1
+        if depth > MAX_DEPTH:
+            raise ScenarioError(f"{label}: nested deeper than {MAX_DEPTH} levels")
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_ids:
+            raise ScenarioError(f"{label}: contains itself (a YAML alias to an enclosing anchor)")
+        open_ids.add(key)
+        items = node.items() if isinstance(node, dict) else ((None, v) for v in node)
+        total = 1
+        for k, v in items:
+            total += size(k, depth + 1) + size(v, depth + 1)
+            if total > MAX_VALUES:
+                raise ScenarioError(
+                    f"{label}: expands to more than {MAX_VALUES:,} values (YAML aliases repeating aliases?)"
+                )
+        open_ids.discard(key)
+        sizes[key] = total
+        return total
+
+    size(data, 0)
