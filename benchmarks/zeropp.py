@@ -35,7 +35,14 @@ def scenario(model: str, tokens: str, nics: int, zero: dict, gbps: float = 100.0
     mbs = {"1K": 1, "2K": 2}[tokens]
     return {
         "name": f"zeropp-{model}-{tokens}-{nics}x{gbps:g}",
-        "model": {**MODELS[model], "seq_length": 1024, "vocab_size": 51200, "tied_embeddings": False},
+        # the paper's Megatron-DeepSpeed GPT on V100: the unfused attention layer (no FlashAttention on Volta)
+        "model": {
+            **MODELS[model],
+            "seq_length": 1024,
+            "vocab_size": 51200,
+            "tied_embeddings": False,
+            "attention": "standard",
+        },
         "cluster": {
             "topology": "dgx2-v100",
             "num_nodes": 24,

@@ -79,7 +79,7 @@ def test_compare_side_by_side(tmp_path):
     b = write(tmp_path, GOOD.replace("zero_stage: 1", "zero_stage: 3"), "b.yaml")
     r = runner.invoke(app, ["compare", a, b, "--json"])
     assert r.exit_code == 0
-    assert [x["strategy"] for x in json.loads(r.output)] == ["zero-1", "zero-3"]
+    assert [x["strategy"] for x in json.loads(r.output)] == ["zero-1, DP8", "zero-3, DP8"]
 
 
 def test_schema_is_json_schema():

@@ -151,6 +151,12 @@ class Framework(BaseModel):
         description="Which kernels run beyond the model's own (simulator/workload/framework_kernels.py): 'model' "
         "= none (fused stacks, the ideal bound); 'megatron-legacy' = Megatron-LM's eager GPT layer.",
     )
+    attention: Literal["flash", "standard"] = Field(
+        "flash",
+        description="The attention a model with attention: auto runs: 'flash' (one fused kernel: PyTorch SDPA, "
+        "FlashAttention, cuDNN) or 'standard' (Megatron-LM's unfused QK^T, softmax, dropout, context before "
+        "--use-flash-attn, 2023).",
+    )
     modules: Literal["megatron", "huggingface"] = Field(
         "huggingface",
         description="How the model's layers are split into nn.Modules, which DeepSpeed ZeRO-3 fetches one by one: "

@@ -228,7 +228,10 @@ def resolve_cluster_degrees(scenario: Scenario) -> Scenario:
 
     if scenario.framework == AUTO:
         scenario = scenario.model_copy(update={"framework": default_framework(scenario, gpu.name)})
-    get_framework(scenario.framework)  # errors on an unknown name
+    framework = get_framework(scenario.framework)  # errors on an unknown name
+    if scenario.model.attention == "auto":
+        model = scenario.model.model_copy(update={"attention": framework.attention})
+        scenario = scenario.model_copy(update={"model": model})
     n_gpus = spec.node.gpus * scenario.cluster.num_nodes
     p = scenario.parallelism
     names = ["tensor_parallel", "pipeline_parallel", "context_parallel"]

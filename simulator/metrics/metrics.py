@@ -84,6 +84,21 @@ def narayanan_eq3_flops(s: Scenario) -> float:
     return 96 * B * sq * L * h * h * (1 + sq / (6 * h) + V / (16 * L * h))
 
 
+def layout_label(s: Scenario) -> str:
+    """Every parallel degree above 1, data parallel always: ``TP8+SP x PP16x2 x CP2 x DP64``."""
+    p = s.parallelism
+    parts = []
+    if p.tensor_parallel > 1:
+        parts.append(f"TP{p.tensor_parallel}" + ("+SP" if p.sequence_parallel else ""))
+    if p.pipeline_parallel > 1:
+        v = p.virtual_pipeline_stages
+        parts.append(f"PP{p.pipeline_parallel}" + (f"x{v}" if v > 1 else ""))
+    if p.context_parallel > 1:
+        parts.append(f"CP{p.context_parallel}")
+    parts.append(f"DP{p.data_parallel}")
+    return " x ".join(parts)
+
+
 def compute_metrics(
     s: Scenario, timeline: Timeline, placement: Placement, peak_flops: float, cross_node_fraction=None
 ) -> Metrics:
@@ -199,7 +214,7 @@ def compute_metrics(
         host_oom=any(r.memory.host_oom for r in program.ranks),
         events=timeline.events,
         gpus=gpus,
-        strategy=program.strategy,
+        strategy=f"{program.strategy}, {layout_label(s)}",
         stages=stages,
         host={
             "gpu_busy_s": gpu_busy,

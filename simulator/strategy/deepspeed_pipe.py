@@ -34,7 +34,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     pp, dp, m = par.pipeline_parallel, grad_group_size(s), s.gradient_accumulation_steps
     chunks = chunk_units(w, pp, 1)
     ops = {st: _chunk_ops(s, w, chunks[(st, 0)], (st, 0), pp, 1, False, sends=False) for st in range(pp)}
-    prog = Program(f"deepspeed pipeline (tp {par.tensor_parallel} x pp {pp} x dp {dp})")
+    prog = Program("deepspeed pipeline" + (f" + zero-{par.zero_stage}" if par.zero_stage else ""))
     cmds = {st: commands(pp, m, st) for st in range(pp)}
 
     e = 4 if s.training.precision == "fp32" else 2

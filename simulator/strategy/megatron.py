@@ -155,7 +155,9 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     chunks = chunk_units(w, pp, v)
     ops = {key: _chunk_ops(s, w, us, key, pp, v, split) for key, us in chunks.items()}
 
-    prog = Program(f"megatron {par.pipeline_schedule} (tp {par.tensor_parallel} x pp {pp} x dp {dp})")
+    prog = Program(
+        f"megatron {par.pipeline_schedule}" + (f" + zero-{par.zero_stage}" if par.zero_stage else "")
+    )
     # ids are sequential, so a step's id is known before its task exists; pos[st][step] is that id
     pos: list[dict[Step, int]] = []
     n = 0

@@ -7,17 +7,17 @@ TFLOP/s are compared in the source's own convention; iteration times and tokens/
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import yaml
-
 from simulator.api import simulate
 from simulator.errors import ScenarioError
 from simulator.frameworks import Framework
 from simulator.metrics.metrics import Metrics
+from simulator.scenario.files import read_yaml
 from simulator.scenario.loader import load_scenario
 
 DEFAULT_CASES = Path(__file__).parent / "published.yaml"
@@ -46,26 +46,36 @@ class CaseResult:
         return asdict(self)
 
 
+FLOP_CONVENTIONS = ("megatron-model", "narayanan-eq3-96", "mosaic-model")
+
+
 def load_cases(path: str | Path | None = None) -> list[dict]:
+    """The cases of a cases file, each checked: a published metric this runner knows, a finite positive
+    value, a known FLOP convention."""
     path = Path(path) if path else DEFAULT_CASES
-    if not path.is_file():
-        raise ScenarioError(f"--cases: file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ScenarioError(f"{path}: YAML syntax error{where}") from None
+    data = read_yaml(path, "--cases")
     cases = data.get("cases") if isinstance(data, dict) else None
     if not isinstance(cases, list) or not cases:
-        raise ScenarioError(f"{path}: expected a list under 'cases:'")
+        raise ScenarioError(f"--cases: {path}: expected a list under 'cases:'")
     for i, c in enumerate(cases):
+        where = f"--cases: {path}: cases[{i}]"
         pub = c.get("published") if isinstance(c, dict) else None
         if not isinstance(pub, dict) or "metric" not in pub or "value" not in pub:
-            raise ScenarioError(f"{path}: cases[{i}] needs published.metric and published.value")
+            raise ScenarioError(f"{where} needs published.metric and published.value")
         if pub["metric"] not in METRICS:
             raise ScenarioError(
-                f"{path}: cases[{i}].published.metric '{pub['metric']}' is not one of {', '.join(METRICS)}"
+                f"{where}.published.metric {pub['metric']!r} is not one of {', '.join(METRICS)}"
+            )
+        value = pub["value"]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+            raise ScenarioError(
+                f"{where}.published.value must be a finite number above 0 (an error is relative to it), "
+                f"got {value!r}"
+            )
+        convention = pub.get("flop_convention", FLOP_CONVENTIONS[0])
+        if convention not in FLOP_CONVENTIONS:
+            raise ScenarioError(
+                f"{where}.published.flop_convention {convention!r} is not one of {', '.join(FLOP_CONVENTIONS)}"
             )
     return cases
 
