@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from simulator.hardware.gpus import GPU
 from simulator.scenario.schema import Scenario
-from simulator.strategy.common import grad_group_size, ranks_per_stage
+from simulator.strategy.common import ranks_per_stage
 from simulator.strategy.megatron import (
     _chunk_ops,
     _flush_and_step,
@@ -31,7 +31,7 @@ from simulator.workload.transformer import Workload, collective_op
 def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     check(s)
     par = s.parallelism
-    pp, dp, m = par.pipeline_parallel, grad_group_size(s), s.gradient_accumulation_steps
+    pp, m = par.pipeline_parallel, s.gradient_accumulation_steps
     chunks = chunk_units(w, pp, 1)
     ops = {st: _chunk_ops(s, w, chunks[(st, 0)], (st, 0), pp, 1, False, sends=False) for st in range(pp)}
     prog = Program("deepspeed pipeline" + (f" + zero-{par.zero_stage}" if par.zero_stage else ""))

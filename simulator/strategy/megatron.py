@@ -149,7 +149,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
 
         return deepspeed_pipe.build(s, w, gpu)
     pp, v = par.pipeline_parallel, par.virtual_pipeline_stages
-    dp, m = grad_group_size(s), s.gradient_accumulation_steps
+    m = s.gradient_accumulation_steps
     split = par.pipeline_schedule in SPLITS_BACKWARD
     order = {st: get_schedule(par.pipeline_schedule)(pp, m, v, st) for st in range(pp)}
     chunks = chunk_units(w, pp, v)
