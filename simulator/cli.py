@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from contextlib import nullcontext
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -19,10 +20,14 @@ from simulator.calibration.select import check_choice
 from simulator.errors import ScenarioError
 from simulator.report.console import err, fail, shown_warnings
 from simulator.report.output import check_output_dir, check_output_file, temporary_beside
-from simulator.report.table import print_table
+from simulator.report.table import print_oom_headline, print_table
 from simulator.report.trace import write_trace
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
+
+# Exit status: 0 = simulated and fits; 2 = bad input (one line on stderr naming the field); 3 = simulated, but the
+# run does not fit in GPU (or, offloading, host) memory; validate: 1 = a case failed or the --check gate missed.
+EXIT_OUT_OF_MEMORY = 3
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Simulate LLM training on GPU clusters.")
 app.add_typer(calibrate_app, name="calibrate")
@@ -43,7 +48,10 @@ def _with_kernels(s: Scenario, kernels: str | None) -> Scenario:
 
 @app.command()
 def run(
-    scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
+    scenario: Annotated[
+        Path,
+        typer.Argument(help="Scenario YAML file, or a shipped scenario's name (`clustersim scenarios`)."),
+    ],
     json_out: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of a table.")
     ] = False,
@@ -58,7 +66,8 @@ def run(
     ] = None,
     kernels: Annotated[str | None, typer.Option("--kernels", help=KERNELS_HELP)] = None,
 ) -> None:
-    """Simulate one training iteration of SCENARIO."""
+    """Simulate one training iteration of SCENARIO. Exits 3 when the run does not fit in memory (the output
+    starts with that and with changes that would fit), 2 on bad input."""
     if image and image.suffix.lower() not in (".png", ".svg", ".pdf"):
         fail(f"--image: use a .png, .svg or .pdf file name (got {image.name})")
     try:
@@ -82,21 +91,77 @@ def run(
         fail(str(e))
     if image:
         _write_image(result, image)
+    m = result.metrics
+    fixes = None
+    if m.oom or m.host_oom:
+        from simulator.study.fit import what_fits
+
+        with (
+            err.status("out of memory: looking for changes that fit...") if err.is_terminal else nullcontext()
+        ):
+            fixes = what_fits(result.scenario)
     if json_out:
         from simulator.metrics.layers import microbatch_view
 
         layers = [row.to_dict() for row in microbatch_view(result)]
+        extra = {} if fixes is None else {"would_fit": [asdict(f) for f in fixes]}
         print(
-            json.dumps(
-                {"name": result.scenario.name, **result.metrics.to_dict(), "microbatch": layers}, indent=2
-            )
+            json.dumps({"name": result.scenario.name, **m.to_dict(), **extra, "microbatch": layers}, indent=2)
         )
     else:
-        print_table([(result.scenario.name, result.metrics)])
+        if fixes is not None:
+            print_oom_headline(m, fixes)
+        print_table([(result.scenario.name, m)])
         if trace:
             Console().print(f"trace written to {trace} (open it in https://ui.perfetto.dev)")
         if report:
             Console().print(f"report written to {report}")
+    if fixes is not None:
+        raise typer.Exit(EXIT_OUT_OF_MEMORY)
+
+
+@app.command()
+def scenarios(
+    json_out: Annotated[bool, typer.Option("--json", help="Print a JSON list instead of a table.")] = False,
+) -> None:
+    """List the scenarios that ship with clustersim; run one by name (`clustersim run quickstart`)."""
+    from rich.table import Table
+
+    from simulator.scenario.shipped import describe, scenario_dir, shipped_scenarios
+
+    shipped = shipped_scenarios()
+    if json_out:
+        print(
+            json.dumps(
+                [{"name": n, "path": str(p), "about": describe(p)} for n, p in shipped.items()], indent=2
+            )
+        )
+        return
+    table = Table(title=f"Shipped scenarios ({scenario_dir()})", title_justify="left")
+    table.add_column("name", no_wrap=True)
+    table.add_column("what it is")
+    for name, path in shipped.items():
+        table.add_row(name, describe(path))
+    Console().print(table)
+
+
+@app.command()
+def init(
+    path: Annotated[Path, typer.Argument(help="File to write.")] = Path("scenario.yaml"),
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+) -> None:
+    """Write a commented starter scenario (GPT-3 1.3B on one DGX A100) to edit and run."""
+    from simulator.report.output import write_atomic
+    from simulator.scenario.shipped import STARTER
+
+    if path.exists() and not force:
+        fail(f"{path}: exists (use --force to overwrite)")
+    try:
+        check_output_file(path, "init")
+        write_atomic(path, STARTER.format(name=path, stem=path.stem))
+    except ScenarioError as e:
+        fail(str(e))
+    Console().print(f"wrote {path}; run it with: clustersim run {path}")
 
 
 @app.command()
@@ -147,7 +212,8 @@ def validate(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
     kernels: Annotated[str | None, typer.Option("--kernels", help=KERNELS_HELP)] = None,
 ) -> None:
-    """Predict published measured runs and report the error, case by case and per source."""
+    """Predict published measured runs and report the error, case by case and per source. Exits 1 when a case
+    fails to simulate or is simulated out of memory (or, with --check, when the summary misses the CI gate)."""
     from simulator.validation import runner
 
     try:
@@ -195,6 +261,8 @@ def validate(
         print(runner.summary_line(summary))
     if check and (missed := runner.gate_failures(summary)):
         err.print("[bold red]validation gate missed:[/bold red] " + "; ".join(missed))
+        raise typer.Exit(1)
+    if summary["failed"] or summary["oom"]:  # a prediction that could not be made is not a pass
         raise typer.Exit(1)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from simulator.metrics.metrics import Metrics
@@ -158,3 +159,37 @@ def print_table(results: list[tuple[str, Metrics]], console: Console | None = No
         console.print(stages_table(results[0][1]))
     if len(results) == 1 and results[0][1].optimizer_phases:
         console.print(phases_table(results[0][1]))
+
+
+def print_oom_headline(m: Metrics, fixes) -> None:
+    """Out of memory first, before any throughput: the peak against the capacity, its largest parts, and the
+    changes that would fit (simulator/study/fit.py)."""
+    console = Console()
+    g = m.memory_gib
+    if m.oom:
+        parts = sorted(
+            ((k, g[k]) for k in ("params", "grads", "optimizer", "activations", "buffers", "step_extra")),
+            key=lambda kv: -kv[1],
+        )
+        detail = ", ".join(f"{k} {v:,.1f}" for k, v in parts[:3] if v > 0)
+        console.print(
+            f"[bold red]OUT OF MEMORY:[/bold red] peak {g['peak']:,.1f} GiB per GPU > {g['capacity']:.0f} GiB "
+            f"({detail} GiB); the times below are for a GPU that large.",
+            highlight=False,
+        )
+    if m.host_oom:
+        console.print(
+            f"[bold red]OUT OF HOST MEMORY:[/bold red] offloaded states {g['host']:,.1f} GiB per node > "
+            f"{g['host_capacity']:.0f} GiB.",
+            highlight=False,
+        )
+    if fixes:
+        console.print(
+            "Would fit: "
+            + "; ".join(f"[bold]{escape(f.change)}[/bold] ({f.peak_gib:.1f} GiB)" for f in fixes),
+            highlight=False,
+        )
+    else:
+        console.print(
+            "No nearby change fits: try `clustersim plan` for this model and GPU count.", highlight=False
+        )

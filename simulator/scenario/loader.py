@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from simulator.errors import ScenarioError
 from simulator.scenario.files import check_path_value, is_path, read_yaml
 from simulator.scenario.schema import Scenario
+from simulator.scenario.shipped import resolve_scenario
 
 
 def load_scenario(
@@ -22,7 +23,7 @@ def load_scenario(
     if isinstance(source, dict):
         data, label = source, "scenario"
     else:
-        path = Path(source)
+        path = resolve_scenario(source)
         label = str(path)
         data = read_yaml(path)
         base_dir = base_dir or path.parent

@@ -8,6 +8,7 @@ Every message names the field and shows the arithmetic.
 
 from __future__ import annotations
 
+import sys
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, model_validator
@@ -255,7 +256,9 @@ class ZeroConfig(_Section):
         description="Parameters of at most this many elements stay whole on every rank (never fetched).",
     )
     stage3_model_persistence_threshold: float = Field(
-        float("inf"), ge=0, description="Cap on the elements of all persistent parameters together."
+        float(sys.maxsize),
+        ge=0,
+        description="Cap on the elements of all persistent parameters together (DeepSpeed's default: sys.maxsize).",
     )
     zero_quantized_weights: bool = Field(
         False, description="ZeRO++ qwZ: forward all-gathers in block-quantized INT8."
