@@ -2,11 +2,11 @@
 exchange behind attention, and the CP ranks join the gradient reduction."""
 
 import pytest
+from conftest import make
 
 from simulator import simulate
 from simulator.costs.collectives import ring_bytes_per_rank
 from simulator.errors import ScenarioError
-from tests.conftest import make
 
 MODEL = {
     "num_layers": 2,

@@ -2,6 +2,7 @@
 CUDA graphs, the per-layer view, and the realistic default profiles."""
 
 import pytest
+from conftest import make
 
 from simulator.api import simulate
 from simulator.costs.dispatch import task_cost
@@ -10,7 +11,6 @@ from simulator.frameworks import HostProfile, Syncs, get_framework
 from simulator.metrics.layers import microbatch_view
 from simulator.strategy.program import Program
 from simulator.workload.ops import Op, sync_op
-from tests.conftest import make
 
 
 class FixedGpu:

@@ -1,11 +1,11 @@
 """ZeRO-Offload and ZeRO-Infinity: what moves off the GPU, what the copies cost on shared PCIe and NVMe links."""
 
 import pytest
+from conftest import make
 
 from simulator import simulate
 from simulator.costs.host import COPY_LAUNCH_S, HostModel, aio_bandwidth_Bps
 from simulator.errors import ScenarioError
-from tests.conftest import make
 
 GPT_1B = {
     "num_layers": 24,

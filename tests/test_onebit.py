@@ -1,12 +1,12 @@
 """1-bit Adam and 0/1 Adam: compressed steps move 1/16 of the bytes; step counts follow DeepSpeed's schedules."""
 
 import pytest
+from conftest import make
 
 from simulator import simulate
 from simulator.errors import ScenarioError
 from simulator.scenario.schema import OneBitConfig
 from simulator.strategy.onebit import SCALE_BYTES, step_counts
-from tests.conftest import make
 
 
 def run(optimizer="onebit-adam", parallelism=None, cluster=None, **onebit):

@@ -3,11 +3,11 @@
 from dataclasses import replace
 
 import pytest
+from conftest import ideal_network_cluster, make
 
 from simulator import simulate
 from simulator.errors import ScenarioError
 from simulator.workload.transformer import Block, build_workload
-from tests.conftest import ideal_network_cluster, make
 
 MODEL = {
     "num_layers": 16,

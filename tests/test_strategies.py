@@ -1,11 +1,11 @@
 """Strategies against closed forms: single-GPU sums, DDP on an ideal network, ZeRO volumes and memory, FSDP."""
 
 import pytest
+from conftest import GPT_SMALL, ideal_network_cluster, make
 
 from simulator import simulate
 from simulator.costs.compute import ComputeModel
 from simulator.workload.memory import zero_model_state_bytes
-from tests.conftest import GPT_SMALL, ideal_network_cluster, make
 
 UNTIED = {**GPT_SMALL, "tied_embeddings": False}
 

@@ -1,9 +1,9 @@
 """Tensor and sequence parallelism: bytes per layer, blocking collectives, FLOP accounting."""
 
 import pytest
+from conftest import ideal_network_cluster, make
 
 from simulator import simulate
-from tests.conftest import ideal_network_cluster, make
 
 MODEL = {
     "num_layers": 2,

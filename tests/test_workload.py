@@ -1,12 +1,12 @@
 """Parameter counts, FLOPs and activation memory against the papers' formulas."""
 
 import pytest
+from conftest import make
 
 from simulator.costs.compute import ComputeModel, gemm_efficiency
 from simulator.hardware.gpus import get_gpu
 from simulator.workload.memory import activation_bytes_per_layer
 from simulator.workload.transformer import build_workload, parameter_count
-from tests.conftest import make
 
 GPT3 = {
     "num_layers": 96,

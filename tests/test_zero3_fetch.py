@@ -2,11 +2,11 @@
 and stage3.py, v0.16.4), and the calls of a whole iteration."""
 
 import pytest
+from conftest import make
 
 from simulator import simulate
 from simulator.strategy.common import parameter_tensors
 from simulator.strategy.zero3_fetch import Module, model_modules, replay
-from tests.conftest import make
 
 
 def four_modules():

@@ -1,10 +1,10 @@
 """ZeRO++ (Wang et al. 2023): qwZ, hpZ and qgZ change bytes, where they travel, and memory as the paper says."""
 
 import pytest
+from conftest import make
 
 from simulator import simulate
 from simulator.errors import ScenarioError
-from tests.conftest import make
 
 MODEL = {
     "num_layers": 4,

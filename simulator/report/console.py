@@ -18,7 +18,9 @@ OWN_WARNINGS = (DeepSpeedConfigWarning, CostTableWarning)
 
 
 def fail(message: str) -> None:
-    err.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True)
+    """One line on stderr (several problems joined by '; '), exit status 2."""
+    one_line = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    err.print(f"[bold red]error:[/bold red] {escape(one_line)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 

@@ -98,15 +98,17 @@ def _yaml_error(e: yaml.YAMLError, label: str) -> ScenarioError:
 def read_yaml(path: Path, what: str | None = None) -> object:
     """A YAML file's content, bounded (see the module's docstring); every problem is one ScenarioError."""
     label = _label(path, what)
-    loader = _BoundedLoader(read_text(path, what))
+    text = read_text(path, what)
     try:
-        data = loader.get_single_data()
+        loader = _BoundedLoader(text)  # its reader refuses control characters already here
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
     except _TooDeep:
         raise ScenarioError(f"{label}: nested deeper than {MAX_DEPTH} levels") from None
     except yaml.YAMLError as e:
         raise _yaml_error(e, label) from None
-    finally:
-        loader.dispose()
     check_tree(data, label)
     return data
 

@@ -31,19 +31,20 @@ class ModelConfig(_Section):
     """A decoder-only transformer, in Megatron-LM's argument names."""
 
     name: str = Field("custom", description="Preset name or a label for reports.")
-    num_layers: PositiveInt
-    hidden_size: PositiveInt
-    num_attention_heads: PositiveInt
+    num_layers: PositiveInt = Field(le=4096)
+    hidden_size: PositiveInt = Field(le=2**18)
+    num_attention_heads: PositiveInt = Field(le=2**12)
     num_query_groups: PositiveInt | None = Field(
         None, description="Key/value heads (grouped-query attention). Default: num_attention_heads."
     )
     ffn_hidden_size: PositiveInt | None = Field(
         None,
+        le=2**20,
         description="MLP width. Default: 4 x hidden_size (gelu), 8/3 x hidden_size rounded up to 64 (swiglu).",
     )
     activation: Literal["gelu", "swiglu", "relu", "squared-relu"] = "gelu"
-    seq_length: PositiveInt
-    vocab_size: PositiveInt
+    seq_length: PositiveInt = Field(le=2**24)
+    vocab_size: PositiveInt = Field(le=2**22)
     tied_embeddings: bool = Field(
         True, description="Share input embedding and output layer (Megatron default)."
     )
@@ -135,8 +136,8 @@ class OneBitConfig(_Section):
 
 
 class TrainingConfig(_Section):
-    global_batch_size: PositiveInt
-    micro_batch_size: PositiveInt = 1
+    global_batch_size: PositiveInt = Field(le=2**40)
+    micro_batch_size: PositiveInt = Field(1, le=2**20)
     precision: Literal["fp16", "bf16", "fp32", "fp8"] = "bf16"
     optimizer: Literal["adam", "adamw", "sgd", "onebit-adam", "zero-one-adam"] = "adam"
     onebit: OneBitConfig = OneBitConfig()
