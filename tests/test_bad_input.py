@@ -67,7 +67,10 @@ CASES = {
         lambda t: scenario(t, model={"hf_config": True}),
         "model.hf_config: expected a file path",
     ),
-    "preset a list": (lambda t: scenario(t, model={"preset": ["a", "b"], "seq_length": 512}), "unknown model preset"),
+    "preset a list": (
+        lambda t: scenario(t, model={"preset": ["a", "b"], "seq_length": 512}),
+        "unknown model preset",
+    ),
     "negative NIC bandwidth": (
         lambda t: two_nodes(t, topology(t, nic_bandwidth_gbps=-200)),
         "node.nic_bandwidth_gbps: Input should be greater than 0",
