@@ -60,6 +60,7 @@ class Metrics:
     framework: str = ""  # the framework-generation profile the run used
     gpus: int = 0
     strategy: str = ""
+    attention: str = ""  # the attention the model ran: flash or standard (model.attention, or its framework's)
     params_billion: float = 0.0
 
     def to_dict(self) -> dict:
@@ -215,6 +216,7 @@ def compute_metrics(
         events=timeline.events,
         gpus=gpus,
         strategy=f"{program.strategy}, {layout_label(s)}",
+        attention=s.model.attention,
         stages=stages,
         host={
             "gpu_busy_s": gpu_busy,

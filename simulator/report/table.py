@@ -40,6 +40,7 @@ ROWS = [
     ("TFLOP/s per GPU (Narayanan Eq. 3)", lambda m: m.tflops_per_gpu_narayanan_eq3, "{:.1f}"),
     ("Pipeline bubble", lambda m: m.bubble_fraction, "{:.1%}"),
     ("Framework profile", lambda m: m.framework or "ideal", "{}"),
+    ("Attention", lambda m: m.attention, "{}"),
     ("GPU busy (compute stream)", lambda m: m.host.get("gpu_busy_fraction", 0.0), "{:.1%}"),
     ("GPU idle waiting for the host", lambda m: m.host.get("host_bound_idle_s", 0.0), "{:.3f} s"),
     ("Forward", lambda m: m.breakdown["forward_s"], "{:.3f} s"),
