@@ -27,7 +27,8 @@ CASES = [
 
 def main(paths: list[str]) -> None:
     print(
-        f"{'scenario':32s} {'GPUs':>6s} {'sim. iteration':>15s} {'events':>8s} {'wall: first':>12s} {'best of 3':>10s}"
+        f"{'scenario':32s} {'GPUs':>6s} {'sim. iteration':>15s} {'ranks':>6s} {'tasks':>9s} {'SimPy ev.':>9s}"
+        f" {'wall: first':>12s} {'best of 3':>10s}"
     )
     for rel in paths:
         s = load_scenario(ROOT / rel)
@@ -37,7 +38,8 @@ def main(paths: list[str]) -> None:
             m = simulate(s).metrics
             walls.append(time.perf_counter() - t0)
         print(
-            f"{s.name:32s} {m.gpus:6d} {m.iteration_time_s:13.3f} s {m.events:8,d} {walls[0]:10.3f} s"
+            f"{s.name:32s} {m.gpus:6d} {m.iteration_time_s:13.3f} s {m.ranks_simulated:6,d} {m.tasks:9,d}"
+            f" {m.events:9,d} {walls[0]:10.3f} s"
             f" {min(walls):8.3f} s"
         )
 

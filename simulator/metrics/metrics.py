@@ -42,7 +42,7 @@ class Metrics:
     comm_by_collective: dict[str, dict[str, float]]
     memory_gib: dict[str, float]
     oom: bool
-    events: int
+    events: int  # SimPy events (collectives and host copies run in simulated time; compute tasks are planned)
     host_oom: bool = False  # offloaded states exceed a node's host memory
     # 1-bit / 0/1 Adam: each kind of step (warm-up, compressed, local) and the average over total_steps
     optimizer_phases: list[dict] = field(default_factory=list)
@@ -60,7 +60,11 @@ class Metrics:
     framework: str = ""  # the framework-generation profile the run used
     gpus: int = 0
     strategy: str = ""
-    attention: str = ""  # the attention the model ran: flash or standard (model.attention, or its framework's)
+    tasks: int = 0  # tasks replayed (compute and communication, every micro-batch of every simulated rank)
+    ranks_simulated: int = 0  # ranks replayed; the others behave as one of them
+    attention: str = (
+        ""  # the attention the model ran: flash or standard (model.attention, or its framework's)
+    )
     params_billion: float = 0.0
 
     def to_dict(self) -> dict:
@@ -214,6 +218,8 @@ def compute_metrics(
         oom=mem.oom,
         host_oom=any(r.memory.host_oom for r in program.ranks),
         events=timeline.events,
+        tasks=len(program.tasks),
+        ranks_simulated=len(program.ranks),
         gpus=gpus,
         strategy=f"{program.strategy}, {layout_label(s)}",
         attention=s.model.attention,

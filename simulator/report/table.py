@@ -78,7 +78,8 @@ ROWS = [
     ("Cost table", lambda m: m.cost_tables.get("table") or "none (pure model)", "{}"),
     ("Compute time: measured / interp. / modelled", lambda m: m.cost_sources["compute"], _SOURCES),
     ("Comm. time: measured / interp. / modelled", lambda m: m.cost_sources["communication"], _SOURCES),
-    ("Simulated events", lambda m: m.events, "{:,}"),
+    ("Ranks simulated / tasks replayed", lambda m: (m.ranks_simulated, m.tasks), "{0[0]:,} / {0[1]:,}"),
+    ("SimPy events (communication)", lambda m: m.events, "{:,}"),
     ("Simulator wall time", lambda m: m.wall_s, "{:.3f} s"),
 ]
 
