@@ -14,10 +14,9 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from simulator.errors import ScenarioError
-from simulator.scenario.files import is_path, read_yaml, validation_message
+from simulator.scenario.files import load_named
 
 PROFILE_DIR = Path(__file__).parent
 
@@ -208,28 +207,8 @@ def default_framework(scenario, gpu: str) -> str:
     return "pytorch-2024"
 
 
-def available_frameworks() -> list[str]:
-    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
-
-
 @cache
 def get_framework(name: str) -> Framework:
     """A shipped profile by name (``megatron-2022``) or a profile file by path (``fitted/my-profile.yaml``, as
     ``clustersim calibrate profile --write`` writes)."""
-    if is_path(name):
-        path, label = Path(name), f"framework: {name}"
-        data = read_yaml(path, "framework")
-    else:
-        path, label = PROFILE_DIR / f"{name}.yaml", f"framework: {name}"
-        if not path.is_file():
-            raise ScenarioError(
-                f"framework: unknown framework '{name}'; available: {', '.join(available_frameworks())} "
-                "(or a path to a profile file)"
-            )
-        data = read_yaml(path)
-    if not isinstance(data, dict):
-        raise ScenarioError(f"{label}: expected a mapping of profile fields, got {type(data).__name__}")
-    try:
-        return Framework.model_validate(data)
-    except ValidationError as e:
-        raise ScenarioError(validation_message(e, label)) from None
+    return load_named(name, PROFILE_DIR, "framework", "framework", Framework)

@@ -8,11 +8,11 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from simulator.errors import ScenarioError
 from simulator.hardware.gpus import get_gpu
-from simulator.scenario.files import is_path, read_yaml, validation_message
+from simulator.scenario.files import load_named
 from simulator.scenario.schema import (
     MAX_GPUS,
     MAX_MICROBATCHES,
@@ -126,32 +126,10 @@ class TopologySpec(_Spec):
     nccl: NcclTuning = NcclTuning()
 
 
-def available_topologies() -> list[str]:
-    return sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml"))
-
-
 @cache
 def load_topology(name: str) -> TopologySpec:
     """A shipped topology by name (``dgx-a100``) or a topology file by path (``my/cluster.yaml``)."""
-    if is_path(name):
-        path = Path(name)
-        data = read_yaml(path, "cluster.topology")
-    else:
-        path = TOPOLOGY_DIR / f"{name}.yaml"
-        if not path.is_file():
-            raise ScenarioError(
-                f"cluster.topology: unknown topology '{name}'; available: {', '.join(available_topologies())} "
-                "(or a path to a topology file)"
-            )
-        data = read_yaml(path)
-    if not isinstance(data, dict):
-        raise ScenarioError(
-            f"topology file {path}: expected a mapping with name and node, got {type(data).__name__}"
-        )
-    try:
-        return TopologySpec.model_validate(data)
-    except ValidationError as e:
-        raise ScenarioError(validation_message(e, f"topology file {path}")) from None
+    return load_named(name, TOPOLOGY_DIR, "cluster.topology", "topology", TopologySpec)
 
 
 def apply_overrides(spec: TopologySpec, cfg: ClusterConfig) -> TopologySpec:

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from simulator.errors import ScenarioError
 
@@ -25,6 +25,31 @@ MAX_VALUES = 200_000
 def is_path(value: str) -> bool:
     """A name (``dgx-a100``) or a path (``my/dgx.yaml``, ``./fw.yaml``): nothing in between."""
     return "/" in value or "\\" in value or value.endswith((".yaml", ".yml", ".json"))
+
+
+def load_named(name: str, directory: Path, field: str, noun: str, model: type[BaseModel]):
+    """A shipped data file by name (``directory/NAME.yaml``) or a file by path, validated as ``model``; every
+    problem is one ScenarioError that starts with ``field``."""
+    if is_path(name):
+        path = Path(name)
+        data = read_yaml(path, field)
+    else:
+        path = directory / f"{name}.yaml"
+        if not path.is_file():
+            available = ", ".join(sorted(p.stem for p in directory.glob("*.yaml")))
+            raise ScenarioError(
+                f"{field}: unknown {noun} '{name}'; available: {available} (or a path to a {noun} file)"
+            )
+        data = read_yaml(path, field)
+    label = f"{field}: {path}"
+    if not isinstance(data, dict):
+        raise ScenarioError(
+            f"{label}: expected a mapping of {model.__name__} fields, got {type(data).__name__}"
+        )
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ScenarioError(validation_message(e, label)) from None
 
 
 def validation_message(e: ValidationError, label: str) -> str:
