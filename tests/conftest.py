@@ -14,6 +14,20 @@ GPT_SMALL = {
     "vocab_size": 32000,
 }
 
+# a two-layer model on one DGX A100 that simulates in milliseconds: CLI, sweep and hostile-input tests
+TINY = {
+    "model": {
+        "num_layers": 2,
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "seq_length": 256,
+        "vocab_size": 1024,
+    },
+    "cluster": {"topology": "dgx-a100", "num_nodes": 1},
+    "training": {"global_batch_size": 16, "micro_batch_size": 2},
+    "parallelism": {"data_parallel": 8},
+}
+
 
 def make(model=None, cluster=None, training=None, parallelism=None, name="test", framework="ideal"):
     """A validated scenario from small dicts, with test defaults: the ideal framework (no host cost, no

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import TINY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -31,19 +32,7 @@ HANG_S = 10
 # examples per generator: 5 generators x 60 = 300 by default; x 1,100 = 5,500 in the slow run
 FAST, SLOW = 60, 1100
 
-BASE = {
-    "name": "hostile",
-    "model": {
-        "num_layers": 2,
-        "hidden_size": 256,
-        "num_attention_heads": 4,
-        "seq_length": 256,
-        "vocab_size": 1024,
-    },
-    "cluster": {"topology": "dgx-a100", "num_nodes": 1},
-    "training": {"global_batch_size": 16, "micro_batch_size": 2},
-    "parallelism": {"data_parallel": 8},
-}
+BASE = {"name": "hostile", **copy.deepcopy(TINY)}
 TOPOLOGY = yaml.safe_load((ROOT / "topologies" / "dgx-a100.yaml").read_text())
 DEEPSPEED = {
     "train_batch_size": 16,

@@ -1,31 +1,20 @@
 """clustersim sweep: the grid, resuming, invalid points kept as rows, Dask giving the local results, the CLI."""
 
+import copy
 import csv
 import json
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import TINY
 from typer.testing import CliRunner
 
 from simulator.cli import app
 from simulator.errors import ScenarioError
 from simulator.study import sweep as sw
 
-BASE = {
-    "name": "tiny",
-    "model": {
-        "num_layers": 2,
-        "hidden_size": 256,
-        "num_attention_heads": 4,
-        "seq_length": 256,
-        "vocab_size": 1024,
-    },
-    "cluster": {"topology": "dgx-a100", "num_nodes": 1},
-    "training": {"global_batch_size": 16, "micro_batch_size": 2},
-    "parallelism": {"data_parallel": 8},
-    "framework": "ideal",
-}
+BASE = {"name": "tiny", **copy.deepcopy(TINY), "framework": "ideal"}
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simulator.errors import ScenarioError
+from simulator.scenario.files import read_yaml
 
 SHIPPED_DIR = Path(__file__).parent / "tables"
 
@@ -296,10 +297,9 @@ def read_table(directory: str | Path) -> CostTable:
         raise ScenarioError(
             f"{directory}: no table.yaml (a table is a directory with table.yaml + CSV files)"
         )
+    data = read_yaml(meta_path)  # bounded: UTF-8, size, depth, alias expansion
     try:
-        meta = TableMeta.model_validate(yaml.safe_load(meta_path.read_text(encoding="utf-8")))
-    except (yaml.YAMLError, UnicodeDecodeError):
-        raise ScenarioError(f"{meta_path}: not valid YAML") from None
+        meta = TableMeta.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(p) for p in err["loc"]) or "table.yaml"

@@ -56,6 +56,7 @@ def _variants(s: Scenario) -> list[tuple[str, dict]]:
             shard = {"zero_stage": 3}
         elif p.pipeline_parallel > 1 and p.zero_stage == 0:
             shard = {"zero_stage": 1}
+    gpus_per_node = cluster_spec(s).node.gpus
     out = []
     if recompute:
         out.append(("activation_recompute: full", changed(training=recompute)))
@@ -81,7 +82,7 @@ def _variants(s: Scenario) -> list[tuple[str, dict]]:
         training = dict(both_t)
         if t.global_batch_size % (t.micro_batch_size * dp):  # keep the batch per GPU instead
             training["global_batch_size"] = t.global_batch_size * k
-        label = f"num_nodes: {nodes} ({nodes * cluster_spec(s).node.gpus} GPUs)"
+        label = f"num_nodes: {nodes} ({nodes * gpus_per_node} GPUs)"
         extra = "".join(f", {key}: {v}" for key, v in {**training, **both_p}.items())
         out.append(
             (
