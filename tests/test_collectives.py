@@ -167,3 +167,74 @@ def test_a_later_stages_collective_is_stage_zeros_moved_when_its_nodes_are():
     # 16 nodes per stage do not fill whole leaves: computed directly
     odd = model("dgx-a100", 32, "auto", tp=8, pp=2, dp=16)
     assert odd._translated("all_reduce", "dp", 1e9, 1) is None
+
+
+def reference_loads(cm: CollectiveModel, hops) -> dict:
+    """The definition ``CollectiveModel._loads`` computes per route piece with numpy: every hop adds its share to
+    every link of ``cluster.route``; a class's value is its busiest link's units over that link's bandwidth."""
+    cl, load, out = cm.cluster, {}, {}
+    for a, b, share in hops:
+        for link in cl.route(a, b)[0]:
+            load[link] = load.get(link, 0.0) + share
+    for link, units in load.items():
+        node, u, v = link
+        c = (cm.stages_of(link), *cl.link_class(link))
+        out[c] = max(out.get(c, 0.0), units / cl.link_info(link).bandwidth_Bps)
+    return out
+
+
+@pytest.mark.parametrize(
+    "topology, nodes, update, placement",
+    [
+        ("dgx-a100", 6, {}, {"tp": 2, "dp": 12, "pp": 2}),  # rings over 3 nodes per stage
+        ("dgx-h100", 8, {"fabric": {"nodes_per_leaf": 2}}, {"tp": 4, "dp": 8, "pp": 2}),  # several leaves
+        ("dgx-a100", 4, {"fabric": {"nodes_per_leaf": 1, "rail_optimized": False}}, {"dp": 32}),
+        ("dgx-a100", 4, {"node": {"nics": 4}}, {"tp": 8, "dp": 2, "pp": 2}),  # two GPUs per NIC
+        ("pcie-8gpu", 3, {}, {"tp": 2, "dp": 6, "pp": 2}),  # PCIe switches and CPUs on the path
+    ],
+)
+def test_vectorised_link_loads_equal_adding_every_hop_along_its_route(topology, nodes, update, placement):
+    spec = load_topology(topology)
+    for part, values in update.items():
+        spec = spec.model_copy(update={part: getattr(spec, part).model_copy(update=values)})
+    cluster = Cluster(spec, nodes)
+    cm = CollectiveModel(cluster, Placement(**placement), "auto")
+    checked = 0
+    for kind in ("ring", "tree", "pairs", "all_pairs"):
+        for group in ("dp", "tp", "pp"):
+            groups = cm.placement.groups(group)
+            if len(groups[0]) < 2:
+                continue
+            hops = cm._hops(kind, groups)
+            got = cm._loads(hops).unit_demand_s
+            want = reference_loads(cm, hops)
+            assert got.keys() == want.keys()
+            for c, seconds in want.items():
+                assert got[c] == pytest.approx(seconds, rel=1e-12)
+            checked += len(want)
+    assert checked > 20
+
+
+def test_routes_without_the_whole_graph_are_its_shortest_paths():
+    """Routing uses node 0's graph and the switches only; the route it gives is a shortest path (in seconds per
+    byte) of the whole cluster's graph, which is built on demand. Across nodes each GPU takes its own NIC (as
+    NCCL does), one of several equally short paths."""
+    import networkx as nx
+
+    spec = load_topology("dgx-h100")
+    cluster = Cluster(
+        spec.model_copy(update={"fabric": spec.fabric.model_copy(update={"nodes_per_leaf": 2})}), 5
+    )
+    assert "graph" not in vars(cluster)  # not built by routing
+    g = cluster.graph
+    for a, b in [(0, 3), (2, 17), (9, 38), (39, 0)]:
+        links, latency = cluster.route(a, b)
+        edges = [(f"n{k}.{u}", f"n{k}.{v}") if k >= 0 else (u, v) for k, u, v in links]
+        assert all(g.has_edge(u, v) for u, v in edges)
+        assert [u for u, _ in edges[1:]] == [v for _, v in edges[:-1]]  # a connected path
+        ends = [f"n{x // 8}.gpu{x % 8}" for x in (a, b)]
+        assert (edges[0][0], edges[-1][1]) == tuple(ends)
+        shortest = nx.shortest_path_length(g, *ends, weight="cost")
+        assert sum(g.edges[e]["cost"] for e in edges) == pytest.approx(shortest, rel=1e-12)
+        assert latency == pytest.approx(sum(g.edges[e]["info"].latency_s for e in edges), rel=1e-12)
+    assert g.number_of_nodes() == 5 * len(cluster._node0_graph) + len(cluster._switch_graph)

@@ -3,7 +3,9 @@ spine switches. Every edge is a full-duplex link with a per-direction bandwidth,
 
 Routing asks the graph (``networkx.shortest_path`` weighted by seconds per byte), never a hard-coded
 "intra-node = X GB/s" table. Because every node is wired alike, paths inside a node are computed once on node 0
-and renamed, and fabric paths once per pair of leaf switches: a 3,072-GPU job routes in milliseconds.
+and renamed, and fabric paths once per pair of leaf switches: a 3,072-GPU job routes in milliseconds. For the
+same reason routing needs only node 0's graph and the switches' (``node_graph``, ``fabric_graph``); the whole
+cluster's graph (``Cluster.graph``, 100,000 edges at 16,384 GPUs) is built when something asks for it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from simulator.hardware.topology import TopologySpec
 LinkKey = tuple[int, str, str]  # (node or -1 for fabric, from, to), directed
 
 _GROUP_PREFIX = re.compile(r"^[ng]\d+\.")
+_NIC = re.compile(r"^n(\d+)\.nic\d+$")
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,12 @@ class Cluster:
         self.num_nodes = num_nodes
         self.gpus_per_node = spec.node.gpus
         self.gpu: GPU = get_gpu(spec.node.gpu)
-        self.graph = build_graph(spec, num_nodes, self.gpu)
+        self._switches = fabric_graph(spec, num_nodes)
+
+    @cached_property
+    def graph(self) -> nx.Graph:
+        """Every device and link of the cluster (built on first use; routing does not need it)."""
+        return build_graph(self.spec, self.num_nodes, self.gpu)
 
     # -- naming -------------------------------------------------------------------------------------------
     @property
@@ -75,17 +83,11 @@ class Cluster:
         links, their latency, the NIC-leaf link, the leaf's name and that link's latency."""
         nic = self.nearest_nic[local]
         name = f"n{node}.nic{nic}"
-        leaf = self.graph.nodes[name]["leaf"]
+        leaf = leaf_name(self.spec, node, nic)
         ends = (f"nic{nic}", f"gpu{local}") if inbound else (f"gpu{local}", f"nic{nic}")
         links, lat = self.local_route(node, *ends)
         hop = (-1, leaf, name) if inbound else (-1, name, leaf)
-        return (
-            links,
-            lat,
-            hop,
-            leaf,
-            self.graph.edges[name, leaf]["info"].latency_s,
-        )
+        return links, lat, hop, leaf, self._fabric_info(name, leaf).latency_s
 
     def link_info(self, key: LinkKey) -> LinkInfo:
         node, u, v = key
@@ -95,7 +97,14 @@ class Cluster:
 
     @cache  # noqa: B019 - fabric links are few
     def _fabric_info(self, u: str, v: str) -> LinkInfo:
-        return self.graph.edges[u, v]["info"]
+        if u in self._switches and v in self._switches:
+            return self._switches.edges[u, v]["info"]
+        return self._nic_link["info"]  # a NIC and its leaf: every node's alike
+
+    @cached_property
+    def _nic_link(self) -> dict:
+        n = self.spec.node
+        return _link_attrs(n.nic_kind, n.nic_bandwidth_gbps / 8, n.nic_latency_us, self.spec)
 
     @staticmethod
     @cache
@@ -116,14 +125,12 @@ class Cluster:
         if node >= 0:
             return (node,)
         for name in (u, v):
-            attrs = self.graph.nodes[name]
-            if attrs["kind"] == "nic":
-                return (attrs["node"],)
+            if _NIC.match(name):
+                return (int(_NIC.match(name)[1]),)
         for name in (u, v):
-            attrs = self.graph.nodes[name]
-            if attrs["kind"] == "leaf":
-                per = self.spec.fabric.nodes_per_leaf
-                return tuple(range(attrs["group"] * per, min((attrs["group"] + 1) * per, self.num_nodes)))
+            if name in self._switches and self._switches.nodes[name]["kind"] == "leaf":
+                group, per = self._switches.nodes[name]["group"], self.spec.fabric.nodes_per_leaf
+                return tuple(range(group * per, min((group + 1) * per, self.num_nodes)))
         return ()
 
     @cached_property
@@ -139,6 +146,22 @@ class Cluster:
             out.append(min(near, key=lambda k, i=i: (k - i * nics // self.gpus_per_node) % nics))
         return out
 
+    def local_links(self, a: str, b: str) -> tuple[tuple[str, str], ...]:
+        """The links from device ``a`` to device ``b`` of one node, by node-local name (``("gpu3", "nvswitch")``):
+        the same in every node."""
+        return self._in_node(a, b)[0]
+
+    def leaf_of(self, leaf_id: int) -> str:
+        """Name of leaf switch number ``leaf_id`` = group x rails + rail (rails: NICs per node when
+        rail-optimized, else 1), the numbering ``CollectiveModel`` uses to count traffic between leaves."""
+        rails = self.spec.node.nics if self.spec.fabric.rail_optimized else 1
+        group, rail = divmod(leaf_id, rails)
+        return leaf_name(self.spec, group * self.spec.fabric.nodes_per_leaf, rail)
+
+    def switch_path(self, leaf_a: str, leaf_b: str) -> tuple[LinkKey, ...]:
+        """Fabric links from leaf switch ``leaf_a`` to ``leaf_b`` (empty when they are the same)."""
+        return self._switch_path(leaf_a, leaf_b)[0] if leaf_a != leaf_b else ()
+
     def local_route(self, node: int, a: str, b: str) -> tuple[tuple[LinkKey, ...], float]:
         """Directed links between two devices of one node (``gpu3``, ``hostmem``, ``nvme0``...) and their
         latency: the path a host copy or an NVMe read takes."""
@@ -153,12 +176,11 @@ class Cluster:
 
     @cache  # noqa: B019
     def _local_info(self, u: str, v: str) -> LinkInfo:
-        return self.graph.edges[f"n0.{u}", f"n0.{v}"]["info"]
+        return self._node0_graph.edges[f"n0.{u}", f"n0.{v}"]["info"]
 
     @cached_property
     def _node0_graph(self) -> nx.Graph:
-        # a copy, not a view: shortest paths on a view filter every node they touch
-        g = self.graph.subgraph([n for n in self.graph if n.startswith("n0.")]).copy()
+        g = node_graph(self.spec, 0, self.gpu)
         if not nx.is_connected(g):
             parts = sorted(sorted(c) for c in nx.connected_components(g))
             raise ScenarioError(
@@ -191,89 +213,109 @@ class Cluster:
         root = max(g.degree, key=lambda nd: nd[1])[0]
         return nx.single_source_shortest_path(g, root)
 
-    @cached_property
+    @property
     def _switch_graph(self) -> nx.Graph:
-        return self.graph.subgraph(
-            [n for n, d in self.graph.nodes(data=True) if d["kind"] in ("leaf", "spine")]
-        ).copy()
+        return self._switches
 
 
-def build_graph(spec: TopologySpec, num_nodes: int, gpu: GPU) -> nx.Graph:
-    """Wire ``num_nodes`` identical nodes into a (rail-optimized) two-level fat tree."""
-    n, eff = spec.node, spec.efficiency
+def _link_attrs(kind: str, GBps: float, latency_us: float, spec: TopologySpec) -> dict:
+    """Edge attributes of one link: its LinkInfo (bandwidth = nominal x the topology's efficiency for that kind)
+    and the routing cost in seconds per byte (latency breaks ties)."""
+    bw = GBps * 1e9 * getattr(spec.efficiency, kind)
+    return {"info": LinkInfo(kind, bw, latency_us * 1e-6), "cost": 1.0 / bw + latency_us * 1e-12}
+
+
+def leaf_name(spec: TopologySpec, node: int, nic: int) -> str:
+    """The leaf switch that NIC ``nic`` of compute node ``node`` plugs into: one leaf per rail per group of
+    ``nodes_per_leaf`` nodes when rail-optimized, else one leaf per group."""
+    group = node // spec.fabric.nodes_per_leaf
+    return f"g{group}.leaf{nic}" if spec.fabric.rail_optimized else f"g{group}.leaf"
+
+
+def fabric_graph(spec: TopologySpec, num_nodes: int) -> nx.Graph:
+    """The switches of a (rail-optimized) two-level fat tree: leaves, and a spine joining them when there is
+    more than one. A leaf's uplink carries its ports' bandwidth divided by the oversubscription."""
+    n, fab = spec.node, spec.fabric
     g = nx.Graph()
+    num_groups = -(-num_nodes // fab.nodes_per_leaf)
+    rails = n.nics if fab.rail_optimized else 1
+    for group in range(num_groups):
+        for r in range(rails):
+            g.add_node(
+                f"g{group}.leaf{r}" if fab.rail_optimized else f"g{group}.leaf", kind="leaf", group=group
+            )
+    if num_groups * rails > 1:
+        ports_per_leaf = fab.nodes_per_leaf * (1 if fab.rail_optimized else n.nics)
+        uplink = _link_attrs(
+            n.nic_kind,
+            ports_per_leaf * n.nic_bandwidth_gbps / 8 / fab.oversubscription,
+            fab.switch_latency_us,
+            spec,
+        )
+        leaves = list(g)
+        g.add_node("spine", kind="spine")
+        for leaf in leaves:
+            g.add_edge(leaf, "spine", **uplink)
+    return g
 
+
+def node_graph(spec: TopologySpec, k: int, gpu: GPU, g: nx.Graph | None = None) -> nx.Graph:
+    """Compute node ``k``'s devices and links (names prefixed ``n{k}.``), added to ``g`` or a new graph: CPUs
+    and host memory, PCIe switches, GPUs (and the NVSwitch), NICs (attribute ``leaf``: their leaf switch) and
+    NVMe drives."""
+    n = spec.node
+    g = nx.Graph() if g is None else g
     kinds: dict[tuple, dict] = {}  # every node repeats the same few link kinds: one attribute set each
 
     def link(u: str, v: str, kind: str, GBps: float, latency_us: float) -> None:
         key = (kind, GBps, latency_us)
         if key not in kinds:
-            bw = GBps * 1e9 * getattr(eff, kind)
-            kinds[key] = {
-                "info": LinkInfo(kind, bw, latency_us * 1e-6),
-                "cost": 1.0 / bw + latency_us * 1e-12,
-            }
+            kinds[key] = _link_attrs(kind, GBps, latency_us, spec)
         g.add_edge(u, v, **kinds[key])
 
     nvlink_GBps = n.nvlink_bandwidth_GBps or gpu.nvlink_bandwidth_GBps
     pcie_GBps = n.pcie_bandwidth_GBps or gpu.pcie_bandwidth_GBps
-    nic_GBps = n.nic_bandwidth_gbps / 8
-    ports_per_leaf = (
-        n.nics * spec.fabric.nodes_per_leaf if not spec.fabric.rail_optimized else spec.fabric.nodes_per_leaf
-    )
-    num_groups = -(-num_nodes // spec.fabric.nodes_per_leaf)
-    num_leaves = num_groups * (n.nics if spec.fabric.rail_optimized else 1)
 
-    def attach(
-        p: str,
-        device: str,
-        i: int,
-        count: int,
-        kind: str = "pcie",
-        GBps: float = pcie_GBps,
-        latency_us: float = n.pcie_latency_us,
-    ) -> None:
+    def attach(p: str, device: str, i: int, count: int, kind: str = "pcie", GBps: float = pcie_GBps,
+               latency_us: float = n.pcie_latency_us) -> None:  # fmt: skip
         """Device i of ``count`` in node ``p`` hangs off PCIe switch i * switches // count (spread evenly)."""
         link(p + device, p + f"pcie{i * n.pcie_switches // max(count, 1)}", kind, GBps, latency_us)
 
-    for k in range(num_nodes):
-        p = f"n{k}."
-        for c in range(n.cpus):
-            g.add_node(p + f"cpu{c}", kind="cpu")
-            link(p + f"cpu{c}", p + "hostmem", "memory", n.host_memory_bandwidth_GBps / n.cpus, 0.1)
-            if c:
-                link(p + "cpu0", p + f"cpu{c}", "memory", n.cpu_interconnect_GBps, 0.3)
-        g.nodes[p + "hostmem"]["kind"] = "hostmem"
-
-        for sw in range(n.pcie_switches):
-            g.add_node(p + f"pcie{sw}", kind="pcie_switch")
-            link(
-                p + f"pcie{sw}",
-                p + f"cpu{sw * n.cpus // n.pcie_switches}",
-                "pcie",
-                pcie_GBps,
-                n.pcie_latency_us,
-            )
+    p = f"n{k}."
+    for c in range(n.cpus):
+        g.add_node(p + f"cpu{c}", kind="cpu")
+        link(p + f"cpu{c}", p + "hostmem", "memory", n.host_memory_bandwidth_GBps / n.cpus, 0.1)
+        if c:
+            link(p + "cpu0", p + f"cpu{c}", "memory", n.cpu_interconnect_GBps, 0.3)
+    g.nodes[p + "hostmem"]["kind"] = "hostmem"
+    for sw in range(n.pcie_switches):
+        g.add_node(p + f"pcie{sw}", kind="pcie_switch")
+        link(
+            p + f"pcie{sw}", p + f"cpu{sw * n.cpus // n.pcie_switches}", "pcie", pcie_GBps, n.pcie_latency_us
+        )
+    if n.intra_node == "nvswitch":
+        g.add_node(p + "nvswitch", kind="nvswitch")
+    for i in range(n.gpus):
+        g.add_node(p + f"gpu{i}", kind="gpu", node=k, local=i)
+        attach(p, f"gpu{i}", i, n.gpus)
         if n.intra_node == "nvswitch":
-            g.add_node(p + "nvswitch", kind="nvswitch")
-        for i in range(n.gpus):
-            g.add_node(p + f"gpu{i}", kind="gpu", node=k, local=i)
-            attach(p, f"gpu{i}", i, n.gpus)
-            if n.intra_node == "nvswitch":
-                link(p + f"gpu{i}", p + "nvswitch", "nvlink", nvlink_GBps, n.nvlink_latency_us)
-        for i in range(n.nics):
-            leaf = k // spec.fabric.nodes_per_leaf
-            leaf_name = f"g{leaf}.leaf{i}" if spec.fabric.rail_optimized else f"g{leaf}.leaf"
-            g.add_node(p + f"nic{i}", kind="nic", leaf=leaf_name, node=k)
-            g.add_node(leaf_name, kind="leaf", group=leaf)
-            attach(p, f"nic{i}", i, n.nics)
-            link(p + f"nic{i}", leaf_name, n.nic_kind, nic_GBps, n.nic_latency_us)
-        for d in range(n.nvme_drives):
-            g.add_node(p + f"nvme{d}", kind="nvme")
-            attach(p, f"nvme{d}", d, n.nvme_drives, "nvme", n.nvme_bandwidth_GBps, n.nvme_latency_us)
-    if num_leaves > 1:
-        g.add_node("spine", kind="spine")
-        uplink_GBps = ports_per_leaf * nic_GBps / spec.fabric.oversubscription
-        for leaf in [v for v, d in g.nodes(data=True) if d["kind"] == "leaf"]:
-            link(leaf, "spine", n.nic_kind, uplink_GBps, spec.fabric.switch_latency_us)
+            link(p + f"gpu{i}", p + "nvswitch", "nvlink", nvlink_GBps, n.nvlink_latency_us)
+    for i in range(n.nics):
+        g.add_node(p + f"nic{i}", kind="nic", leaf=leaf_name(spec, k, i), node=k)
+        attach(p, f"nic{i}", i, n.nics)
+    for d in range(n.nvme_drives):
+        g.add_node(p + f"nvme{d}", kind="nvme")
+        attach(p, f"nvme{d}", d, n.nvme_drives, "nvme", n.nvme_bandwidth_GBps, n.nvme_latency_us)
+    return g
+
+
+def build_graph(spec: TopologySpec, num_nodes: int, gpu: GPU) -> nx.Graph:
+    """Wire ``num_nodes`` identical nodes into a (rail-optimized) two-level fat tree: every node's graph, the
+    switches, and each NIC's link to its leaf."""
+    g = fabric_graph(spec, num_nodes)
+    nic = _link_attrs(spec.node.nic_kind, spec.node.nic_bandwidth_gbps / 8, spec.node.nic_latency_us, spec)
+    for k in range(num_nodes):
+        node_graph(spec, k, gpu, g)
+        for i in range(spec.node.nics):
+            g.add_edge(f"n{k}.nic{i}", leaf_name(spec, k, i), **nic)
     return g
