@@ -1,6 +1,8 @@
-"""Simulator speed at scale: simulated iteration time, event count and wall time per scenario.
+"""Simulator speed at scale: simulated iteration time, event count and wall time per scenario; then the 1T
+run at 1x, 4x and 16x its micro-batches, extrapolated from three short runs (the default) and replayed in full
+(``periodic=False``), with the Python heap's peak (tracemalloc, a separate pass).
 
-Run: python benchmarks/bench_scale.py   (prints a table: the first run's wall time, caches cold, and the best
+Run: python benchmarks/bench_scale.py   (prints tables: the first run's wall time, caches cold, and the best
 of 3; not a test)
 """
 
@@ -8,9 +10,11 @@ from __future__ import annotations
 
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 from simulator import load_scenario, simulate
+from simulator.api import with_microbatches
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [
@@ -44,5 +48,34 @@ def main(paths: list[str]) -> None:
         )
 
 
+def microbatch_scaling(rel: str = "scenarios/published/nar21-t1-1t.yaml") -> None:
+    base = load_scenario(ROOT / rel)
+    m0 = base.gradient_accumulation_steps
+    print(f"\n{base.name} at 1x / 4x / 16x its {m0} micro-batches per pipeline")
+    print(
+        f"{'micro-batches':>13s} {'mode':>9s} {'sim. iteration':>15s} {'tasks':>9s} {'wall: first':>12s}"
+        f" {'best of 3':>10s} {'heap peak':>10s}"
+    )
+    for factor in (1, 4, 16):
+        s = with_microbatches(base, m0 * factor)
+        for periodic in (True, False):
+            walls = []
+            for _ in range(3 if periodic or factor == 1 else 1):
+                t0 = time.perf_counter()
+                m = simulate(s, periodic=periodic).metrics
+                walls.append(time.perf_counter() - t0)
+            tracemalloc.start()
+            simulate(s, periodic=periodic)
+            heap = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            mode = "periodic" if m.periodic else "every"
+            print(
+                f"{m0 * factor:13,d} {mode:>9s} {m.iteration_time_s:13.3f} s {m.tasks:9,d} {walls[0]:10.3f} s"
+                f" {min(walls):8.3f} s {heap / 2**20:7.0f} MiB"
+            )
+
+
 if __name__ == "__main__":
     main(sys.argv[1:] or CASES)
+    if not sys.argv[1:]:
+        microbatch_scaling()

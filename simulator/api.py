@@ -18,8 +18,9 @@ from simulator.frameworks import Framework, get_framework
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
 from simulator.hardware.topology import cluster_spec
-from simulator.metrics.metrics import Metrics, compute_metrics
-from simulator.metrics.sources import cost_sources
+from simulator.metrics.metrics import Metrics, finish_metrics, measure
+from simulator.metrics.periodic import NotPeriodic, extrapolate, sample_windows
+from simulator.metrics.sources import source_seconds, summarise_sources
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
 from simulator.strategy import build_program, onebit
@@ -92,14 +93,31 @@ def simulate(
     cluster: Cluster | None = None,
     workload: Workload | None = None,
     framework: Framework | None = None,
+    periodic: bool = True,
 ) -> Result:
     """Simulate one training iteration. ``scenario`` is a :class:`Scenario` or a path to a YAML file;
-    ``cluster`` and ``workload`` replace the ones the scenario describes (what-if studies, tests)."""
+    ``cluster`` and ``workload`` replace the ones the scenario describes (what-if studies, tests).
+
+    With many micro-batches (more than six times the pipeline depth) and ``periodic`` on, three shorter runs
+    are simulated and the metrics extrapolated, exactly where the schedule is periodic (checked;
+    ``simulator/metrics/periodic.py``): ``metrics.periodic`` then says so, and ``timeline`` and ``program``
+    are the longest of the three. ``periodic=False`` replays every micro-batch (traces and reports need it)."""
     with _no_cyclic_gc():
-        return _simulate(scenario, cluster, workload, framework)
+        return _simulate(scenario, cluster, workload, framework, periodic)
 
 
-def _simulate(scenario, cluster, workload, framework) -> Result:
+def with_microbatches(s: Scenario, microbatches: int) -> Scenario:
+    """The scenario with ``microbatches`` micro-batches per pipeline per iteration (the global batch changed)."""
+    t = s.training
+    dp = s.parallelism.data_parallel or 1
+    return s.model_copy(
+        update={
+            "training": t.model_copy(update={"global_batch_size": microbatches * t.micro_batch_size * dp})
+        }
+    )
+
+
+def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
     t0 = time.perf_counter()
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     cluster = cluster or Cluster(cluster_spec(s), s.cluster.num_nodes)
@@ -116,7 +134,8 @@ def _simulate(scenario, cluster, workload, framework) -> Result:
     def comm_time(op) -> float:
         return op_comm_time_s(comm, host, op)
 
-    def run(program: Program) -> tuple[Timeline, Metrics]:
+    def replay(sc: Scenario, program: Program) -> tuple[Timeline, dict, dict]:
+        """The program's timeline and what it adds up (metrics.measure, sources.source_seconds)."""
         durations: dict[int, TaskCost] = {}  # tasks share ops tuples: cost each once
 
         def task_duration(task) -> TaskCost:
@@ -130,19 +149,65 @@ def _simulate(scenario, cluster, workload, framework) -> Result:
         timeline = simulate_program(
             program, task_duration, lambda t: task_phases(comm, host, t, stage_of[t.rank])
         )
-        metrics = compute_metrics(s, timeline, placement, peak, comm.cross_node_fraction)
         lo, hi = (timeline.end[w] for w in program.window) if program.window else (0.0, timeline.makespan_s)
-        metrics.cost_sources, metrics.largest_modelled = cost_sources(
-            timeline, lo, hi, compute.op_cost, comm_source
-        )
+        totals = measure(sc, timeline, placement, comm.cross_node_fraction)
+        return timeline, totals, source_seconds(timeline, lo, hi, compute.op_cost, comm_source)
+
+    def finish(totals: dict, sources: dict) -> Metrics:
+        metrics = finish_metrics(s, totals, peak)
+        metrics.cost_sources, metrics.largest_modelled = summarise_sources(sources)
         metrics.cost_tables = table_info
-        return timeline, metrics
+        return metrics
+
+    def run(program: Program) -> tuple[Timeline, Metrics]:
+        timeline, totals, sources = replay(s, program)
+        return timeline, finish(totals, sources)
 
     def comm_source(kind: str, group: str, nbytes: float, stage: int | None) -> str:
         return MODELLED if group in HOST_GROUPS else comm.source(kind, group, nbytes, stage)
 
-    program = build_program(s, workload, cluster.gpu)
-    timeline, metrics = run(program)
+    def run_periodic(windows: list[tuple[int, int, int]]) -> tuple[Program, Timeline, Metrics]:
+        """Simulate each window's micro-batch counts per pipeline (runs shared between windows) and extrapolate
+        to the scenario's from the first window where every total is linear; NotPeriodic where none is."""
+        samples: dict[int, tuple] = {}  # micro-batches -> (totals, sources, tasks, events)
+        last = None  # the longest run's program and timeline, for the result
+        for window in windows:
+            for mb in window:
+                if mb in samples:
+                    continue
+                sample = with_microbatches(s, mb)
+                program = build_program(sample, workload, cluster.gpu)
+                if program.window:
+                    raise NotPeriodic("an asynchronous schedule reports one steady-state period already")
+                timeline, totals, sources = replay(sample, program)
+                samples[mb] = (totals, sources, totals.pop("tasks"), totals.pop("events"))
+                last = (program, timeline)
+            try:
+                totals, sources = extrapolate(
+                    [(mb, samples[mb][:2]) for mb in window], s.gradient_accumulation_steps
+                )
+            except NotPeriodic:
+                continue
+            # what was replayed, not extrapolated
+            replayed = {
+                "tasks": sum(x[2] for x in samples.values()),
+                "events": sum(x[3] for x in samples.values()),
+            }
+            metrics = finish({**totals, **replayed}, sources)
+            metrics.periodic = {"microbatches": s.gradient_accumulation_steps, "simulated": sorted(samples)}
+            return *last, metrics
+        raise NotPeriodic("no window of micro-batch counts is periodic")
+
+    windows = []
+    if periodic and s.training.optimizer not in onebit.OPTIMIZERS:
+        windows = sample_windows(s.gradient_accumulation_steps, s.parallelism.pipeline_parallel)
+    try:
+        if not windows:
+            raise NotPeriodic("too few micro-batches to gain")
+        program, timeline, metrics = run_periodic(windows)
+    except NotPeriodic:
+        program = build_program(s, workload, cluster.gpu)
+        timeline, metrics = run(program)
     if s.training.optimizer in onebit.OPTIMIZERS:
         metrics.optimizer_phases = _optimizer_phases(s, workload, cluster, metrics, run)
         total = s.training.onebit.total_steps

@@ -76,11 +76,13 @@ def run(
                 check_output_file(path, option)
         with shown_warnings():
             s = _with_kernels(load_scenario(scenario, deepspeed_config=deepspeed_config), kernels)
+            # a trace, report or image shows every micro-batch: no periodic extrapolation
+            every = bool(trace or report or image)
             if quiet or not sys.stderr.isatty():
-                result = simulate(s)
+                result = simulate(s, periodic=not every)
             else:
                 with err.status(f"simulating {s.name} ({s.cluster.num_nodes} nodes)..."):
-                    result = simulate(s)
+                    result = simulate(s, periodic=not every)
         if trace:
             write_trace(result.timeline, trace)
         if report:

@@ -96,6 +96,7 @@ class CollectiveModel:
         self._patterns: dict[tuple, _Pattern] = {}
         self._phases: dict[tuple, tuple[Phase, ...]] = {}
         self._sources: dict[tuple, str] = {}
+        self._by_stage: dict[str, dict[int, tuple]] = {}
         # nodes that host the same pipeline stages are interchangeable; others are not (their links carry
         # other stages' traffic at other times), so link classes carry the set of stages of their nodes
         gpn = cluster.gpus_per_node
@@ -123,8 +124,7 @@ class CollectiveModel:
             groups = self.placement.groups(group)
             gpn = self.cluster.gpus_per_node
             if stage is not None:
-                pp = self.placement.stages()
-                groups = tuple(g for g in groups if any(pp[r] == stage for r in g))
+                groups = self._stage_groups(group, stage)
             elif all(g[0] // gpn == g[-1] // gpn for g in groups):
                 # groups inside nodes (tensor parallelism): every node is wired alike and runs the same
                 # collective, so the groups of one node give the cost (they still contend with each other)
@@ -137,8 +137,14 @@ class CollectiveModel:
         return self._phases[key]
 
     def _stage_groups(self, group: str, stage: int) -> tuple:
-        pp = self.placement.stages()
-        return tuple(g for g in self.placement.groups(group) if any(pp[r] == stage for r in g))
+        """The groups of kind ``group`` with a rank in pipeline stage ``stage``."""
+        if group not in self._by_stage:
+            pp, by_stage = self.placement.stages(), defaultdict(list)
+            for g in self.placement.groups(group):
+                for x in sorted({pp[r] for r in g}):
+                    by_stage[x].append(g)
+            self._by_stage[group] = {x: tuple(gs) for x, gs in by_stage.items()}
+        return self._by_stage[group].get(stage, ())
 
     def _translated(self, op: str, group: str, size_bytes: float, stage: int):
         """Stage ``stage``'s phases as stage 0's, moved: exact when stage ``stage``'s groups are stage 0's shifted
@@ -411,10 +417,9 @@ class CollectiveModel:
             down = np.bincount(nb * nics + nic_b, share, minlength=nn * nics).reshape(nn, nics)
             nic_bw = cl.link_info((-1, "n0.nic0", cl.leaf_of(0))).bandwidth_Bps
             rail = cl.spec.fabric.rail_optimized
-            for i in range(nics):
-                leaf = cl.link_class((-1, "n0.nic0", cl.leaf_of(i if rail else 0)))[1]
-                self._class_max(per_class, up[:, i], (f"nic{i}", leaf), nic_bw)
-                self._class_max(per_class, down[:, i], (leaf, f"nic{i}"), nic_bw)
+            leaf = [cl.link_class((-1, "n0.nic0", cl.leaf_of(i if rail else 0)))[1] for i in range(nics)]
+            self._class_max(per_class, up, [(f"nic{i}", leaf[i]) for i in range(nics)], nic_bw)
+            self._class_max(per_class, down, [(leaf[i], f"nic{i}") for i in range(nics)], nic_bw)
             # traffic between leaf switches, then each distinct pair's switch path
             npl, rails = cl.spec.fabric.nodes_per_leaf, (nics if rail else 1)
             leaves = -(-nn // npl) * rails
@@ -430,8 +435,10 @@ class CollectiveModel:
                 s = units / cl.link_info(link).bandwidth_Bps
                 if s > per_class.get(c, 0.0):
                     per_class[c] = s
-        for (u, v), units in local.items():
-            self._class_max(per_class, units, (u, v), cl.link_info((0, u, v)).bandwidth_Bps)
+        if local:
+            names = list(local)
+            bandwidth = np.array([cl.link_info((0, u, v)).bandwidth_Bps for u, v in names])
+            self._class_max(per_class, np.stack([local[x] for x in names], axis=1), names, bandwidth)
         return _Pattern(per_class)
 
     @cached_property
@@ -443,12 +450,11 @@ class CollectiveModel:
         order = np.argsort(ids, kind="stable")
         return sets, order, np.searchsorted(ids[order], np.arange(len(sets)))
 
-    def _class_max(
-        self, per_class: dict, units: np.ndarray, link: tuple[str, str], bandwidth_Bps: float
-    ) -> None:
-        """For each set of pipeline stages, the busiest node's ``units`` on ``link`` in seconds per unit."""
+    def _class_max(self, per_class: dict, units: np.ndarray, links: list, bandwidth_Bps) -> None:
+        """For each set of pipeline stages and each of ``links`` (the columns of ``units``, one row per node),
+        the busiest node's seconds per unit."""
         sets, order, starts = self._stage_index
-        for stages, peak in zip(sets, np.maximum.reduceat(units[order], starts).tolist(), strict=True):
-            if peak > 0:
-                c = (stages, *link)
-                per_class[c] = max(per_class.get(c, 0.0), peak / bandwidth_Bps)
+        peak = np.maximum.reduceat(units[order], starts, axis=0) / bandwidth_Bps
+        for i, j in zip(*np.nonzero(peak), strict=True):
+            c = (sets[i], *links[j])
+            per_class[c] = max(per_class.get(c, 0.0), float(peak[i, j]))

@@ -66,6 +66,9 @@ class Metrics:
         ""  # the attention the model ran: flash or standard (model.attention, or its framework's)
     )
     params_billion: float = 0.0
+    # many micro-batches: the run was simulated at these micro-batch counts and extrapolated to the scenario's
+    # (exact where the schedule is periodic; simulator/metrics/periodic.py); None when every one was replayed
+    periodic: dict | None = None
 
     def to_dict(self) -> dict:
         return _plain(asdict(self))
@@ -104,20 +107,21 @@ def layout_label(s: Scenario) -> str:
     return " x ".join(parts)
 
 
-def compute_metrics(
-    s: Scenario, timeline: Timeline, placement: Placement, peak_flops: float, cross_node_fraction=None
-) -> Metrics:
+def measure(s: Scenario, timeline: Timeline, placement: Placement, cross_node_fraction=None) -> dict:
     """``cross_node_fraction(op, group)`` (from the collective model) splits each collective's bytes into those
-    crossing node boundaries and those staying inside a node."""
+    crossing node boundaries and those staying inside a node.
+
+    What a run adds up (seconds, FLOPs, bytes, counts, memory) as a tree of plain numbers; every rate and
+    fraction of :class:`Metrics` is computed from it by :func:`finish_metrics`. Once a schedule is periodic these
+    totals grow linearly with the micro-batches, which is what lets ``simulator/metrics/periodic.py``
+    extrapolate them."""
     program = timeline.program
     tasks = program.tasks
     lo, hi = 0.0, timeline.makespan_s
     if program.window:  # asynchronous schedules: one steady-state period between two weight updates
         lo, hi = timeline.end[program.window[0]], timeline.end[program.window[1]]
         tasks = [t for t in tasks if lo <= timeline.start[t.id] < hi]  # count what starts inside the period
-    T = hi - lo
     gpus = placement.world_size
-    tokens = s.training.global_batch_size * s.model.seq_length
     weights = [r.count / gpus for r in program.ranks]  # share of the GPUs each simulated rank stands for
 
     # FLOPs per GPU from what the representative ranks executed, weighted by how many real ranks each stands for
@@ -137,16 +141,23 @@ def compute_metrics(
         hw_flops += hf * count
         if t.kind != "recompute":  # recompute ops inside a backward step are flagged on the op
             model_flops += mf * count
-    model_flops /= gpus
-    hw_flops /= gpus
 
     by_rank: dict[int, list] = defaultdict(list)
     for t in tasks:
         by_rank[t.rank].append(t)
     breakdown: dict[str, float] = {}
-    stages: list[dict] = []
-    bytes_cross = bytes_host = 0.0
-    bubble = exposed = overlapped = total = bytes_per_gpu = 0.0
+    ranks: list[dict] = []
+    comm = dict.fromkeys(
+        (
+            "exposed_s",
+            "overlapped_s",
+            "total_s",
+            "bytes_per_gpu",
+            "bytes_cross_node_per_gpu",
+            "bytes_host_per_gpu",
+        ),
+        0.0,
+    )
     gpu_busy = host_bound = 0.0
     by_coll: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for rank, rank_tasks in sorted(by_rank.items()):
@@ -154,23 +165,22 @@ def compute_metrics(
         r = _rank_metrics(timeline, rank_tasks, lo, hi)
         if rank == 0:
             breakdown = r["breakdown"]
-        mem_r = program.ranks[rank].memory
-        stages.append(
+        ranks.append(
             {
                 "rank": program.ranks[rank].label,
-                "bubble_fraction": r["bubble"],
+                "weight": w,
+                "pipeline_idle_s": r["pipeline_idle"],
+                "busy_s": r["busy"],
                 "p2p_s": r["collectives"].get("send_recv:pp", {}).get("time_s", 0.0),
                 "exposed_comm_s": r["exposed"],
-                "memory_peak_gib": mem_r.peak / 2**30,
-                "oom": mem_r.oom,
+                "memory_gib": program.ranks[rank].memory.gib(),
             }
         )
-        bubble += w * r["bubble"]
         gpu_busy += w * r["gpu_busy"]
         host_bound += w * r["host_bound"]
-        exposed += w * r["exposed"]
-        overlapped += w * r["overlapped"]
-        total += w * r["total"]
+        comm["exposed_s"] += w * r["exposed"]
+        comm["overlapped_s"] += w * r["overlapped"]
+        comm["total_s"] += w * r["total"]
         for key, d in r["collectives"].items():
             op, group = key.split(":")
             for name, value in d.items():
@@ -178,56 +188,92 @@ def compute_metrics(
             if group in HOST_GROUPS:  # copies to / from host memory and NVMe: not network traffic
                 if op in ("d2h", "h2d"):
                     by_coll[key]["bytes_pcie_per_gpu"] += w * d["bytes"]
-                    bytes_host += w * d["bytes"]
+                    comm["bytes_host_per_gpu"] += w * d["bytes"]
                 continue
             n = placement.group_size(group)
             sent = w * ring_bytes_per_rank(op, n, d["bytes"])
             by_coll[key]["bytes_sent_per_gpu"] += sent
-            bytes_per_gpu += sent
+            comm["bytes_per_gpu"] += sent
             if cross_node_fraction is not None:
                 cross = sent * cross_node_fraction(op, group)
                 by_coll[key]["bytes_cross_node_per_gpu"] += cross
                 by_coll[key]["bytes_intra_node_per_gpu"] += sent - cross
-                bytes_cross += cross
+                comm["bytes_cross_node_per_gpu"] += cross
     for d in by_coll.values():
         d.pop("bytes", None)
+    return {
+        "time_s": hi - lo,
+        "model_flops_per_gpu": model_flops / gpus,
+        "hardware_flops_per_gpu": hw_flops / gpus,
+        "breakdown": {f"{k}_s": breakdown.get(k, 0.0) for k in ("forward", "backward", "optimizer")},
+        "comm": comm,
+        "comm_by_collective": {k: dict(v) for k, v in sorted(by_coll.items())},
+        "ranks": ranks,
+        "gpu_busy_s": gpu_busy,
+        "host_bound_idle_s": host_bound,
+        # the rank with the largest peak (its breakdown is reported)
+        "memory_gib": max((r.memory for r in program.ranks), key=lambda m: m.peak).gib(),
+        "events": timeline.events,
+        "tasks": len(program.tasks),
+        "ranks_simulated": len(program.ranks),
+        "gpus": gpus,
+        "strategy": f"{program.strategy}, {layout_label(s)}",
+    }
 
-    mem = max((r.memory for r in program.ranks), key=lambda m: m.peak)
+
+def _oom(memory_gib: dict) -> tuple[bool, bool]:
+    """(GPU out of memory, host out of memory) of one rank's memory in GiB (``MemoryBreakdown.gib``)."""
+    return memory_gib["peak"] > memory_gib["capacity"], memory_gib["host"] > memory_gib["host_capacity"] > 0
+
+
+def finish_metrics(s: Scenario, m: dict, peak_flops: float) -> Metrics:
+    """:class:`Metrics` from the totals of :func:`measure`: rates per second of the iteration, fractions."""
+    T, gpus = m["time_s"], m["gpus"]
+    tokens = s.training.global_batch_size * s.model.seq_length
+    stages = []
+    bubble = 0.0
+    for r in m["ranks"]:
+        idle, busy = r["pipeline_idle_s"], r["busy_s"]
+        fraction = idle / (idle + busy) if idle + busy > 0 else 0.0
+        bubble += r["weight"] * fraction
+        stages.append(
+            {
+                "rank": r["rank"],
+                "bubble_fraction": fraction,
+                "p2p_s": r["p2p_s"],
+                "exposed_comm_s": r["exposed_comm_s"],
+                "memory_peak_gib": r["memory_gib"]["peak"],
+                "oom": _oom(r["memory_gib"])[0],
+            }
+        )
     return Metrics(
         iteration_time_s=T,
         tokens_per_s=tokens / T,
         tokens_per_s_per_gpu=tokens / T / gpus,
         samples_per_s=s.training.global_batch_size / T,
-        model_tflops_per_gpu=model_flops / T / 1e12,
-        hardware_tflops_per_gpu=hw_flops / T / 1e12,
-        mfu=model_flops / T / peak_flops,
-        hfu=hw_flops / T / peak_flops,
+        model_tflops_per_gpu=m["model_flops_per_gpu"] / T / 1e12,
+        hardware_tflops_per_gpu=m["hardware_flops_per_gpu"] / T / 1e12,
+        mfu=m["model_flops_per_gpu"] / T / peak_flops,
+        hfu=m["hardware_flops_per_gpu"] / T / peak_flops,
         tflops_per_gpu_narayanan_eq3=narayanan_eq3_flops(s) / T / gpus / 1e12,
         bubble_fraction=bubble,
-        breakdown={f"{k}_s": breakdown.get(k, 0.0) for k in ("forward", "backward", "optimizer")},
-        comm={
-            "exposed_s": exposed,
-            "overlapped_s": overlapped,
-            "total_s": total,
-            "bytes_per_gpu": bytes_per_gpu,
-            "bytes_cross_node_per_gpu": bytes_cross,
-            "bytes_host_per_gpu": bytes_host,
-        },
-        comm_by_collective={k: dict(v) for k, v in sorted(by_coll.items())},
-        memory_gib=mem.gib(),
-        oom=mem.oom,
-        host_oom=any(r.memory.host_oom for r in program.ranks),
-        events=timeline.events,
-        tasks=len(program.tasks),
-        ranks_simulated=len(program.ranks),
+        breakdown=dict(m["breakdown"]),
+        comm=dict(m["comm"]),
+        comm_by_collective={k: dict(v) for k, v in m["comm_by_collective"].items()},
+        memory_gib=dict(m["memory_gib"]),
+        oom=_oom(m["memory_gib"])[0],
+        host_oom=any(_oom(r["memory_gib"])[1] for r in m["ranks"]),
+        events=m["events"],
+        tasks=m["tasks"],
+        ranks_simulated=m["ranks_simulated"],
         gpus=gpus,
-        strategy=f"{program.strategy}, {layout_label(s)}",
+        strategy=m["strategy"],
         attention=s.model.attention,
         stages=stages,
         host={
-            "gpu_busy_s": gpu_busy,
-            "host_bound_idle_s": host_bound,
-            "gpu_busy_fraction": gpu_busy / T if T > 0 else 0.0,
+            "gpu_busy_s": m["gpu_busy_s"],
+            "host_bound_idle_s": m["host_bound_idle_s"],
+            "gpu_busy_fraction": m["gpu_busy_s"] / T if T > 0 else 0.0,
         },
     )
 
@@ -303,7 +349,8 @@ def _rank_metrics(timeline: Timeline, rank_tasks: list, lo: float, hi: float) ->
             hidden += times * part.hidden_s
     return {
         "breakdown": breakdown,
-        "bubble": pipeline_idle / (pipeline_idle + busy) if pipeline_idle + busy > 0 else 0.0,
+        "pipeline_idle": pipeline_idle,
+        "busy": busy,
         "gpu_busy": gpu_busy,
         "host_bound": host_bound,
         "exposed": length(comm_u) - overlapped + embedded,

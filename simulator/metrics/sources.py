@@ -27,16 +27,25 @@ def describe(op: Op) -> str:
     return f"{op.name} [{op.kernel} {op.direction}, {shape}]"
 
 
-def cost_sources(
+def summarise_sources(seconds: dict, top: int = 5) -> tuple[dict[str, dict[str, float]], list[dict]]:
+    """The fractions and the ``top`` modelled ops from :func:`source_seconds`' totals."""
+    fractions = {
+        kind: {src: (acc[src] / sum(acc.values()) if sum(acc.values()) > 0 else 0.0) for src in SOURCES}
+        for kind, acc in ((k, seconds[k]) for k in ("compute", "communication"))
+    }
+    largest = sorted(seconds["modelled"].items(), key=lambda kv: -kv[1])[:top]
+    return fractions, [{"kind": k, "op": name, "time_per_gpu_s": s} for (k, name), s in largest]
+
+
+def source_seconds(
     timeline: Timeline,
     lo: float,
     hi: float,
     op_cost: Callable[[Op], tuple[float, str]],
     comm_source: Callable[[str, str, float, int | None], str],
-    top: int = 5,
-) -> tuple[dict[str, dict[str, float]], list[dict]]:
-    """Fractions of compute and communication time by source over the iteration window [lo, hi), weighting
-    each simulated rank by the real ranks it stands for; and the ``top`` modelled ops by time per GPU."""
+) -> dict:
+    """Seconds per GPU of compute and of communication by source (measured, interpolated, modelled) over
+    [lo, hi), and of each modelled op (``modelled``: {(kind, op): seconds})."""
     program = timeline.program
     start, end, parts_of = timeline.start, timeline.end, timeline.parts
     gpus = sum(r.count for r in program.ranks) or 1
@@ -59,7 +68,7 @@ def cost_sources(
         elif t.is_collective:
             key = (t.kind, t.group, t.bytes, program.ranks[t.rank].stage)
             comm[key] += weight[t.rank] * (end[t.id] - start[t.id])
-    totals = {"compute": defaultdict(float), "communication": defaultdict(float)}
+    totals = {k: defaultdict(float, dict.fromkeys(SOURCES, 0.0)) for k in ("compute", "communication")}
     modelled: dict[tuple[str, str], float] = defaultdict(float)
     for key, w in ops_weight.items():
         for op in distinct[key]:
@@ -78,9 +87,4 @@ def cost_sources(
         totals["communication"][source] += seconds
         if source == MODELLED:
             modelled[("communication", f"{kind} on {group} ({nbytes / 2**20:,.1f} MiB)")] += seconds
-    fractions = {
-        kind: {src: (acc[src] / sum(acc.values()) if sum(acc.values()) > 0 else 0.0) for src in SOURCES}
-        for kind, acc in totals.items()
-    }
-    largest = sorted(modelled.items(), key=lambda kv: -kv[1])[:top]
-    return fractions, [{"kind": k, "op": name, "time_per_gpu_s": s} for (k, name), s in largest]
+    return {**{k: dict(v) for k, v in totals.items()}, "modelled": dict(modelled)}

@@ -79,6 +79,12 @@ ROWS = [
     ("Compute time: measured / interp. / modelled", lambda m: m.cost_sources["compute"], _SOURCES),
     ("Comm. time: measured / interp. / modelled", lambda m: m.cost_sources["communication"], _SOURCES),
     ("Ranks simulated / tasks replayed", lambda m: (m.ranks_simulated, m.tasks), "{0[0]:,} / {0[1]:,}"),
+    (
+        "Micro-batches simulated (periodic)",
+        lambda m: m.periodic and (", ".join(map(str, m.periodic["simulated"])), m.periodic["microbatches"]),
+        "{0[0]} of {0[1]:,}, extrapolated",
+        lambda m: m.periodic is not None,
+    ),
     ("SimPy events (communication)", lambda m: m.events, "{:,}"),
     ("Simulator wall time", lambda m: m.wall_s, "{:.3f} s"),
 ]

@@ -1,0 +1,70 @@
+"""Periodic schedules: simulate three micro-batch counts, extrapolate the iteration's.
+
+Once a pipeline is full, each further micro-batch adds the same work to every stage and the same time to the
+iteration: 1F1B's steady state repeats one forward and one backward per stage, so its iteration takes
+(m + p - 1) x (t_f + t_b) with uniform stages (Narayanan et al. SC21, Sec. 2.2), and interleaved 1F1B, GPipe,
+DeepSpeed's TrainSchedule and gradient accumulation without a pipeline repeat likewise. Every total a run adds
+up (``metrics.measure``: seconds, FLOPs, bytes, counts, memory) is then a linear function of the micro-batch
+count m, and every rate and fraction a ratio of such totals.
+
+So a run of m micro-batches per pipeline is simulated at m1 < m2 < m3 (multiples of the pipeline depth: one,
+two and three times it), every total is checked to lie on one line through the three runs (within ``RELATIVE``
+of its size), and evaluated at m. A total that is not on its line (a schedule that is not periodic yet, a
+memory term that saturates between the samples) raises :class:`NotPeriodic`; the caller then moves the window
+on by one pipeline depth (two more tries), and simulates every micro-batch when none is periodic. The extrapolated numbers equal the full simulation's to float rounding (tests/test_periodic.py);
+simulated work then grows with the pipeline depth, not with depth x micro-batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+RELATIVE = 1e-7  # float rounding of sums over 10^5 tasks is ~1e-13; a transient would show far above this
+
+
+class NotPeriodic(Exception):
+    """A total is not linear in the micro-batch count over the sampled runs."""
+
+
+def sample_windows(microbatches: int, pipeline_parallel: int, tries: int = 3) -> list[tuple[int, int, int]]:
+    """The micro-batch counts to simulate instead of ``microbatches``: (u, 2u, 3u), u the pipeline depth (at
+    least 2), then the window moved on by u while the first is not periodic yet (interleaved 1F1B's warm-up
+    holds 2(p-1) + (v-1)p chunks, more than p micro-batches' worth: Megatron-LM
+    ``forward_backward_pipelining_with_interleaving``); only windows under half of ``microbatches``, where
+    they save work."""
+    unit = max(pipeline_parallel, 2)
+    windows = [(k * unit, (k + 1) * unit, (k + 2) * unit) for k in range(1, tries + 1)]
+    return [w for w in windows if microbatches > 2 * w[-1]]
+
+
+def extrapolate(samples: Sequence[tuple[int, Any]], m: int, path: str = "") -> Any:
+    """The tree of totals at ``m`` micro-batches from the same tree at three counts ``(m_i, tree_i)``: numbers
+    on their line, everything else (names, flags, dictionary keys) unchanged across the samples."""
+    (m1, a), (m2, b), (m3, c) = samples
+    if isinstance(a, bool) or a is None or isinstance(a, str):
+        if not a == b == c:
+            raise NotPeriodic(f"{path} differs between the sampled runs ({a!r}, {b!r}, {c!r})")
+        return a
+    if isinstance(a, int | float):
+        s1, s2 = (b - a) / (m2 - m1), (c - b) / (m3 - m2)
+        scale = max(abs(a), abs(b), abs(c))
+        if abs(s2 - s1) * (m3 - m1) > RELATIVE * scale + 1e-12:
+            raise NotPeriodic(
+                f"{path} is not linear in the micro-batches: {a!r}, {b!r}, {c!r} at {m1}, {m2}, {m3}"
+            )
+        value = c + s2 * (m - m3)
+        return round(value) if isinstance(a, int) else value
+    if isinstance(a, dict):
+        if not a.keys() == b.keys() == c.keys():
+            raise NotPeriodic(f"{path}: different entries between the sampled runs")
+        return {k: extrapolate(((m1, a[k]), (m2, b[k]), (m3, c[k])), m, f"{path}.{k}") for k in a}
+    if isinstance(a, list | tuple):
+        if not len(a) == len(b) == len(c):
+            raise NotPeriodic(f"{path}: different lengths between the sampled runs")
+        out = [
+            extrapolate(((m1, x), (m2, y), (m3, z)), m, f"{path}[{i}]")
+            for i, (x, y, z) in enumerate(zip(a, b, c, strict=True))
+        ]
+        return type(a)(out)
+    raise TypeError(f"{path}: cannot extrapolate a {type(a).__name__}")

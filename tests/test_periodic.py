@@ -1,0 +1,115 @@
+"""Periodic schedules: three short runs extrapolated give the metrics of replaying every micro-batch."""
+
+import math
+
+import pytest
+from conftest import make
+
+from simulator import simulate
+from simulator.metrics.periodic import NotPeriodic, extrapolate, sample_windows
+
+# fields that describe the simulation itself, not the simulated iteration
+NOT_COMPARED = {"wall_s", "tasks", "events", "periodic"}
+
+
+def assert_same(a, b, path=""):
+    """Every number equal to float rounding, everything else identical."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            assert_same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{path}[{i}]")
+    elif isinstance(a, float):
+        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), (path, a, b)
+    else:
+        assert a == b, path
+
+
+LAYER8 = {
+    "num_layers": 8,
+    "hidden_size": 512,
+    "num_attention_heads": 8,
+    "seq_length": 512,
+    "vocab_size": 8000,
+}
+CASES = {
+    "1f1b": ({"pipeline_parallel": 4, "data_parallel": 2, "pipeline_schedule": "1f1b"}, 32),
+    "interleaved": (
+        {
+            "pipeline_parallel": 4,
+            "data_parallel": 2,
+            "pipeline_schedule": "interleaved-1f1b",
+            "virtual_pipeline_stages": 2,
+        },
+        64,
+    ),
+    "gpipe": ({"pipeline_parallel": 2, "data_parallel": 4, "pipeline_schedule": "gpipe"}, 16),
+    "deepspeed-zero1": (
+        {"pipeline_parallel": 2, "data_parallel": 4, "pipeline_schedule": "deepspeed", "zero_stage": 1},
+        16,
+    ),
+    "uneven-tp": (
+        {
+            "tensor_parallel": 2,
+            "pipeline_parallel": 2,
+            "data_parallel": 2,
+            "pipeline_schedule": "1f1b",
+            "first_pipeline_stage_layers": 3,
+        },
+        16,
+    ),
+    "ddp-accumulation": ({"data_parallel": 8}, 16),
+    "zero2-accumulation": ({"data_parallel": 8, "zero_stage": 2}, 16),
+    "zero3-accumulation": ({"data_parallel": 8, "zero_stage": 3}, 16),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("framework", ["ideal", "megatron-2022"])
+def test_extrapolated_metrics_equal_replaying_every_microbatch(case, framework):
+    parallelism, microbatches = CASES[case]
+    dp = parallelism.get("data_parallel", 1)
+    s = make(
+        model=LAYER8,
+        training={"global_batch_size": microbatches * dp, "micro_batch_size": 1},
+        parallelism=parallelism,
+        framework=framework,
+    )
+    full = simulate(s, periodic=False).metrics
+    fast = simulate(s).metrics
+    assert full.periodic is None
+    u = max(parallelism.get("pipeline_parallel", 1), 2)
+    # interleaved 1F1B's warm-up outgrows p micro-batches: its first window is not periodic yet, the next is
+    first = 2 if case == "interleaved" else 1
+    simulated = [u * k for k in range(1, first + 3)]
+    assert fast.periodic == {"microbatches": microbatches, "simulated": simulated}
+    assert fast.tasks < full.tasks  # what was replayed, honestly
+    a, b = full.to_dict(), fast.to_dict()
+    for k in NOT_COMPARED:
+        a.pop(k), b.pop(k)
+    assert_same(a, b)
+
+
+def test_sample_windows_only_where_they_save_work():
+    """One, two and three times the pipeline depth, moved on by one depth twice, each window while its largest
+    count is under half the micro-batches."""
+    assert sample_windows(512, 64) == [(64, 128, 192)]
+    assert sample_windows(385, 64) == [(64, 128, 192)]
+    assert sample_windows(384, 64) == []
+    assert sample_windows(100, 4) == [(4, 8, 12), (8, 12, 16), (12, 16, 20)]
+    assert sample_windows(100, 1) == [(2, 4, 6), (4, 6, 8), (6, 8, 10)]
+
+
+def test_extrapolation_is_linear_and_refuses_what_is_not():
+    tree = lambda m: {"t": 2.0 + 0.5 * m, "n": 3 * m, "name": "x", "rows": [m, 7.0]}  # noqa: E731
+    out = extrapolate([(k, tree(k)) for k in (4, 8, 12)], 100)
+    assert out == {"t": 52.0, "n": 300, "name": "x", "rows": [100, 7.0]}
+    with pytest.raises(NotPeriodic, match=r"\.t is not linear"):
+        extrapolate([(k, {"t": float(k * k)}) for k in (4, 8, 12)], 100)
+    with pytest.raises(NotPeriodic, match="differs"):
+        extrapolate([(4, {"s": "a"}), (8, {"s": "a"}), (12, {"s": "b"})], 100)
+    with pytest.raises(NotPeriodic, match="different entries"):
+        extrapolate([(4, {"a": 1.0}), (8, {"a": 1.0}), (12, {"b": 1.0})], 100)
