@@ -277,6 +277,40 @@ def test_overlapped_param_gather_runs_under_the_first_forward_instead_of_after_t
     assert under.metrics.iteration_time_s <= after.metrics.iteration_time_s * (1 + 1e-12)
 
 
+def test_fsdp_beside_the_pipeline_gathers_before_the_first_forward_and_reduces_after_the_last_backward():
+    """FSDP2 under torch.distributed.pipelining with reshard_after_forward false: per stage one all-gather of the
+    stage's 16-bit weights before its first forward, one reduce-scatter of its gradients after its last
+    backward, the step on 1/DP of the states; the bytes and the memory are the distributed optimizer's."""
+    par = {"tensor_parallel": 4, "pipeline_parallel": 2, "data_parallel": 2}
+    kw = {
+        "model": MODEL,
+        "cluster": {"num_nodes": 2},
+        "training": {"global_batch_size": 8, "micro_batch_size": 1},
+    }
+    fsdp = simulate(make(**kw, parallelism={**par, "fsdp": {"reshard_after_forward": False}}))
+    zero1 = simulate(make(**kw, parallelism={**par, "zero_stage": 1}))
+    assert fsdp.metrics.strategy.startswith("megatron 1f1b + fsdp")
+    tasks, tl = fsdp.program.tasks, fsdp.timeline
+    for st in range(2):
+        compute = [t for t in tasks if t.rank == st and t.stream == "compute" and t.kind != "optimizer"]
+        (gather,) = [t for t in tasks if t.rank == st and t.kind == "all_gather" and t.group == "dp"]
+        (reduce,) = [t for t in tasks if t.rank == st and t.kind == "reduce_scatter" and t.group == "dp"]
+        assert tl.end[gather.id] <= min(tl.start[t.id] for t in compute) + 1e-12
+        assert tl.start[reduce.id] >= max(tl.end[t.id] for t in compute) - 1e-12
+        stage_weights = fsdp.program.ranks[st].memory.params  # 16-bit weights, whole
+        assert gather.bytes == pytest.approx(stage_weights)
+        assert reduce.bytes == pytest.approx(stage_weights)  # bf16 gradients
+    f, z = fsdp.metrics, zero1.metrics
+    assert f.comm["bytes_per_gpu"] == pytest.approx(z.comm["bytes_per_gpu"], rel=1e-12)
+    assert [r.memory for r in fsdp.program.ranks] == [r.memory for r in zero1.program.ranks]
+    with pytest.raises(ScenarioError, match="reshard_after_forward: false"):
+        simulate(make(**kw, parallelism={**par, "fsdp": {}}))
+    with pytest.raises(ScenarioError, match="hybrid_shard_size"):
+        simulate(
+            make(**kw, parallelism={**par, "fsdp": {"reshard_after_forward": False, "hybrid_shard_size": 2}})
+        )
+
+
 def test_pipedream_2bw_has_no_bubble_in_steady_state_and_keeps_two_weight_versions():
     """No flush: one iteration is m (t_F + t_B) + the optimizer step, against (m + p - 1) (t_F + t_B) + step for
     1F1B, on the same equal stages with free communication; the second weight version is held as a buffer."""

@@ -9,6 +9,14 @@ loss on the last: their imbalance shows in the timeline. After the flush each st
 over data parallelism (per chunk as soon as its last backward ends with ``overlap_grad_reduce``), all stages
 agree on the gradient norm, and each steps its optimizer (distributed optimizer / ZeRO-1: reduce-scatter,
 step on 1/DP, all-gather).
+
+FSDP2 beside the pipeline (``parallelism.fsdp`` with ``reshard_after_forward: false``, torchtitan's setting
+when pipelining): a stage's parameters are all-gathered before its first forward and stay gathered for every
+micro-batch, gradients accumulate unsharded, and the stage reduce-scatters them once its last backward is done
+(PyTorch ``torch/distributed/pipelining/stage.py``, ``backward_maybe_with_nosync`` keeps
+``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)`` until ``perform_reduce_grad``,
+"scheduled after all microbatches W, B actions"); the optimizer steps on its 1/DP shard. Memory is ZeRO-1's:
+16-bit parameters and gradients whole, optimizer states sharded.
 """
 
 from __future__ import annotations
@@ -95,9 +103,16 @@ def check(s: Scenario) -> None:
             f"parallelism: zero_stage {p.zero_stage} with pipeline_parallel ({pp}) is not supported by "
             "DeepSpeed's pipeline engine or Megatron (use zero_stage 0 or 1)"
         )
-    if p.fsdp is not None:
+    if p.fsdp is not None and p.fsdp.reshard_after_forward:
         raise ScenarioError(
-            "parallelism: fsdp with pipeline_parallel > 1 is not modelled (use zero_stage 0 or 1)"
+            "parallelism: fsdp with pipeline_parallel > 1 needs fsdp.reshard_after_forward: false (torchtitan's "
+            "setting under pipelining: parameters stay gathered across the micro-batches); gathering them again "
+            "for every micro-batch is not modelled"
+        )
+    if p.fsdp is not None and p.fsdp.hybrid_shard_size:
+        raise ScenarioError(
+            "parallelism: fsdp.hybrid_shard_size (HSDP) with pipeline_parallel > 1 is not modelled; leave it unset "
+            "to shard over the whole data-parallel group"
         )
 
 
@@ -155,9 +170,8 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     chunks = chunk_units(w, pp, v)
     ops = {key: _chunk_ops(s, w, us, key, pp, v, split) for key, us in chunks.items()}
 
-    prog = Program(
-        f"megatron {par.pipeline_schedule}" + (f" + zero-{par.zero_stage}" if par.zero_stage else "")
-    )
+    sharding = " + fsdp" if par.fsdp else (f" + zero-{par.zero_stage}" if par.zero_stage else "")
+    prog = Program(f"megatron {par.pipeline_schedule}{sharding}")
     # ids are sequential, so a step's id is known before its task exists; pos[st][step] is that id
     pos: list[dict[Step, int]] = []
     n = 0
@@ -262,8 +276,9 @@ def _flush_and_step(
     par = s.parallelism
     pp, v, dp = par.pipeline_parallel, par.virtual_pipeline_stages, grad_group_size(s)
     wb, gb = weight_bytes(s), grad_bytes(s)
-    distributed = par.zero_stage == 1
-    overlap = ddp_settings(s, w)[0]
+    fsdp = par.fsdp is not None  # FSDP2 under torch.distributed.pipelining (module docstring)
+    distributed = par.zero_stage == 1 or fsdp
+    overlap = ddp_settings(s, w)[0] and not fsdp  # FSDP's REDUCE_GRAD follows the stage's last backward
     tied = None
     if s.model.tied_embeddings and pp > 1:
         # the first and last stage each hold the word embedding and sum its gradients after the flush (Megatron
@@ -311,8 +326,9 @@ def _flush_and_step(
             w=w,
             tensors=stage_tensors[st],
         )
-        if distributed and dp > 1 and par.ddp.overlap_param_gather:
-            # the previous step's weights are gathered under this iteration's first forward (steady state)
+        if distributed and dp > 1 and (par.ddp.overlap_param_gather or fsdp):
+            # the previous step's weights are gathered under this iteration's first forward (steady state);
+            # FSDP gathers them at the first forward and keeps them for every micro-batch
             gid = prog.add(
                 st,
                 "comm.dp.gather",
@@ -424,7 +440,7 @@ def _stage_memory(
     par = s.parallelism
     w_b, g_b, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
     p_bytes, g_bytes, o_bytes = zero_model_state_bytes(
-        params, grad_group_size(s), par.zero_stage, k_b, w_b, g_b
+        params, grad_group_size(s), 1 if par.fsdp else par.zero_stage, k_b, w_b, g_b
     )
     layers = {c: sum(1 for u in chunks[(st, c)] if u.is_layer) for c in range(v)}
     heads = {c: chunks[(st, c)][-1].name == "head" for c in range(v)}
