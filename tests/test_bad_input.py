@@ -240,6 +240,24 @@ def test_attention_follows_the_framework_unless_given(tmp_path):
     assert flash["memory_gib"]["activations"] < standard["memory_gib"]["activations"]
 
 
+def test_no_flash_attention_on_volta(tmp_path):
+    """FlashAttention needs Turing / Ampere or newer: on V100 ``auto`` runs standard attention whatever the
+    framework's default, an explicit ``flash`` is refused, and so is context parallelism (ring attention)."""
+    v100 = {
+        "cluster": {"topology": "dgx2-v100", "num_nodes": 1},
+        "training": {"precision": "fp16", "global_batch_size": 32},
+        "parallelism": {"data_parallel": 16},
+    }
+    d = json.loads(runner.invoke(app, ["run", scenario(tmp_path, **v100), "--json"]).stdout)
+    assert d["framework"] == "pytorch-2024" and d["attention"] == "standard"
+    message = error_of(["run", scenario(tmp_path, **v100, model={"attention": "flash"})])
+    assert "model.attention: flash does not run on v100-sxm-32gb" in message
+    cp = {**v100, "parallelism": {"data_parallel": 8, "context_parallel": 2}}
+    assert "needs FlashAttention, which does not run on v100-sxm-32gb" in error_of(
+        ["run", scenario(tmp_path, **cp)]
+    )
+
+
 def test_shipped_scenarios_run_by_name_from_anywhere(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     listed = json.loads(runner.invoke(app, ["scenarios", "--json"]).stdout)

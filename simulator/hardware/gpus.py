@@ -45,7 +45,9 @@ class GPU(BaseModel):
     gemm: GemmProfile
     memory_efficiency: float
     memory_kernels: dict[str, KernelBandwidth] = {}  # per kernel kind; others reach memory_efficiency
-    flash_attention_efficiency: float
+    # None: no FlashAttention kernel for this GPU (FlashAttention-1 needs sm75+, FlashAttention-2 sm80+;
+    # Dao et al. 2022, Dao 2023, Dao-AILab/flash-attention README); ``attention: auto`` then runs standard attention
+    flash_attention_efficiency: float | None = None
     kernel_launch_s: float
     sources: str
 

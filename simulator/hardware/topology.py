@@ -207,8 +207,20 @@ def resolve_cluster_degrees(scenario: Scenario) -> Scenario:
     if scenario.framework == AUTO:
         scenario = scenario.model_copy(update={"framework": default_framework(scenario, gpu.name)})
     framework = get_framework(scenario.framework)  # errors on an unknown name
+    flash = gpu.flash_attention_efficiency is not None
+    if scenario.model.attention == "flash" and not flash:
+        raise ScenarioError(
+            f"model.attention: flash does not run on {gpu.name} (FlashAttention needs Turing / Ampere or newer); "
+            "use attention: standard (or auto)"
+        )
     if scenario.model.attention == "auto":
-        model = scenario.model.model_copy(update={"attention": framework.attention})
+        attention = framework.attention if flash else "standard"
+        if attention == "standard" and scenario.parallelism.context_parallel > 1:
+            raise ScenarioError(
+                f"parallelism.context_parallel ({scenario.parallelism.context_parallel}) needs FlashAttention, "
+                f"which does not run on {gpu.name}"
+            )
+        model = scenario.model.model_copy(update={"attention": attention})
         scenario = scenario.model_copy(update={"model": model})
     n_gpus = spec.node.gpus * scenario.cluster.num_nodes
     p = scenario.parallelism

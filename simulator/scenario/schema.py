@@ -52,7 +52,7 @@ class ModelConfig(_Section):
         "auto",
         description="standard = unfused QK^T, softmax, dropout, context; flash = one fused kernel; auto = what the "
         "framework profile runs by default (FlashAttention in PyTorch SDPA, llm-foundry and Megatron-Core; the "
-        "unfused layer in Megatron-LM before 2023).",
+        "unfused layer in Megatron-LM before 2023); standard on GPUs without FlashAttention (V100).",
     )
     position_embedding: Literal["learned", "rope", "alibi"] = "learned"
     normalization: Literal["layernorm", "rmsnorm"] = "layernorm"

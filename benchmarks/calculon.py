@@ -1,0 +1,111 @@
+"""This simulator against Calculon (calculon-ai/calculon caa4b11, Apache-2.0) on GPT-3 175B / 1,024 A100 and the
+1T model / 3,072 A100: the layouts Calculon's ``llm-optimal-execution`` search picks (its output, stored in
+docs/measurements/calculon-*.json with the command that made it), each simulated here, and this simulator's own
+pick (``clustersim plan``), with Calculon's time for that layout where it was run (``calculon llm``).
+
+    python benchmarks/calculon.py
+
+Calculon is not a dependency: its outputs are read from the stored files.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from simulator import load_scenario, simulate
+from simulator.study.plan import plan
+
+ROOT = Path(__file__).resolve().parents[1]
+MEASURED = ROOT / "docs" / "measurements"
+
+# Calculon's model files (models/gpt3-175B.json, models/megatron-1T.json) have no vocabulary; the scenarios use
+# Narayanan et al.'s (51,200), as NAR21-T1-1T does.
+CASES = {
+    "gpt3-175b-1024": {"num_layers": 96, "hidden_size": 12288, "num_attention_heads": 96, "gpus": 1024},
+    "megatron-1t-3072": {"num_layers": 128, "hidden_size": 25600, "num_attention_heads": 160, "gpus": 3072},
+}
+RECOMPUTE = {"full": "full", "attn_only": "selective", "none": "none"}
+
+
+def scenario_of(name: str, execution: dict):
+    """A Calculon execution as a scenario: its degrees, batch, micro-batch, recomputation, interleaving,
+    optimizer sharding (ZeRO-1 / distributed optimizer), sequence parallelism (its ``rs_ag`` and ``p2p_rs_ag``
+    TP communication) and TP / DP overlap, on DGX A100 nodes in fp16 with Megatron-LM's 2021 kernels."""
+    shape = CASES[name]
+    e = execution
+    v = e["pipeline_interleaving"]
+    sp = e["tensor_par_comm_type"] != "ar" and e["tensor_par"] > 1
+    parallelism = {
+        "tensor_parallel": e["tensor_par"],
+        "pipeline_parallel": e["pipeline_par"],
+        "data_parallel": e["data_par"],
+        "sequence_parallel": sp,
+        "tp_comm_overlap": sp and e["tensor_par_overlap"] != "none",
+        "zero_stage": 1 if e["optimizer_sharding"] else 0,
+        "ddp": {"overlap_grad_reduce": bool(e["data_par_overlap"])},
+    }
+    if e["pipeline_par"] > 1:
+        parallelism["pipeline_schedule"] = "interleaved-1f1b" if v > 1 else "1f1b"
+        parallelism["virtual_pipeline_stages"] = v
+    return load_scenario(
+        {
+            "name": f"{name} {describe(e)}",
+            "framework": "megatron-2021",
+            "model": {
+                **{k: shape[k] for k in ("num_layers", "hidden_size", "num_attention_heads")},
+                "seq_length": 2048,
+                "vocab_size": 51200,
+            },
+            "cluster": {"topology": "dgx-a100", "num_nodes": shape["gpus"] // 8},
+            "training": {
+                "global_batch_size": e["batch_size"],
+                "micro_batch_size": e["microbatch_size"],
+                "precision": "fp16",
+                "activation_recompute": RECOMPUTE[e["activation_recompute"]],
+            },
+            "parallelism": parallelism,
+        }
+    )
+
+
+def describe(e: dict) -> str:
+    pp = f"PP{e['pipeline_par']}" + (f"x{e['pipeline_interleaving']}" if e["pipeline_interleaving"] > 1 else "")
+    return (
+        f"TP{e['tensor_par']} {pp} DP{e['data_par']} mbs{e['microbatch_size']} rc:{e['activation_recompute']}"
+        f"{' zero1' if e['optimizer_sharding'] else ''} tp:{e['tensor_par_comm_type']}/{e['tensor_par_overlap']}"
+        f"{' dp-overlap' if e['data_par_overlap'] else ''}"
+    )
+
+
+def main() -> None:
+    for name, shape in CASES.items():
+        path = MEASURED / f"calculon-{name}.json"
+        if not path.exists():
+            print(f"{name}: no stored Calculon search ({path.name})")
+            continue
+        stored = json.loads(path.read_text())
+        print(f"\n{name}: Calculon's top layouts ({stored['command']}; {stored['executions']:,} executions)")
+        for rank, row in sorted(stored["top"].items(), key=lambda kv: int(kv[0])):
+            e, stats = row["execution"], row["stats"]
+            m = simulate(scenario_of(name, e)).metrics
+            ours = f"{m.iteration_time_s:7.1f} s, {m.memory_gib['peak']:5.1f} GiB" + (" OOM" if m.oom else "")
+            print(
+                f"  #{int(rank) + 1} {describe(e):62s} Calculon {stats['total_time']:7.1f} s,"
+                f" {stats['proc_mem_tier1_cap_req'] / 2**30:5.1f} GiB | this simulator {ours}"
+            )
+        first = stored["top"]["0"]["execution"]
+        base = scenario_of(name, first)
+        t0 = time.perf_counter()
+        r = plan(base, shape["gpus"], top=3, batch=first["batch_size"])
+        print(f"  this simulator's plan ({r['screened']} layouts screened, {time.perf_counter() - t0:.1f} s):")
+        for t in r["top"]:
+            sim = f"{t['iteration_time_s']:.1f} s, MFU {t['mfu']:.1%}" if t["status"] == "ok" else t["status"]
+            print(f"    {t['layout']:40s} {sim}")
+        for label, seconds in stored.get("calculon_on_our_picks", {}).items():
+            print(f"  Calculon (llm) on this simulator's pick {label}: {seconds:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
