@@ -71,7 +71,9 @@ def scenario_of(name: str, execution: dict):
 
 
 def describe(e: dict) -> str:
-    pp = f"PP{e['pipeline_par']}" + (f"x{e['pipeline_interleaving']}" if e["pipeline_interleaving"] > 1 else "")
+    pp = f"PP{e['pipeline_par']}" + (
+        f"x{e['pipeline_interleaving']}" if e["pipeline_interleaving"] > 1 else ""
+    )
     return (
         f"TP{e['tensor_par']} {pp} DP{e['data_par']} mbs{e['microbatch_size']} rc:{e['activation_recompute']}"
         f"{' zero1' if e['optimizer_sharding'] else ''} tp:{e['tensor_par_comm_type']}/{e['tensor_par_overlap']}"
@@ -97,12 +99,21 @@ def main() -> None:
             )
         first = stored["top"]["0"]["execution"]
         base = scenario_of(name, first)
-        t0 = time.perf_counter()
-        r = plan(base, shape["gpus"], top=3, batch=first["batch_size"])
-        print(f"  this simulator's plan ({r['screened']} layouts screened, {time.perf_counter() - t0:.1f} s):")
-        for t in r["top"]:
-            sim = f"{t['iteration_time_s']:.1f} s, MFU {t['mfu']:.1%}" if t["status"] == "ok" else t["status"]
-            print(f"    {t['layout']:40s} {sim}")
+        # Calculon's space (Megatron layouts: DDP or the distributed optimizer), then this simulator's (ZeRO-2/3, FSDP)
+        for space, options in (("Calculon's space", {"shardings": ("ddp", "zero1")}), ("all layouts", None)):
+            t0 = time.perf_counter()
+            r = plan(base, shape["gpus"], top=3, options=options, batch=first["batch_size"])
+            print(
+                f"  this simulator's plan, {space} ({r['screened']} layouts screened, "
+                f"{time.perf_counter() - t0:.1f} s):"
+            )
+            for t in r["top"]:
+                sim = (
+                    f"{t['iteration_time_s']:.1f} s, MFU {t['mfu']:.1%}"
+                    if t["status"] == "ok"
+                    else t["status"]
+                )
+                print(f"    {t['layout']:40s} {sim}")
         for label, seconds in stored.get("calculon_on_our_picks", {}).items():
             print(f"  Calculon (llm) on this simulator's pick {label}: {seconds:.1f} s")
 
