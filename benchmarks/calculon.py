@@ -32,7 +32,9 @@ RECOMPUTE = {"full": "full", "attn_only": "selective", "none": "none"}
 def scenario_of(name: str, execution: dict):
     """A Calculon execution as a scenario: its degrees, batch, micro-batch, recomputation, interleaving,
     optimizer sharding (ZeRO-1 / distributed optimizer), sequence parallelism (its ``rs_ag`` and ``p2p_rs_ag``
-    TP communication) and TP / DP overlap, on DGX A100 nodes in fp16 with Megatron-LM's 2021 kernels."""
+    TP communication) and TP / DP overlap, on DGX A100 nodes in fp16 with Megatron-LM's 2021 kernels. Calculon's
+    offload of weights, activations and optimizer states to a second memory tier has no Megatron counterpart
+    here: such layouts are simulated without it (and show as out of memory)."""
     shape = CASES[name]
     e = execution
     v = e["pipeline_interleaving"]
@@ -78,6 +80,9 @@ def describe(e: dict) -> str:
         f"TP{e['tensor_par']} {pp} DP{e['data_par']} mbs{e['microbatch_size']} rc:{e['activation_recompute']}"
         f"{' zero1' if e['optimizer_sharding'] else ''} tp:{e['tensor_par_comm_type']}/{e['tensor_par_overlap']}"
         f"{' dp-overlap' if e['data_par_overlap'] else ''}"
+        + "".join(
+            f" {k[:-8]}" for k in ("weight_offload", "activations_offload", "optimizer_offload") if e[k]
+        )
     )
 
 
