@@ -101,7 +101,6 @@ class CollectiveModel:
         # other stages' traffic at other times), so link classes carry the set of stages of their nodes
         gpn = cluster.gpus_per_node
         self._fabric_stages: dict = {}
-        self._local_bandwidth: dict[tuple[str, str], float] = {}
         self._cross: dict[tuple[str, str], float] = {}
         self._node_stages = [
             frozenset(

@@ -41,7 +41,9 @@ class Cluster:
         self.num_nodes = num_nodes
         self.gpus_per_node = spec.node.gpus
         self.gpu: GPU = get_gpu(spec.node.gpu)
-        self._switches = fabric_graph(spec, num_nodes)
+        self._switch_graph = fabric_graph(
+            spec, num_nodes
+        )  # leaves and spine: all routing needs beyond node 0
 
     @cached_property
     def graph(self) -> nx.Graph:
@@ -97,8 +99,8 @@ class Cluster:
 
     @cache  # noqa: B019 - fabric links are few
     def _fabric_info(self, u: str, v: str) -> LinkInfo:
-        if u in self._switches and v in self._switches:
-            return self._switches.edges[u, v]["info"]
+        if self._switch_graph.has_edge(u, v):
+            return self._switch_graph.edges[u, v]["info"]
         return self._nic_link["info"]  # a NIC and its leaf: every node's alike
 
     @cached_property
@@ -125,11 +127,12 @@ class Cluster:
         if node >= 0:
             return (node,)
         for name in (u, v):
-            if _NIC.match(name):
-                return (int(_NIC.match(name)[1]),)
+            if nic := _NIC.match(name):
+                return (int(nic[1]),)
+        switches = self._switch_graph
         for name in (u, v):
-            if name in self._switches and self._switches.nodes[name]["kind"] == "leaf":
-                group, per = self._switches.nodes[name]["group"], self.spec.fabric.nodes_per_leaf
+            if name in switches and switches.nodes[name]["kind"] == "leaf":
+                group, per = switches.nodes[name]["group"], self.spec.fabric.nodes_per_leaf
                 return tuple(range(group * per, min((group + 1) * per, self.num_nodes)))
         return ()
 
@@ -213,10 +216,6 @@ class Cluster:
         root = max(g.degree, key=lambda nd: nd[1])[0]
         return nx.single_source_shortest_path(g, root)
 
-    @property
-    def _switch_graph(self) -> nx.Graph:
-        return self._switches
-
 
 def _link_attrs(kind: str, GBps: float, latency_us: float, spec: TopologySpec) -> dict:
     """Edge attributes of one link: its LinkInfo (bandwidth = nominal x the topology's efficiency for that kind)
@@ -241,9 +240,7 @@ def fabric_graph(spec: TopologySpec, num_nodes: int) -> nx.Graph:
     rails = n.nics if fab.rail_optimized else 1
     for group in range(num_groups):
         for r in range(rails):
-            g.add_node(
-                f"g{group}.leaf{r}" if fab.rail_optimized else f"g{group}.leaf", kind="leaf", group=group
-            )
+            g.add_node(leaf_name(spec, group * fab.nodes_per_leaf, r), kind="leaf", group=group)
     if num_groups * rails > 1:
         ports_per_leaf = fab.nodes_per_leaf * (1 if fab.rail_optimized else n.nics)
         uplink = _link_attrs(

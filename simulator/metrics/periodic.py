@@ -11,8 +11,9 @@ So a run of m micro-batches per pipeline is simulated at m1 < m2 < m3 (multiples
 two and three times it), every total is checked to lie on one line through the three runs (within ``RELATIVE``
 of its size), and evaluated at m. A total that is not on its line (a schedule that is not periodic yet, a
 memory term that saturates between the samples) raises :class:`NotPeriodic`; the caller then moves the window
-on by one pipeline depth (two more tries), and simulates every micro-batch when none is periodic. The extrapolated numbers equal the full simulation's to float rounding (tests/test_periodic.py);
-simulated work then grows with the pipeline depth, not with depth x micro-batches.
+on by one pipeline depth (two more tries), and simulates every micro-batch when none is periodic. The
+extrapolated numbers equal the full simulation's to float rounding (tests/test_periodic.py); simulated work then
+grows with the pipeline depth, not with depth x micro-batches.
 """
 
 from __future__ import annotations
