@@ -152,3 +152,14 @@ def test_cli_flag_and_scenario_key_run_the_example_configs(tmp_path):
         ],
     )
     assert bad.exit_code == 2 and "contradicts training.global_batch_size" in bad.output
+
+
+def test_grad_accum_dtype_comes_from_data_types_and_a_bad_one_is_named(tmp_path):
+    cfg = {"train_batch_size": 8, "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "bfloat16"}}
+    s = load_scenario({**BASE, "training": {}}, deepspeed_config=write(tmp_path, cfg))
+    assert s.parallelism.zero.grad_accum_dtype == "bf16"
+    cfg["data_types"] = {"grad_accum_dtype": "int3"}
+    with pytest.raises(
+        ScenarioError, match=r"data_types\.grad_accum_dtype 'int3' is not one of fp32, fp16, bf16"
+    ):
+        load_scenario({**BASE, "training": {}}, deepspeed_config=write(tmp_path, cfg))

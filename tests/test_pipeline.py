@@ -37,7 +37,10 @@ def pipeline(p, m, schedule, v=1, equal_stages=True, ideal=True, **par):
     s = make(
         model=MODEL,
         cluster={"gpus_per_node": p},
-        training={"global_batch_size": m, "micro_batch_size": 1},
+        # DeepSpeed in fp16: bf16 would run BF16_Optimizer, whose per-tensor kernels count the end stages'
+        # embedding and output-layer tensors that this test empties
+        training={"global_batch_size": m, "micro_batch_size": 1}
+        | ({"precision": "fp16"} if schedule == "deepspeed" else {}),
         parallelism={
             "pipeline_parallel": p,
             "pipeline_schedule": schedule,
@@ -394,3 +397,64 @@ def test_uneven_end_stages_with_interleaving_split_each_stage_over_its_chunks():
     )
     with pytest.raises(ScenarioError, match="no layer"):
         simulate(bad)
+
+
+def deepspeed_pipe(zero_stage=0, precision="bf16", **zero_cfg):
+    """DeepSpeed's pipeline engine: 2 stages x 4 data-parallel ranks, 4 microbatches, an untied model."""
+    return simulate(
+        make(
+            model={**MODEL, "tied_embeddings": False},
+            training={"global_batch_size": 16, "micro_batch_size": 1, "precision": precision},
+            parallelism={
+                "pipeline_parallel": 2,
+                "data_parallel": 4,
+                "pipeline_schedule": "deepspeed",
+                "zero_stage": zero_stage,
+                "zero": zero_cfg,
+            },
+        )
+    )
+
+
+def test_deepspeed_bf16_optimizer_all_reduces_fp32_gradients_and_gathers_bf16_weights():
+    """bf16 without ZeRO runs BF16_Optimizer (engine.py _do_optimizer_sanity_check, v0.16.5): each stage
+    all-reduces its fp32 gradients, 4 bytes x 2(n-1)/n per parameter on a ring of n = 4, steps its 1/n and
+    all-gathers the bf16 weights, 2 bytes x (n-1)/n; every backward adds the bf16 gradients into the fp32 copy
+    (18 bytes per parameter). Memory: bf16 weights 2 + gradients 2 + 4 (fp32) whole, optimizer 12/n."""
+    r = deepspeed_pipe()
+    n, params = 4, [sum(u.params for u in units) for units in stage_units(r)]
+    by = r.metrics.comm_by_collective
+    mean = sum(params) / len(params)  # the metrics average over the two stages' ranks
+    assert by["all_reduce:dp"]["bytes_sent_per_gpu"] == pytest.approx(mean * 4 * 2 * (n - 1) / n, rel=1e-9)
+    assert by["all_gather:dp"]["bytes_sent_per_gpu"] == pytest.approx(mean * 2 * (n - 1) / n, rel=1e-9)
+    updates = [op for t in r.program.tasks for op in t.ops if op.name == "BF16_Optimizer update_hp_grads"]
+    assert len(updates) == 2 * 4  # every backward of both stages
+    assert {op.bytes for op in updates} == {p * 18 for p in params}
+    assert not any(op.name.startswith("gradient accumulation") for t in r.program.tasks for op in t.ops)
+    for rank, p in zip(r.program.ranks, params, strict=True):
+        assert rank.memory.grads == pytest.approx(p * 6)
+        assert rank.memory.optimizer == pytest.approx(p * 12 / n)
+    # grad_accum_dtype bf16 keeps the plain engine: one bf16 all-reduce, every rank steps every weight
+    plain = deepspeed_pipe(grad_accum_dtype="bf16").metrics.comm_by_collective
+    assert plain["all_reduce:dp"]["bytes_sent_per_gpu"] == pytest.approx(mean * 2 * 2 * (n - 1) / n, rel=1e-9)
+    assert "all_gather:dp" not in plain
+
+
+def test_deepspeed_pipeline_zero1_reduces_gradients_as_the_release_does():
+    """ReduceGrads with ZeRO-1 runs stage_1_and_2.py reduce_gradients: from v0.12.4 each bucket is all-reduced
+    (2(n-1)/n of the gradients), before one reduce per owning rank ((n-1)/n of them in all): twice the bytes."""
+    new = deepspeed_pipe(1, "fp16").metrics.comm_by_collective
+    old = deepspeed_pipe(1, "fp16", deepspeed_version="0.12.3").metrics.comm_by_collective
+    assert new["all_reduce:dp"]["bytes_sent_per_gpu"] == pytest.approx(
+        2 * old["reduce:dp"]["bytes_sent_per_gpu"], rel=1e-9
+    )
+    assert old["reduce:dp"]["count"] == 4 * new["all_reduce:dp"]["count"]  # one reduce per rank of 4
+    assert new["all_gather:dp"] == pytest.approx(old["all_gather:dp"])
+
+
+def stage_units(result):
+    from simulator.strategy.megatron import chunk_units
+
+    s, w = result.scenario, result.workload
+    chunks = chunk_units(w, s.parallelism.pipeline_parallel, 1)
+    return [chunks[(st, 0)] for st in range(s.parallelism.pipeline_parallel)]

@@ -249,3 +249,58 @@ def test_model_states_match_deepspeeds_own_estimators():
         r = simulate(make(model=UNTIED, parallelism={"zero_stage": stage, "zero": zero}))
         mem, psi = r.program.ranks[0].memory, r.workload.params_per_rank
         assert mem.params + mem.grads + mem.optimizer + mem.step == pytest.approx(expected(psi), rel=1e-12)
+
+
+def test_megatron_bf16_keeps_and_reduces_fp32_gradients():
+    """Megatron-LM's distributed-optimizer guide (docs/source/api-guide/dist_optimizer.md), bytes per parameter
+    with bf16 parameters and fp32 gradients (megatron/arguments.py turns on accumulate_allreduce_grads_in_fp32
+    for bf16): 18 without the distributed optimizer (Megatron-DeepSpeed's LocalDDP, megatron-2022), 6 + 12/d with
+    it (Megatron-Core with grad_reduce_in_fp32), whose reduce-scatter moves (d-1)/d x 4 bytes per parameter. The
+    megatron-core-2024 profile reduces in bf16 (--grad-reduce-in-bf16: 4 + 12/d), as DeepSpeed ZeRO-1 and PyTorch
+    DDP do."""
+    d = 8
+
+    def run(framework, **par):
+        return simulate(make(model=UNTIED, parallelism=par, framework=framework))
+
+    local = run("megatron-2022")
+    mem, psi = local.program.ranks[0].memory, local.workload.params_per_rank
+    assert mem.params + mem.grads + mem.optimizer == pytest.approx(18 * psi, rel=1e-12)
+    assert local.metrics.comm_by_collective["all_reduce:dp"]["bytes_sent_per_gpu"] == pytest.approx(
+        psi * 4 * 2 * (d - 1) / d, rel=1e-9
+    )
+    for fp32, grad in ((True, 4), (None, 2), (False, 2)):
+        ddp = {"overlap_grad_reduce": True, "grad_reduce_in_fp32": fp32}
+        r = run("megatron-core-2024", zero_stage=1, ddp=ddp)
+        mem = r.program.ranks[0].memory
+        assert mem.params + mem.grads + mem.optimizer == pytest.approx(
+            (2 + grad) * psi + 12 * psi / d, rel=1e-12
+        )
+        sent = r.metrics.comm_by_collective["reduce_scatter:dp"]["bytes_sent_per_gpu"]
+        assert sent == pytest.approx(psi * grad * (d - 1) / d, rel=1e-9)
+    assert run("megatron-2022", zero_stage=1).program.ranks[0].memory.grads == pytest.approx(
+        2 * psi, rel=1e-12
+    )
+    assert run("pytorch-2024").program.ranks[0].memory.grads == pytest.approx(2 * psi, rel=1e-12)
+
+
+def test_megatron_core_buckets_are_max_of_40m_and_1m_per_data_parallel_rank():
+    """megatron/training/training.py get_model: with overlap_grad_reduce the gradient buffer is cut into buckets
+    of max(40M, 1M x DP) parameters, closed at the first whole layer that fills one. The units here: embedding
+    67.6M, 8 layers of 50.4M, output layer 65.5M. DP 8 (40M): every unit alone, 10 reduce-scatters and 10
+    all-gathers; DP 64 (64M): the output layer, 4 pairs of layers, the embedding, 6; no overlap: one bucket."""
+    from simulator.strategy.zero import megatron_bucket_elements
+
+    big = {**UNTIED, "num_layers": 8, "hidden_size": 2048, "num_attention_heads": 16}
+    for overlap, dp, calls in ((True, 8, 10), (True, 64, 6), (False, 8, 1)):
+        s = make(
+            model=big,
+            cluster={"num_nodes": dp // 8},
+            training={"global_batch_size": dp},
+            parallelism={"zero_stage": 1, "ddp": {"overlap_grad_reduce": overlap}},
+            framework="megatron-core-2024",
+        )
+        r = simulate(s)
+        assert megatron_bucket_elements(s, r.workload) == (max(4e7, 1e6 * dp) if overlap else float("inf"))
+        by = r.metrics.comm_by_collective
+        assert by["reduce_scatter:dp"]["count"] == by["all_gather:dp"]["count"] == calls

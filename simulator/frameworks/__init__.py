@@ -172,6 +172,12 @@ class Framework(BaseModel):
         description="How the cross-entropy loss runs on fp32 logits: 'megatron' = vocab_parallel_cross_entropy's "
         "separate max, subtract, exp, sum and divide passes; 'torch' = F.cross_entropy (log-softmax + NLL).",
     )
+    bf16_main_grads: Literal["bf16", "fp32"] = Field(
+        "bf16",
+        description="The gradient buffer and data-parallel reduction of bf16 training, where the framework "
+        "itself reduces: 'fp32' = Megatron-LM's main_grad (megatron/arguments.py forces "
+        "accumulate_allreduce_grads_in_fp32 for bf16). DeepSpeed and PyTorch FSDP reductions follow their own rules.",
+    )
     grad_accumulation_kernels: bool = Field(
         False,
         description="Each backward adds every parameter's gradient into a separate buffer with its own kernel "

@@ -50,6 +50,12 @@ OFFLOAD_KEYS = {
 }
 AIO_KEYS = {"block_size", "queue_depth", "thread_count"}
 CHECKPOINTING_KEYS = {"partition_activations", "cpu_checkpointing"}
+# data_types.grad_accum_dtype spellings DeepSpeed accepts (deepspeed/inference/config.py DtypeEnum, v0.16.5)
+DTYPES = {
+    **dict.fromkeys(("fp32", "float32", "float", "torch.float32"), "fp32"),
+    **dict.fromkeys(("fp16", "float16", "half", "torch.float16"), "fp16"),
+    **dict.fromkeys(("bf16", "bfloat16", "bfloat", "torch.bfloat16"), "bf16"),
+}
 # DeepSpeed optimizer type (lower case) -> (training.optimizer, optimizer.params keys modelled in training.onebit)
 OPTIMIZERS = {
     "adam": ("adam", set()),
@@ -111,6 +117,7 @@ OBJECT_SECTIONS = (
     "zero_optimization.offload_param",
     "activation_checkpointing",
     "aio",
+    "data_types",
 )
 
 
@@ -190,6 +197,16 @@ def merge_deepspeed_config(data: dict, ds: dict, label: str = "deepspeed_config"
             unmodelled.append(f"aio.{key}")
     if aio:
         zero["aio"] = aio
+    for key, value in (ds.get("data_types") or {}).items():
+        if key == "grad_accum_dtype":
+            dtype = DTYPES.get(str(value)) if value is not None else None
+            if value is not None and dtype is None:
+                raise ScenarioError(
+                    f"{label}: data_types.grad_accum_dtype {value!r} is not one of fp32, fp16, bf16"
+                )
+            put(zero, "grad_accum_dtype", dtype, "data_types.grad_accum_dtype")
+        else:
+            unmodelled.append(f"data_types.{key}")
     gas = ds.get("gradient_accumulation_steps")
     zopt = ds.get("zero_optimization", {}) or {}
     if "stage" in zopt:
@@ -225,6 +242,7 @@ def merge_deepspeed_config(data: dict, ds: dict, label: str = "deepspeed_config"
                 "optimizer",
                 "activation_checkpointing",
                 "aio",
+                "data_types",
             )
             or key in NEUTRAL
         ):

@@ -238,6 +238,12 @@ class ZeroConfig(_Section):
         "(DeepSpeed >= 0.12.4, where it is the default) instead of one reduce per owning rank. Default: by "
         "deepspeed_version.",
     )
+    grad_accum_dtype: Literal["fp32", "fp16", "bf16"] | None = Field(
+        None,
+        description="DeepSpeed's data_types.grad_accum_dtype. With bf16 it picks the optimizer wrapper: fp32 "
+        "(the default without ZeRO) runs BF16_Optimizer, which accumulates and all-reduces gradients in fp32. "
+        "Default: as DeepSpeed (fp32 for bf16 without ZeRO, else the training precision).",
+    )
     reduce_bucket_size: float = Field(5e8, gt=0)
     allgather_bucket_size: float = Field(5e8, gt=0)
     contiguous_gradients: bool = Field(
@@ -305,6 +311,11 @@ class DdpConfig(_Section):
     overlap_param_gather: bool = Field(
         False,
         description="Megatron-Core: all-gather the distributed optimizer's weights under the next forward.",
+    )
+    grad_reduce_in_fp32: bool | None = Field(
+        None,
+        description="bf16 under Megatron's DDP: keep and reduce gradients in fp32 (Megatron-LM's default for bf16, "
+        "--accumulate-allreduce-grads-in-fp32; false = --grad-reduce-in-bf16). Default: the framework's.",
     )
 
 

@@ -5,7 +5,9 @@ instruction lists in lock-step (``schedules/deepspeed_train.py``): each transfer
 ``dist.send`` / ``dist.recv`` pair (deepspeed/runtime/pipe/p2p.py) that starts when the sender and the receiver
 both reach it, and neither stage computes until it ends. Megatron-DeepSpeed's GPTModelPipe sends the hidden
 states only (pretrain_gpt.py keeps the causal mask in ``args.attn_mask`` since 2021-06). After the last step every stage runs ReduceTiedGrads (the tied embedding's gradient all-reduced between the first and
-last stage), ReduceGrads (data-parallel all-reduce) and OptimizerStep: the same end as Megatron's flush.
+last stage), ReduceGrads (the data-parallel reduction as DeepSpeed's optimizer wrapper does it:
+``zero.pipeline_grad_reduction``) and OptimizerStep: the same end as Megatron's flush. With bf16 and no ZeRO the
+wrapper is BF16_Optimizer (fp32 gradients, accumulated after every backward, all-reduced in fp32).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from simulator.strategy.megatron import (
 from simulator.strategy.program import Program, RankClass
 from simulator.strategy.schedules import Step
 from simulator.strategy.schedules.deepspeed_train import commands
+from simulator.strategy.zero import HP_GRAD_UPDATE_BYTES_PER_PARAM, bf16_optimizer
+from simulator.workload.ops import Op
 from simulator.workload.transformer import Workload, collective_op
 
 
@@ -34,6 +38,21 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     pp, m = par.pipeline_parallel, s.gradient_accumulation_steps
     chunks = chunk_units(w, pp, 1)
     ops = {st: _chunk_ops(s, w, chunks[(st, 0)], (st, 0), pp, 1, False, sends=False) for st in range(pp)}
+    if bf16_optimizer(s):
+        # BF16_Optimizer: no Megatron main_grad hooks; after each backward update_hp_grads adds every bf16
+        # gradient into its fp32 copy, two kernels per parameter tensor
+        for st in range(pp):
+            fwd, bwd, wgt = ops[st]
+            params = sum(u.params for u in chunks[(st, 0)])
+            update = Op(
+                "BF16_Optimizer update_hp_grads",
+                "memory",
+                bytes=params * HP_GRAD_UPDATE_BYTES_PER_PARAM,
+                direction="backward",
+                launches=2 * _tensors(s, chunks[(st, 0)]),
+            )
+            kept = tuple(op for op in bwd if not op.name.startswith("gradient accumulation"))
+            ops[st] = (fwd, (*kept, update), wgt)
     prog = Program("deepspeed pipeline" + (f" + zero-{par.zero_stage}" if par.zero_stage else ""))
     cmds = {st: commands(pp, m, st) for st in range(pp)}
 
@@ -133,6 +152,6 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
             if any(u.name == unit for u in mine)
         ]
         label = f"stage {st}: {sum(u.is_layer for u in mine)} layers" + "".join(f" + {x}" for x in extras)
-        mem = _stage_memory(s, gpu, chunks, order[st], st, 1, stage_params[st])
+        mem = _stage_memory(s, w, gpu, chunks, order[st], st, 1, stage_params[st])
         prog.ranks.append(RankClass(label, ranks_per_stage(s), mem, stage=st))
     return prog

@@ -41,6 +41,7 @@ from simulator.strategy.common import (
 )
 from simulator.strategy.program import Program, RankClass
 from simulator.strategy.schedules import ASYNCHRONOUS, SPLITS_BACKWARD, Step, get_schedule
+from simulator.strategy.zero import bf16_optimizer, pipeline_grad_reduction
 from simulator.workload.memory import (
     MemoryBreakdown,
     activation_bytes_per_layer,
@@ -224,7 +225,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
 
     asynchronous = par.pipeline_schedule in ASYNCHRONOUS
     if asynchronous:
-        _reduce_per_batch(prog, s, order, ids, stage_params)
+        _reduce_per_batch(prog, s, w, order, ids, stage_params)
         # one iteration = the steady-state period between stage 0's first and second weight updates
         prog.window = (ids[(0, "O", 0, 0)], ids[(0, "O", 1, 0)])
     else:
@@ -242,7 +243,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
                 label,
                 ranks_per_stage(s),
                 _stage_memory(
-                    s, gpu, chunks, order[st], st, v, stage_params[st], versions=2 if asynchronous else 1
+                    s, w, gpu, chunks, order[st], st, v, stage_params[st], versions=2 if asynchronous else 1
                 ),
                 stage=st,
             )
@@ -275,9 +276,13 @@ def _flush_and_step(
     embedding's gradient, every stage agrees on the gradient norm, and each steps its optimizer."""
     par = s.parallelism
     pp, v, dp = par.pipeline_parallel, par.virtual_pipeline_stages, grad_group_size(s)
-    wb, gb = weight_bytes(s), grad_bytes(s)
+    wb, gb = weight_bytes(s), grad_bytes(s, w)
     fsdp = par.fsdp is not None  # FSDP2 under torch.distributed.pipelining (module docstring)
-    distributed = par.zero_stage == 1 or fsdp
+    deepspeed = par.pipeline_schedule == "deepspeed"  # DeepSpeed's PipelineEngine reduces as DeepSpeed does
+    bf16_opt = deepspeed and bf16_optimizer(s)
+    if bf16_opt:
+        gb = 4  # BF16_Optimizer's gradients, the tied embedding's _hp_grad included, are fp32
+    distributed = par.zero_stage == 1 or fsdp or bf16_opt
     overlap = ddp_settings(s, w)[0] and not fsdp  # FSDP's REDUCE_GRAD follows the stage's last backward
     tied = None
     if s.model.tied_embeddings and pp > 1:
@@ -297,7 +302,21 @@ def _flush_and_step(
         )
     for st in range(pp):
         reductions = []
-        if dp > 1:
+        if deepspeed:
+            rid = last_compute[st]
+            for kind, nbytes in pipeline_grad_reduction(s, stage_params[st]):
+                rid = prog.add(
+                    st,
+                    "comm.dp",
+                    kind,
+                    "backward",
+                    f"grad {kind.replace('_', '-')}",
+                    (rid,),
+                    group=grad_group(s),
+                    bytes=nbytes,
+                )
+                reductions.append(rid)
+        elif dp > 1:
             for c in range(v):
                 params = sum(u.params for u in chunks[(st, c)])
                 last_b = max(i for x, i in ids.pos[st].items() if x.chunk == c and x.kind != "F")
@@ -354,7 +373,7 @@ def _flush_and_step(
             )
 
 
-def _reduce_per_batch(prog: Program, s: Scenario, order, ids, stage_params) -> None:
+def _reduce_per_batch(prog: Program, s: Scenario, w: Workload, order, ids, stage_params) -> None:
     """Asynchronous schedules: before each optimizer step a stage all-reduces that batch's gradients over data
     parallelism (no flush, no global sync)."""
     par = s.parallelism
@@ -372,7 +391,7 @@ def _reduce_per_batch(prog: Program, s: Scenario, order, ids, stage_params) -> N
                 f"batch {step.microbatch} grad all-reduce",
                 (ids[(st, *order[st][i - 1])],),
                 group=grad_group(s),
-                bytes=stage_params[st] * grad_bytes(s),
+                bytes=stage_params[st] * grad_bytes(s, w),
             )
             opt = prog.tasks[ids[(st, *step)]]
             opt.deps = (*opt.deps, rid)
@@ -431,17 +450,29 @@ def _chunk_ops(
 
 
 def _stage_memory(
-    s: Scenario, gpu: GPU, chunks, steps: list[Step], st: int, v: int, params: float, versions: int = 1
+    s: Scenario,
+    w: Workload,
+    gpu: GPU,
+    chunks,
+    steps: list[Step],
+    st: int,
+    v: int,
+    params: float,
+    versions: int = 1,
 ) -> MemoryBreakdown:
     """Model states of the stage's layers (ZeRO-1 / distributed optimizer shards the optimizer states over DP),
     and activations for the microbatches in flight, counted by walking the schedule: +1 at a chunk's forward,
     -1 at its backward (at W for the half of the activations the weight gradient still needs). PipeDream-2BW
     keeps ``versions`` = 2 copies of the weights (the extra one counted as a buffer)."""
     par = s.parallelism
-    w_b, g_b, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
-    p_bytes, g_bytes, o_bytes = zero_model_state_bytes(
-        params, grad_group_size(s), 1 if par.fsdp else par.zero_stage, k_b, w_b, g_b
-    )
+    w_b, _, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
+    g_b = grad_bytes(s, w)
+    stage = 1 if par.fsdp else par.zero_stage
+    if par.pipeline_schedule == "deepspeed" and bf16_optimizer(s):
+        # BF16_Optimizer: the bf16 gradients of the last backward and the fp32 copy of every gradient, whole
+        # on each rank; the fp32 weights and Adam states of the rank's 1/N (bf16_optimizer.py, v0.16.5)
+        g_b, stage = g_b + 4, 1
+    p_bytes, g_bytes, o_bytes = zero_model_state_bytes(params, grad_group_size(s), stage, k_b, w_b, g_b)
     layers = {c: sum(1 for u in chunks[(st, c)] if u.is_layer) for c in range(v)}
     heads = {c: chunks[(st, c)][-1].name == "head" for c in range(v)}
 

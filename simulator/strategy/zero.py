@@ -28,6 +28,7 @@ from simulator.strategy.common import (
     add_forward,
     add_optimizer,
     buckets,
+    ddp_settings,
     grad_bytes,
     grad_group,
     grad_group_size,
@@ -62,7 +63,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     cfg = s.parallelism.zero
     dp = grad_group_size(s)
     overlap = cfg.overlap_comm if cfg.overlap_comm is not None else stage == 3
-    wb, gb = weight_bytes(s), grad_bytes(s)
+    wb, gb = weight_bytes(s), grad_bytes(s, w)
     persistent_params = 0
     if stage == 3:
         fetch = fetch_schedule(s, w)
@@ -207,6 +208,69 @@ def gradient_reduction(cfg, dp: int, implementation: str = "deepspeed") -> tuple
     return ("all_reduce", 1) if multi else ("reduce", dp)
 
 
+# deepspeed/runtime/engine.py MEMORY_OPT_ALLREDUCE_SIZE (v0.16.5): the elements per buffer of the engine's own
+# gradient all-reduce (buffered_allreduce_fallback), which the pipeline engine's ReduceGrads uses without ZeRO
+ALLREDUCE_BUFFER_ELEMENTS = 5e8
+# BF16_Optimizer.update_hp_grads after every backward (bf16_optimizer.py, v0.16.5): per parameter tensor
+# lp.grad.to(fp32) (read 2 bytes, write 4) and hp_grad.add_ (read 4 + 4, write 4)
+HP_GRAD_UPDATE_BYTES_PER_PARAM = 18
+
+
+def bf16_optimizer(s: Scenario) -> bool:
+    """Whether DeepSpeed wraps the optimizer in BF16_Optimizer (deepspeed/runtime/bf16_optimizer.py, from
+    v0.6.2): bf16 training whose gradients accumulate in fp32, i.e. without ZeRO (``get_data_types``: fp32 is
+    the default there) or ZeRO-1 with ``grad_accum_dtype: fp32`` and no offload (engine.py
+    ``_do_optimizer_sanity_check``, v0.16.5). It keeps an fp32 copy of every gradient, all-reduces it in fp32,
+    steps the rank's 1/N of the fp32 weights and all-gathers the bf16 weights: its own ZeRO-1 (BLOOM's recipe
+    ran it as ``ZERO_STAGE=0``: "bf16 must use z0! it implements its own zero stage 1 equivalent")."""
+    par, cfg = s.parallelism, s.parallelism.zero
+    if s.training.precision != "bf16" or version(cfg.deepspeed_version) < (0, 6, 2):
+        return False
+    accum = cfg.grad_accum_dtype or ("fp32" if par.zero_stage == 0 else "bf16")
+    if accum != "fp32":
+        return False
+    return par.zero_stage == 0 or (par.zero_stage == 1 and cfg.offload_optimizer.device == "none")
+
+
+def pipeline_grad_reduction(s: Scenario, params: float) -> list[tuple[str, float]]:
+    """(collective, bytes) of each call with which DeepSpeed's PipelineEngine reduces one stage's gradients over
+    data parallelism after the last microbatch (pipe/engine.py ``_exec_reduce_grads``, v0.16.5): ZeRO-1 reduces
+    ``reduce_bucket_size`` buckets as stage_1_and_2.py does (``reduce_gradients(pipeline_parallel=True)``, the
+    release's ``gradient_reduction``); BF16_Optimizer all-reduces its fp32 gradients and the plain engine the
+    16-bit ones, in ``MEMORY_OPT_ALLREDUCE_SIZE`` buffers (``buffered_allreduce_fallback``)."""
+    par, cfg = s.parallelism, s.parallelism.zero
+    dp = grad_group_size(s)
+    if dp == 1:
+        return []
+    if par.zero_stage == 1 and not bf16_optimizer(s):
+        gb = grad_bytes(s)
+        kind, calls = gradient_reduction(cfg, dp)
+        out = []
+        for n in _split(params, cfg.reduce_bucket_size):
+            out += [(kind, n * gb / calls)] * calls
+        return out
+    gb = 4 if bf16_optimizer(s) else grad_bytes(s)
+    return [("all_reduce", n * gb) for n in _split(params, ALLREDUCE_BUFFER_ELEMENTS)]
+
+
+def _split(elements: float, per_buffer: float) -> list[float]:
+    """``elements`` in buffers of ``per_buffer`` (the last one partly filled)."""
+    full = int(elements // per_buffer)
+    rest = elements - full * per_buffer
+    return [per_buffer] * full + ([rest] if rest > 0 else [])
+
+
+def megatron_bucket_elements(s: Scenario, w: Workload) -> float:
+    """Parameters per gradient (and parameter all-gather) bucket of Megatron-Core's DDP: with
+    overlap_grad_reduce max(40M, 1M x DP) ("make buckets larger to ensure that chunks used in NCCL ring-reduce
+    implementations are large enough to remain bandwidth-bound", megatron/training/training.py get_model,
+    core_r0.8), without it one bucket; ``ddp.bucket_cap_mb`` in the scenario overrides."""
+    overlap, _ = ddp_settings(s, w)
+    if s.parallelism.ddp.bucket_cap_mb is not None:
+        return s.parallelism.ddp.bucket_cap_mb * 2**20 / grad_bytes(s, w)
+    return max(4e7, 1e6 * grad_group_size(s)) if overlap else math.inf
+
+
 def _stage_1_2(p: Program, s: Scenario, w: Workload, us: list[Unit], overlap: bool) -> None:
     """One iteration; with ZeRO-Offload's delayed parameter update three, measured in steady state."""
     if not s.parallelism.zero.offload_optimizer.delayed_param_update:
@@ -234,12 +298,13 @@ def _iteration_1_2(
     GPU). ``ready``: a task the first forward waits for."""
     stage, cfg, gas = s.parallelism.zero_stage, s.parallelism.zero, s.gradient_accumulation_steps
     dp = grad_group_size(s)
-    gb, wb = grad_bytes(s), weight_bytes(s)
+    gb, wb = grad_bytes(s, w), weight_bytes(s)
     offload = optimizer_device(s) is not None
     reductions: list[int] = []
-    gathers = (
-        buckets([(u.index, u.params * wb) for u in us], cfg.allgather_bucket_size * wb) if dp > 1 else []
-    )
+    reduce_elements, gather_elements = cfg.reduce_bucket_size, cfg.allgather_bucket_size
+    if w.framework.zero == "megatron":
+        reduce_elements = gather_elements = megatron_bucket_elements(s, w)
+    gathers = buckets([(u.index, u.params * wb) for u in us], gather_elements * wb) if dp > 1 else []
     # Megatron-Core --overlap-param-gather: the previous step's updated weights are all-gathered under this
     # iteration's forward (steady state), each unit's first forward waiting only for its own bucket
     ahead = {}
@@ -266,9 +331,7 @@ def _iteration_1_2(
             add_forward(p, u, mb, deps, ops=ops, sync=i == 0 and microbatch_sync(w))
         reduce = (dp > 1 or offload) and (stage == 2 or mb == gas - 1)
         plan = (
-            buckets([(u.index, u.params * gb) for u in reversed(us)], cfg.reduce_bucket_size * gb)
-            if reduce
-            else []
+            buckets([(u.index, u.params * gb) for u in reversed(us)], reduce_elements * gb) if reduce else []
         )
         closes = {b[0][-1]: b for b in plan}
         blocking = None
