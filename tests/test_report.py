@@ -133,3 +133,29 @@ def test_static_timeline_image(report, tmp_path):
 def test_image_with_an_unknown_extension_is_refused(report):
     r = CliRunner().invoke(app, ["run", str(report.parent / "s.yaml"), "--image", "x.gif"])
     assert r.exit_code == 2 and "use a .png, .svg or .pdf" in r.output
+
+
+def test_the_topology_panel_draws_the_first_nodes_of_the_full_graph():
+    """The report draws the first nodes from a graph of those nodes only (a 16,384-GPU cluster's full graph
+    takes most of a second to build): the same devices and links as the full graph has among them."""
+    from simulator.hardware.cluster import Cluster
+    from simulator.hardware.topology import cluster_spec
+    from simulator.scenario.loader import load_scenario
+
+    s = load_scenario(
+        {
+            "name": "t",
+            "model": {"num_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "seq_length": 256,
+                      "vocab_size": 1024},
+            "cluster": {"topology": "dgx-h100", "num_nodes": 64},
+            "training": {"global_batch_size": 512, "micro_batch_size": 1},
+        }
+    )  # fmt: skip
+    c = Cluster(cluster_spec(s), 64)
+    part, full = c.first_nodes_graph(2), c.graph
+    switches = {n for n in full if full.nodes[n]["kind"] in ("leaf", "spine")}
+    kept = {n for n in full if n.startswith(("n0.", "n1."))} | switches
+    assert set(part) == kept
+    expected = {frozenset(e) for e in full.subgraph(kept).edges}
+    assert {frozenset(e) for e in part.edges} == expected
+    assert len(part) < len(full) / 10

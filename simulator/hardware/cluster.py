@@ -50,6 +50,12 @@ class Cluster:
         """Every device and link of the cluster (built on first use; routing does not need it)."""
         return build_graph(self.spec, self.num_nodes, self.gpu)
 
+    @cache  # noqa: B019 - one or two small graphs per cluster, for reports
+    def first_nodes_graph(self, nodes: int) -> nx.Graph:
+        """The graph with the devices of the first ``nodes`` nodes only, and every switch: what a report draws,
+        without building 16,384 GPUs' worth of graph."""
+        return build_graph(self.spec, self.num_nodes, self.gpu, wired=nodes)
+
     # -- naming -------------------------------------------------------------------------------------------
     @property
     def num_gpus(self) -> int:
@@ -306,12 +312,13 @@ def node_graph(spec: TopologySpec, k: int, gpu: GPU, g: nx.Graph | None = None) 
     return g
 
 
-def build_graph(spec: TopologySpec, num_nodes: int, gpu: GPU) -> nx.Graph:
+def build_graph(spec: TopologySpec, num_nodes: int, gpu: GPU, wired: int | None = None) -> nx.Graph:
     """Wire ``num_nodes`` identical nodes into a (rail-optimized) two-level fat tree: every node's graph, the
-    switches, and each NIC's link to its leaf."""
+    switches, and each NIC's link to its leaf. ``wired``: only the first that many nodes' devices (the
+    switches are all there), for drawing part of a big cluster."""
     g = fabric_graph(spec, num_nodes)
     nic = _link_attrs(spec.node.nic_kind, spec.node.nic_bandwidth_gbps / 8, spec.node.nic_latency_us, spec)
-    for k in range(num_nodes):
+    for k in range(num_nodes if wired is None else min(wired, num_nodes)):
         node_graph(spec, k, gpu, g)
         for i in range(spec.node.nics):
             g.add_edge(f"n{k}.nic{i}", leaf_name(spec, k, i), **nic)

@@ -156,7 +156,7 @@ def link_figure(result: Result, top: int = 6, bins: int = 200) -> go.Figure:
 
 
 def _link_kind(result: Result, cls) -> str:
-    g = result.cluster.graph
+    g = result.cluster.first_nodes_graph(1)
     for u, v in ((f"n0.{cls[1]}", f"n0.{cls[2]}"),):
         if g.has_edge(u, v):
             return g.edges[u, v]["info"].kind
@@ -165,7 +165,7 @@ def _link_kind(result: Result, cls) -> str:
 
 def topology_figure(result: Result, max_nodes: int = 2) -> go.Figure:
     """The first nodes of the graph, GPUs coloured by pipeline stage and labelled with their TP / DP group."""
-    g = result.cluster.graph
+    g = result.cluster.first_nodes_graph(max_nodes)
     keep = [
         n for n in g if any(n.startswith(f"n{k}.") for k in range(min(max_nodes, result.cluster.num_nodes)))
     ]
