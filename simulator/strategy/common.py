@@ -180,23 +180,23 @@ def add_optimizer(
     return p.add(rank, COMPUTE, "optimizer", "optimizer", "optimizer step", deps, ops=ops, sync=sync)
 
 
-def grad_bytes(s: Scenario, w=None) -> int:
+def grad_bytes(s: Scenario, framework=None) -> int:
     """Bytes per gradient element, in memory and on the wire: the training precision (PyTorch DDP and FSDP,
     DeepSpeed ZeRO), except bf16 where Megatron runs the reduction with fp32 main gradients
     (``parallelism.ddp.grad_reduce_in_fp32``, else ``framework.bf16_main_grads``; megatron/arguments.py:
-    "bfloat16 requires gradient accumulation and all-reduce to be done in fp32"). ``w``: the workload, whose
-    framework decides; without it, the precision.
-    DeepSpeed's BF16_Optimizer is the pipeline engine's (``zero.bf16_optimizer``)."""
+    "bfloat16 requires gradient accumulation and all-reduce to be done in fp32"). ``framework``: the run's
+    profile, which decides; without it, the precision. DeepSpeed's BF16_Optimizer is the pipeline engine's
+    (``zero.bf16_optimizer``)."""
     g = state_bytes_per_param(s.training.precision, s.training.optimizer)[1]
-    if w is None or s.training.precision != "bf16":
+    if framework is None or s.training.precision != "bf16":
         return g
     par = s.parallelism
     deepspeed = par.pipeline_schedule == "deepspeed" or par.zero_stage >= 2
-    if par.fsdp is not None or deepspeed or (par.zero_stage == 1 and w.framework.zero == "deepspeed"):
+    if par.fsdp is not None or deepspeed or (par.zero_stage == 1 and framework.zero == "deepspeed"):
         return g
     fp32 = par.ddp.grad_reduce_in_fp32
     if fp32 is None:
-        fp32 = w.framework.bf16_main_grads == "fp32"
+        fp32 = framework.bf16_main_grads == "fp32"
     return 4 if fp32 else g
 
 
@@ -238,7 +238,7 @@ def memory_breakdown(
     """Per-GPU memory: model states sharded over ``shards`` ranks as ZeRO stage ``stage`` (FSDP = 3), plus
     ``unsharded_params`` kept whole on every rank, activations of every layer, and the strategy's buffers."""
     w_b, _, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
-    g_b = grad_bytes(s, w)
+    g_b = grad_bytes(s, w.framework)
     params, grads, opt = zero_model_state_bytes(w.params_per_rank, shards, stage, k_b, w_b, g_b)
     params += unsharded_params * w_b * (1 - 1 / shards)
     mem = MemoryBreakdown(params, grads, opt, activation_memory(s, w.num_layers), buffers, gpu.hbm_bytes)

@@ -37,7 +37,7 @@ def build(s: Scenario, w: Workload, gpu: GPU, reduce_gradients: bool = True) -> 
     overlap, cap = ddp_settings(s, w)
     p = Program("single-gpu" if dp == 1 else "ddp")
     us = units(w)
-    gb = grad_bytes(s, w)
+    gb = grad_bytes(s, w.framework)
     total = sum(u.params for u in us) * gb
     reductions: list[int] = []
     setup: dict = {}

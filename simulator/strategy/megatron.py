@@ -276,7 +276,7 @@ def _flush_and_step(
     embedding's gradient, every stage agrees on the gradient norm, and each steps its optimizer."""
     par = s.parallelism
     pp, v, dp = par.pipeline_parallel, par.virtual_pipeline_stages, grad_group_size(s)
-    wb, gb = weight_bytes(s), grad_bytes(s, w)
+    wb, gb = weight_bytes(s), grad_bytes(s, w.framework)
     fsdp = par.fsdp is not None  # FSDP2 under torch.distributed.pipelining (module docstring)
     deepspeed = par.pipeline_schedule == "deepspeed"  # DeepSpeed's PipelineEngine reduces as DeepSpeed does
     bf16_opt = deepspeed and bf16_optimizer(s)
@@ -391,7 +391,7 @@ def _reduce_per_batch(prog: Program, s: Scenario, w: Workload, order, ids, stage
                 f"batch {step.microbatch} grad all-reduce",
                 (ids[(st, *order[st][i - 1])],),
                 group=grad_group(s),
-                bytes=stage_params[st] * grad_bytes(s, w),
+                bytes=stage_params[st] * grad_bytes(s, w.framework),
             )
             opt = prog.tasks[ids[(st, *step)]]
             opt.deps = (*opt.deps, rid)
@@ -466,7 +466,7 @@ def _stage_memory(
     keeps ``versions`` = 2 copies of the weights (the extra one counted as a buffer)."""
     par = s.parallelism
     w_b, _, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
-    g_b = grad_bytes(s, w)
+    g_b = grad_bytes(s, w.framework)
     stage = 1 if par.fsdp else par.zero_stage
     if par.pipeline_schedule == "deepspeed" and bf16_optimizer(s):
         # BF16_Optimizer: the bf16 gradients of the last backward and the fp32 copy of every gradient, whole

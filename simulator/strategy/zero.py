@@ -63,7 +63,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     cfg = s.parallelism.zero
     dp = grad_group_size(s)
     overlap = cfg.overlap_comm if cfg.overlap_comm is not None else stage == 3
-    wb, gb = weight_bytes(s), grad_bytes(s, w)
+    wb, gb = weight_bytes(s), grad_bytes(s, w.framework)
     persistent_params = 0
     if stage == 3:
         fetch = fetch_schedule(s, w)
@@ -267,7 +267,7 @@ def megatron_bucket_elements(s: Scenario, w: Workload) -> float:
     core_r0.8), without it one bucket; ``ddp.bucket_cap_mb`` in the scenario overrides."""
     overlap, _ = ddp_settings(s, w)
     if s.parallelism.ddp.bucket_cap_mb is not None:
-        return s.parallelism.ddp.bucket_cap_mb * 2**20 / grad_bytes(s, w)
+        return s.parallelism.ddp.bucket_cap_mb * 2**20 / grad_bytes(s, w.framework)
     return max(4e7, 1e6 * grad_group_size(s)) if overlap else math.inf
 
 
@@ -298,7 +298,7 @@ def _iteration_1_2(
     GPU). ``ready``: a task the first forward waits for."""
     stage, cfg, gas = s.parallelism.zero_stage, s.parallelism.zero, s.gradient_accumulation_steps
     dp = grad_group_size(s)
-    gb, wb = grad_bytes(s, w), weight_bytes(s)
+    gb, wb = grad_bytes(s, w.framework), weight_bytes(s)
     offload = optimizer_device(s) is not None
     reductions: list[int] = []
     reduce_elements, gather_elements = cfg.reduce_bucket_size, cfg.allgather_bucket_size

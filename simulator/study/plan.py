@@ -29,6 +29,7 @@ from simulator.hardware.placement import Placement
 from simulator.hardware.topology import cluster_spec
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
+from simulator.strategy.common import grad_bytes
 from simulator.workload.memory import activation_bytes_per_layer, head_activation_bytes, state_bytes_per_param
 from simulator.workload.transformer import build_workload
 
@@ -310,7 +311,8 @@ class Screen:
         )
 
     def memory(self, lay: Layout, psi: float, s: Scenario) -> float:
-        w_b, g_b, k_b = state_bytes_per_param(self.base.training.precision, self.base.training.optimizer)
+        w_b, _, k_b = state_bytes_per_param(self.base.training.precision, self.base.training.optimizer)
+        g_b = grad_bytes(s, self.framework)  # as the simulation keeps them (Megatron's fp32 main grads)
         n = lay.dp
         stage = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}[lay.sharding]
         states = (
