@@ -29,7 +29,7 @@ from simulator.strategy.schedules import Step
 from simulator.strategy.schedules.deepspeed_train import commands
 from simulator.strategy.zero import HP_GRAD_UPDATE_BYTES_PER_PARAM, bf16_optimizer
 from simulator.workload.ops import Op
-from simulator.workload.transformer import Workload, collective_op
+from simulator.workload.transformer import GRAD_ACCUMULATION, Workload, collective_op
 
 
 def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
@@ -38,20 +38,21 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     pp, m = par.pipeline_parallel, s.gradient_accumulation_steps
     chunks = chunk_units(w, pp, 1)
     ops = {st: _chunk_ops(s, w, chunks[(st, 0)], (st, 0), pp, 1, False, sends=False) for st in range(pp)}
+    stage_params = [sum(u.params for u in chunks[(st, 0)]) for st in range(pp)]
+    stage_tensors = [_tensors(s, chunks[(st, 0)]) for st in range(pp)]
     if bf16_optimizer(s):
         # BF16_Optimizer: no Megatron main_grad hooks; after each backward update_hp_grads adds every bf16
         # gradient into its fp32 copy, two kernels per parameter tensor
         for st in range(pp):
             fwd, bwd, wgt = ops[st]
-            params = sum(u.params for u in chunks[(st, 0)])
             update = Op(
                 "BF16_Optimizer update_hp_grads",
                 "memory",
-                bytes=params * HP_GRAD_UPDATE_BYTES_PER_PARAM,
+                bytes=stage_params[st] * HP_GRAD_UPDATE_BYTES_PER_PARAM,
                 direction="backward",
-                launches=2 * _tensors(s, chunks[(st, 0)]),
+                launches=2 * stage_tensors[st],
             )
-            kept = tuple(op for op in bwd if not op.name.startswith("gradient accumulation"))
+            kept = tuple(op for op in bwd if not op.name.startswith(GRAD_ACCUMULATION))
             ops[st] = (fwd, (*kept, update), wgt)
     prog = Program("deepspeed pipeline" + (f" + zero-{par.zero_stage}" if par.zero_stage else ""))
     cmds = {st: commands(pp, m, st) for st in range(pp)}
@@ -141,8 +142,6 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
         last_compute.append(max(steps.values()))
     step_ids = _StepIds(pos)
     order = {st: [x for x in sorted(pos[st], key=pos[st].get)] for st in range(pp)}
-    stage_params = [sum(u.params for u in chunks[(st, 0)]) for st in range(pp)]
-    stage_tensors = [_tensors(s, chunks[(st, 0)]) for st in range(pp)]
     _flush_and_step(prog, s, w, order, step_ids, chunks, stage_params, stage_tensors, last_compute)
     for st in range(pp):
         mine = chunks[(st, 0)]

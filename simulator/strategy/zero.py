@@ -242,14 +242,15 @@ def pipeline_grad_reduction(s: Scenario, params: float) -> list[tuple[str, float
     dp = grad_group_size(s)
     if dp == 1:
         return []
-    if par.zero_stage == 1 and not bf16_optimizer(s):
+    bf16 = bf16_optimizer(s)
+    if par.zero_stage == 1 and not bf16:
         gb = grad_bytes(s)
         kind, calls = gradient_reduction(cfg, dp)
         out = []
         for n in _split(params, cfg.reduce_bucket_size):
             out += [(kind, n * gb / calls)] * calls
         return out
-    gb = 4 if bf16_optimizer(s) else grad_bytes(s)
+    gb = 4 if bf16 else grad_bytes(s)
     return [("all_reduce", n * gb) for n in _split(params, ALLREDUCE_BUFFER_ELEMENTS)]
 
 

@@ -27,6 +27,10 @@ from simulator.workload.ops import (  # noqa: F401  (re-exported: strategies bui
     sync_op,
 )
 
+# the name prefix of Megatron's main_grad accumulation kernels (strategies whose framework runs no such hooks,
+# DeepSpeed's BF16_Optimizer, drop them by it)
+GRAD_ACCUMULATION = "gradient accumulation"
+
 
 @dataclass(frozen=True)
 class Block:
@@ -293,7 +297,7 @@ def build_workload(s: Scenario, framework: Framework | None = None) -> Workload:
         if not fw.grad_accumulation_kernels:
             return None
         return Op(
-            f"gradient accumulation ({name})",
+            f"{GRAD_ACCUMULATION} ({name})",
             "memory",
             bytes=params * (2 + 2 * main_bytes),
             direction="backward",
