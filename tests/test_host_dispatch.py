@@ -5,6 +5,7 @@ import pytest
 from conftest import make
 
 from simulator.api import simulate
+from simulator.costs.collectives import Phase
 from simulator.costs.dispatch import task_cost
 from simulator.engine.engine import simulate_program
 from simulator.frameworks import HostProfile, Syncs, get_framework
@@ -154,3 +155,55 @@ def test_megatron_deepspeed_layers_synchronise_twice_in_forward():
     assert fwd.count("sync") == 2 and [op.kind for op in r.workload.layer.backward].count("sync") == 0
     names = [op.name for op in r.workload.layer.forward]
     assert names.index("post-attention layernorm") < fwd.index("sync") < names.index("mlp up projection")
+
+
+def hooked_program(issuer_sync: bool, host_wait: bool = False):
+    """Two GPU-bound steps of n kernels on rank 0 and a D-second transfer on another stream, issued by the host
+    after it has issued step 0 (a framework hook), or in its own right while step 1's host waits for it."""
+    p = Program("test")
+    t0 = p.add_compute(0, "forward", "forward", "t0", (), kernels(10), -1)
+    x = p.add(0, "comm", "all_gather", "forward", "x", (), group="dp", bytes=1.0, issued_after=t0)
+    t1 = p.add_compute(0, "forward", "forward", "t1", (), kernels(10), -1, issuer_sync)
+    if host_wait:
+        p.tasks[t1].host_waits = (x,)
+    return p, t0, x, t1
+
+
+def run_hooked(p, c, g, d, host):
+    gpu = FixedGpu(g)
+    return simulate_program(
+        p, lambda t: task_cost(t.ops, gpu, lambda op: 0.0, host), lambda t: [Phase(d, {})]
+    )
+
+
+def test_a_call_issued_by_a_hook_starts_when_the_host_gets_there():
+    """A transfer issued after the host has issued step 0 starts at n c when the host runs ahead of the GPU
+    (at 0 without a host model: an infinitely fast host); one issued after a step that synchronises first
+    starts only once the GPU has caught up and the host has issued that step."""
+    c, g, n, d = 5e-6, 20e-6, 10, 1e-3
+    p, t0, x, _ = hooked_program(False)
+    tl = run_hooked(p, c, g, d, HostProfile(forward_kernel_s=c))
+    assert tl.start[x] == pytest.approx(n * c, rel=1e-12)
+    assert tl.end[x] == pytest.approx(n * c + d, rel=1e-12)
+    assert tl.blocker[x] == t0
+    assert run_hooked(hooked_program(False)[0], c, g, d, HostProfile()).start[x] == 0.0
+    # issued after step 1, which synchronises first: the host waits for step 0's GPU end (c + n g), issues step
+    # 1 (n c more), and only then reaches the hook
+    p = Program("test")
+    p.add_compute(0, "forward", "forward", "t0", (), kernels(n), -1)
+    t1 = p.add_compute(0, "forward", "forward", "t1", (), kernels(n), -1, True)
+    x = p.add(0, "comm", "all_gather", "forward", "x", (), group="dp", bytes=1.0, issued_after=t1)
+    tl = run_hooked(p, c, g, d, HostProfile(forward_kernel_s=c))
+    assert tl.start[x] == pytest.approx(c + n * g + n * c, rel=1e-12)
+    assert tl.blocker[x] == t1
+
+
+def test_a_host_wait_on_another_stream_stalls_the_steps_after_it():
+    """Step 1's host blocks on the transfer (an event synchronised on its stream): it issues step 1's first
+    kernel c after the transfer ends, so step 1 ends at n c + D + c + n g, the GPU idle in between."""
+    c, g, n, d = 5e-6, 20e-6, 10, 1e-3
+    p, t0, x, t1 = hooked_program(False, host_wait=True)
+    tl = run_hooked(p, c, g, d, HostProfile(forward_kernel_s=c))
+    assert tl.end[t0] == pytest.approx(c + n * g, rel=1e-12)
+    assert tl.end[t1] == pytest.approx(n * c + d + c + n * g, rel=1e-12)
+    assert tl.host_idle[t1] == pytest.approx(tl.end[t1] - tl.end[t0] - n * g, rel=1e-9)

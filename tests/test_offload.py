@@ -194,9 +194,38 @@ def test_cpu_checkpointing_moves_checkpoints_to_host_memory_over_pcie():
     assert m1.host == pytest.approx(24 * ckpt * 8)  # every GPU of the node
     copies, gas = cpu.metrics.comm_by_collective, cpu.scenario.gradient_accumulation_steps
     assert gas == 2  # 8 samples / (2 per microbatch x 2 data-parallel ranks)
-    assert copies["d2h:host"]["bytes_pcie_per_gpu"] == pytest.approx(24 * ckpt * gas)
-    assert copies["h2d:host"]["bytes_pcie_per_gpu"] == pytest.approx(24 * ckpt * gas)
+    assert copies["d2h_pageable:host"]["bytes_pcie_per_gpu"] == pytest.approx(24 * ckpt * gas)
+    assert copies["h2d_pageable:host"]["bytes_pcie_per_gpu"] == pytest.approx(24 * ckpt * gas)
     assert cpu.metrics.iteration_time_s > part.metrics.iteration_time_s
+
+
+def test_cpu_checkpoints_are_synchronous_pageable_copies():
+    """DeepSpeed's CheckpointFunction copies the layer input to pageable host memory (``partition.cpu()``) before
+    the layer runs and back (``copy_`` into a fresh device buffer) before the recomputation: both staged by the
+    driver (three passes over host memory, against one for a pinned copy) and neither hidden under a kernel."""
+    part = checkpointing(partition_activations=True)
+    cpu = checkpointing(partition_activations=True, cpu_checkpointing=True)
+    fwd, recompute = cpu.workload.layer.forward, cpu.workload.layer.recompute_full
+    assert (fwd[0].name, fwd[0].collective, fwd[0].overlaps) == ("checkpoint to host", "d2h_pageable", "")
+    assert recompute[0].collective == "h2d_pageable"
+    assert not any(op.name.startswith("checkpoint") for op in recompute[1:] if op.kind != "collective")
+    # pageable whatever the offload buffers are: here ZeRO-Offload's are pinned
+    offload = run(offload_optimizer={"device": "cpu", "pin_memory": True})
+    host = HostModel(offload.comm, offload.scenario)
+
+    def hostmem(phase):
+        return sum(d for c, d in phase.demand_s.items() if "hostmem" in c[1:])
+
+    for kind in ("d2h", "h2d"):
+        (pinned,) = host.phases(kind, "host", 1e9)
+        (pageable,) = host.phases(f"{kind}_pageable", "host", 1e9)
+        assert hostmem(pageable) == pytest.approx(3 * hostmem(pinned))
+    # every layer's forward is longer by its copy out, alone on its links
+    copy_s = cpu.op_comm_time_s(fwd[0])
+    layer = [t for t in cpu.program.tasks if t.kind == "forward" and t.name.startswith("layer")]
+    plain = [t for t in part.program.tasks if t.kind == "forward" and t.name.startswith("layer")]
+    grown = (cpu.timeline.busy[layer[0].id] - part.timeline.busy[plain[0].id]) / copy_s
+    assert grown == pytest.approx(1.0, rel=1e-6)
 
 
 def test_offload_copies_and_gpudirect_traffic_share_the_pcie_switch():

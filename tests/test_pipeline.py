@@ -364,6 +364,27 @@ def test_deepspeed_pipeline_transfers_block_both_stages():
     assert last_b == pytest.approx((m + 1) * (f + b) + 2 * m * transfer, rel=1e-9)
 
 
+@pytest.mark.parametrize("p,m", [(4, 4), (4, 8), (8, 8), (8, 16)])
+def test_deepspeed_pipeline_transfers_on_deeper_pipelines(p, m):
+    """Past two stages a middle stage meets both neighbours: every forward step starts with its gradient send
+    and activation receive, every backward step with its gradient receive and activation send, and the stages
+    stay in 1F1B's rhythm (f + b per microbatch). Stage 0's last backward ends at
+    (m + p - 1)(f + b) + (4m + 2p - 8) T: found by replaying TrainSchedule's blocking pairs independently
+    (each send and its receive start when both stages reach them and end T later) for p = 3..8, any f, b, T."""
+    r = pipeline(p, m, "deepspeed", ideal=False)
+    tl, tasks = r.timeline, r.program.tasks
+
+    def length(kind):
+        durations = {round(tl.end[t.id] - tl.start[t.id], 12) for t in tasks if t.kind == kind}
+        assert len(durations) == 1
+        return durations.pop()
+
+    f, b, transfer = length("forward"), length("backward"), length("send_recv")
+    assert transfer > 0
+    last_b = max(tl.end[t.id] for t in tasks if t.kind == "backward" and t.rank == 0)
+    assert last_b == pytest.approx((m + p - 1) * (f + b) + (4 * m + 2 * p - 8) * transfer, rel=1e-9)
+
+
 def test_uneven_end_stages_with_interleaving_split_each_stage_over_its_chunks():
     """Llama 3 405B's layout in small: 14 layers on 4 stages x 2 chunks with 3 layers on the end stages: the
     middle stages hold 4 (2 per chunk), the first stage's first chunk and the last stage's last chunk one layer

@@ -195,3 +195,32 @@ def test_deepspeed_hooks_cost_host_time_per_module_invocation():
     (loops,) = [op.host_s for op in step.ops if op.kind == "host"]
     tensors = parameter_tensors(r.scenario, 2, True, True)
     assert loops == pytest.approx(tensors * (host.optimizer_tensor_s + host.zero3_tensor_step_s), rel=1e-12)
+
+
+def test_zero3_calls_go_out_as_the_host_reaches_the_hooks_and_at_most_three_reductions_fly():
+    """DeepSpeed's coordinator issues each all-gather from a module's hook, so a call starts no earlier than the
+    host has issued the compute before that module's layer; before flushing a gradient bucket the host
+    synchronises on the reduction three flushes back (stage3.py: more than max_param_reduce_events = 2
+    outstanding), so it issues nothing more until then. On a slow network with one bucket per matrix the
+    reductions fall behind and that wait binds."""
+    s = make(
+        model={**GPT, "num_layers": 4},
+        cluster={"num_nodes": 2, "gpus_per_node": 1, "nic_bandwidth_gbps": 10.0},
+        training={"global_batch_size": 2},
+        parallelism={"zero_stage": 3, "zero": {"reduce_bucket_size": 1e5, "overlap_comm": True}},
+    )
+    r = simulate(s.model_copy(update={"framework": "pytorch-2024"}))
+    tl, tasks = r.timeline, r.program.tasks
+    gathers = [t for t in tasks if t.kind == "all_gather"]
+    assert gathers and all(t.issued_after >= 0 for t in gathers[1:])
+    assert all(tl.start[t.id] >= tl.issued[t.issued_after] for t in gathers if t.issued_after >= 0)
+    reductions = [t.id for t in tasks if t.kind == "reduce_scatter"]
+    assert len(reductions) >= 8
+    waiting = [t for t in tasks if t.host_waits]
+    assert waiting
+    for t in waiting:
+        (r3,) = t.host_waits
+        assert reductions.index(r3) <= len(reductions) - 4  # three more were launched after it
+        assert tl.issued[t.id] >= tl.end[r3]
+    # the wait binds: some step's host resumed only when a reduction ended, leaving the GPU idle
+    assert any(tl.host_idle[t.id] > 0 and tl.start[t.id] >= tl.end[t.host_waits[0]] for t in waiting)

@@ -9,7 +9,10 @@ share its uplink; every GPU of a socket shares its memory channels; NVMe volumes
 traffic on the same PCIe switch slow each other down in the engine.
 
 Task kinds (``Task.group`` is ``host`` or ``nvme``: where the data lives):
-  ``d2h`` / ``h2d``             GPU -> storage / storage -> GPU; via pinned host buffers for ``nvme``
+  ``d2h`` / ``h2d``             GPU -> storage / storage -> GPU; via pinned host buffers for ``nvme``; pinned or
+                                 not as the offload section says (``pin_memory``)
+  ``d2h_pageable`` / ``h2d_pageable``  the same copy to or from pageable host memory, whatever the offload
+                                 settings (``tensor.cpu()``, DeepSpeed's host activation checkpoints)
   ``nvme_read`` / ``nvme_write`` NVMe <-> host memory (optimizer-state swapping; ``bytes`` per GPU)
   ``cpu_optimizer``              the optimizer step on the host CPU; ``bytes`` is the rank's parameter count
 """
@@ -23,6 +26,7 @@ from simulator.errors import ScenarioError
 from simulator.scenario.schema import Scenario
 
 HOST_GROUPS = frozenset({"host", "nvme"})
+COPIES = ("d2h", "h2d", "d2h_pageable", "h2d_pageable")  # GPU <-> host memory (or NVMe through it)
 
 # CPU-Adam streams, per parameter, fp32 weight, gradient, momentum and variance in (16 bytes), the updated
 # weight, momentum and variance out (12) and a 16-bit weight copy for the GPU (2): memory-bound on a
@@ -86,9 +90,10 @@ class HostModel:
             return (read, step, write)
         if kind in ("nvme_read", "nvme_write"):
             return (self._nvme(node, len(gpus) * nbytes, to_host=kind == "nvme_read"),)
-        if kind not in ("d2h", "h2d"):
+        if kind not in COPIES:
             raise ValueError(kind)
-        up = kind == "h2d"
+        up = kind.startswith("h2d")
+        pinned = self.pinned.get(kind, False)
         load: dict = defaultdict(float)
         latency = 0.0
         for g in gpus:
@@ -99,7 +104,7 @@ class HostModel:
                 load[link] += nbytes
                 if link[2] == "hostmem" or link[1] == "hostmem":
                     # pageable memory: the driver stages through a pinned buffer, one more copy in host memory
-                    load[link] += 0.0 if self.pinned[kind] else 2 * nbytes
+                    load[link] += 0.0 if pinned else 2 * nbytes
         phase = self._phase(load, latency)
         if group == "nvme":  # through pinned host buffers, prefetched: both legs stream at once
             return (_merge(phase, self._nvme(node, len(gpus) * nbytes, to_host=up)),)

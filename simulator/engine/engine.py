@@ -25,6 +25,12 @@ starts issuing it, and ``span_s`` = max over its kernels i of (host time to issu
 kernels i..n): exact for a host that issues kernels back to back, in O(1) per task. When kernels are long the
 host runs ahead and ``begin + gpu_s`` wins; when they are short the host sets the pace. A ``sync`` task makes
 the host wait for the GPU and the task's dependencies first (a blocking receive, ``.item()``).
+
+Communication that a framework's hooks issue from that host thread (DeepSpeed ZeRO-3's fetches) names the compute
+task after whose issue the host reaches the hook (``Task.issued_after``) and starts no earlier than the host clock
+at that point: where the host runs far ahead of the GPU such calls go out early; where it keeps stopping for the
+GPU (syncs) they go out as the GPU gets there. A compute task's ``host_waits`` block its host thread until those
+tasks end (an event synchronised on another stream) before it issues the task's kernels.
 """
 
 from __future__ import annotations
@@ -81,7 +87,7 @@ def simulate_program(
     announce: list = [None] * n  # SimPy event fired when the task's end becomes known (made on demand)
     blocked_on: dict[int, list[list]] = defaultdict(list)  # task -> compute streams whose next task needs it
     timeline = Timeline(program, n)
-    free, start, end, blocker, parts_of, host_idle, busy = (
+    free, start, end, blocker, parts_of, host_idle, busy, issued = (
         timeline.free,
         timeline.start,
         timeline.end,
@@ -89,6 +95,7 @@ def simulate_program(
         timeline.parts,
         timeline.host_idle,
         timeline.busy,
+        timeline.issued,
     )
     streams: dict[tuple[int, str], list[Task]] = defaultdict(list)
     for t in tasks:
@@ -120,6 +127,10 @@ def simulate_program(
                         break
                     if end[d] > begin:
                         begin = end[d]
+                for d in t.host_waits:
+                    if not known[d]:
+                        missing = d
+                        break
                 if missing >= 0:
                     blocked_on[missing].append(s)
                     break
@@ -134,6 +145,9 @@ def simulate_program(
                 if len(cost) > 2 and cost[3] > 0.0:  # a host thread issues the kernels
                     if t.sync and begin > host:
                         host = begin
+                    for d in t.host_waits:  # the host blocks on another stream's event first
+                        if end[d] > host:
+                            host = end[d]
                     first = host + cost[4]
                     start[i] = first if first > begin else begin
                     finish = begin + cost[5]  # the first segment: the GPU's pace or the host's
@@ -147,6 +161,7 @@ def simulate_program(
                     host_idle[i] = finish - begin - seconds
                     busy[i] = seconds
                     end[i] = clock = finish
+                    issued[i] = host
                 else:
                     start[i] = begin
                     busy[i] = seconds
@@ -162,9 +177,10 @@ def simulate_program(
         clock = 0.0
         for t in queue:
             deps = t.deps
-            if deps:
+            waits = (*deps, t.issued_after) if t.issued_after >= 0 else deps  # the issuing task planned first
+            if waits:
                 pending = []
-                for d in deps:
+                for d in waits:
                     if not known[d]:
                         if announce[d] is None:
                             announce[d] = env.event()
@@ -175,12 +191,15 @@ def simulate_program(
                     yield env.all_of(pending)
             # dependencies may end later than now (compute planned ahead): wait until they have
             ready = max((end[d] for d in deps), default=0.0)
+            hold = -1  # the issuing task, when the host's pace is what holds this one back
+            if t.issued_after >= 0 and issued[t.issued_after] > ready:
+                ready, hold = issued[t.issued_after], t.issued_after
             if ready > env.now:
                 yield env.timeout(ready - env.now)
             i = t.id
             free[i], start[i] = clock, env.now
-            if start[i] > clock and deps:
-                blocker[i] = max(deps, key=end.__getitem__)
+            if start[i] > clock and waits:
+                blocker[i] = hold if hold >= 0 or not deps else max(deps, key=end.__getitem__)
             if t.group is None:  # a compute task on a stream that also communicates (no host model)
                 seconds, parts = task_duration(t)[:2]
                 if parts:

@@ -18,7 +18,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 
 from simulator.costs.collectives import ring_bytes_per_rank
-from simulator.costs.host import HOST_GROUPS
+from simulator.costs.host import COPIES, HOST_GROUPS
 from simulator.hardware.placement import Placement
 from simulator.scenario.schema import Scenario
 from simulator.strategy.program import COMPUTE
@@ -186,7 +186,7 @@ def measure(s: Scenario, timeline: Timeline, placement: Placement, cross_node_fr
             for name, value in d.items():
                 by_coll[key][name] += w * value
             if group in HOST_GROUPS:  # copies to / from host memory and NVMe: not network traffic
-                if op in ("d2h", "h2d"):
+                if op in COPIES:
                     by_coll[key]["bytes_pcie_per_gpu"] += w * d["bytes"]
                     comm["bytes_host_per_gpu"] += w * d["bytes"]
                 continue

@@ -31,6 +31,12 @@ class Task:
     # the host thread waits for the GPU (and the task's dependencies) before issuing this task's kernels: a
     # synchronising call such as a blocking p2p receive, a pageable input copy or ``.item()``
     sync: bool = False
+    # communication issued by the host thread of a compute stream (a framework hook): it starts no earlier than
+    # that host has finished issuing this compute task (-1: issued ahead of time, bounded by nothing)
+    issued_after: int = -1
+    # compute tasks: the host thread blocks until these tasks have ended before it issues this task's kernels
+    # (``event.synchronize()`` on another stream), without waiting for the GPU's own stream
+    host_waits: tuple[int, ...] = ()
 
     @property
     def is_collective(self) -> bool:

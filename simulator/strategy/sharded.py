@@ -144,6 +144,11 @@ def _step(
         add_param_copy(p, "updated weights to GPU", params * plan.weight_bytes, (step,), "optimizer")
 
 
+# DeepSpeed ZeRO-3 keeps at most this many gradient-bucket reductions in flight past the one it launches: before
+# launching another, the host synchronises on the oldest event once more are outstanding (stage3.py
+# __reduce_and_partition_ipg_grads, max_param_reduce_events = 2, v0.6.2 to v0.16.4), so a bucket flush cannot run
+# ahead of the reduction three flushes before it
+MAX_REDUCE_EVENTS = 2
 # Bytes per gathered element that DeepSpeed's coalesced all-gather copies on the GPU (partition_parameters.py,
 # _all_gather_dtype and AllGatherCoalescedHandle.wait): the local shard into the flat buffer (1/N of a read and
 # a write) and, on wait, each parameter out of the flat buffer (a read and a write); a single-parameter gather
@@ -157,9 +162,11 @@ REDUCE_COPY_PER_BYTE = 4.0
 
 def _fetched_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], plan: ShardingPlan) -> None:
     """ZeRO-3 as DeepSpeed's hooks drive it: the coordinator's all-gather calls in their order on the all-gather
-    stream (the host issues them ahead of the GPU, so they wait for nothing but the previous microbatch's
-    reductions), each followed by its buffer copies; a unit's compute waits for the calls its modules wait
-    for; gradient buckets reduce-scatter on the reduction stream after the backward that filled them."""
+    stream, each followed by its buffer copies, each sent by the hook of the module that issues it, so no
+    earlier than the host has issued the compute before that module's unit (``Task.issued_after``: early
+    where the host runs ahead, as the GPU gets there behind syncs); a unit's compute waits for the calls its
+    modules wait for; gradient buckets reduce-scatter on the reduction stream after the backward that filled
+    them, the host holding back until the reduction MAX_REDUCE_EVENTS + 1 flushes earlier has ended."""
     f = plan.fetch
     gas = s.gradient_accumulation_steps
     wb = plan.weight_bytes
@@ -190,18 +197,17 @@ def _fetched_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], pla
                 with_hooks[block] = (piece, *ops)
         return with_hooks[block]
 
-    def gather(g, mb: int, after: tuple) -> int:
+    def gather(g, mb: int, after: tuple, issued_after: int) -> int:
         # hpZ: a re-gather, or any gather after the first microbatch, reads the secondary (intra-node) shard
         secondary = plan.backward_gather_group is not None and (g.regather or mb > 0)
         group = plan.backward_gather_group if secondary else plan.gather_group
         # qwZ quantizes every fetch (partitioned_param_coordinator.py: quantize=self.zero_quantized_weights)
         per = plan.forward_gather_bytes or wb
         deps = after
+        phase = g.block[1]
         if plan.offload_param:  # ZeRO-Infinity: the rank's shard comes from host memory or NVMe first
             where = "host" if plan.offload_param == "cpu" else "nvme"
-            phase = g.block[1]
             deps = (add_param_copy(p, "param fetch", g.numel * wb / plan.shard_size, deps, phase, where),)
-        phase = g.block[1]
         what = "prefetch" if g.prefetch else "fetch"
         gid = p.add(
             0,
@@ -212,6 +218,7 @@ def _fetched_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], pla
             deps,
             group=group,
             bytes=g.numel * per,
+            issued_after=issued_after,
         )
         ops: tuple = ()
         if len(g.params) > 1:
@@ -222,44 +229,60 @@ def _fetched_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], pla
             gid = p.add(0, "comm.ag", "copy", phase, "gathered parameters to their buffers", (gid,), ops=ops)
         return gid
 
+    # the calls each block's hooks issue (the trace is block after block, so this keeps the trace's order)
+    issued_in: dict[tuple, list[int]] = {}
+    for i, g in enumerate(f.gathers):
+        issued_in.setdefault(g.block, []).append(i)
+    reduces: dict[tuple, list] = {}
+    for r in f.reduces:
+        reduces.setdefault(r.block, []).append(r)
+
+    def issue(block, mb: int, ids: dict[int, int], sync: tuple, last: int) -> tuple[int, ...]:
+        """The block's own calls (``ids``: this microbatch's so far), issued by its hooks once the host has
+        issued ``last``, the first after ``sync``; the call ids the block's compute waits for."""
+        for g in issued_in.get(block, ()):
+            ids[g] = gather(f.gathers[g], mb, sync if not ids else (), last)
+        return tuple(ids[g] for g in f.waits.get(block, ()))
+
     sync: tuple[int, ...] = ()
+    last = -1  # the compute task the host issued last: the next block's hooks run after it
     for mb in range(gas):
-        ids = [gather(g, mb, sync if i == 0 else ()) for i, g in enumerate(f.gathers)]
-
-        def waits(block, ids=ids) -> tuple[int, ...]:
-            return tuple(ids[g] for g in f.waits.get(block, ()))
-
+        ids: dict[int, int] = {}
         for i, u in enumerate(us):
+            deps = issue((u.index, "forward"), mb, ids, sync, last)
             ops = hooked((u.index, "forward"), u.block.forward)
             ops = with_setup(w, ops, setup) if i == 0 else ops
-            deps = waits((u.index, "forward"))
-            add_forward(p, u, mb, deps, ops=ops, sync=i == 0 and microbatch_sync(w))
+            last = add_forward(p, u, mb, deps, ops=ops, sync=i == 0 and microbatch_sync(w))
         blocking = None
-        reduces = {}
-        for r in f.reduces:
-            reduces.setdefault(r.block, []).append(r)
+        flushed: list[int] = []  # this microbatch's bucket reductions, in launch order
         for u in reversed(us):
-            deps = waits((u.index, "backward")) + ((blocking,) if blocking is not None else ())
+            deps = issue((u.index, "backward"), mb, ids, sync, last)
+            deps += (blocking,) if blocking is not None else ()
             ops = hooked((u.index, "backward"), u.block.backward)
             if plan.backward_extra_bytes_per_param:
                 ops = (
                     memory_op("qgZ quantize gradients", plan.backward_extra_bytes_per_param * u.params),
                     *ops,
                 )
-            bid = add_backward(p, s, u, mb, deps, ops=ops)
+            first = len(p.tasks)
+            last = add_backward(p, s, u, mb, deps, ops=ops)
+            if len(flushed) >= MAX_REDUCE_EVENTS + 1:
+                # the previous block's last flush waited for the one MAX_REDUCE_EVENTS + 1 before it: the host
+                # issues nothing of this block until then
+                p.tasks[first].host_waits = (flushed[-1 - MAX_REDUCE_EVENTS],)
             for r in reduces.get((u.index, "backward"), ()):
-                rid = _reduce_bucket(p, plan, r.numel, bid)
+                rid = _reduce_bucket(p, plan, r.numel, last)
                 blocking = None if plan.overlap_reduce else rid
                 reductions.append(rid)
+                flushed.append(rid)
         if mb < gas - 1 and reductions:
             # backward ends with the host waiting for its reductions (stage3.py
             # independent_gradient_partition_epilogue: reduce_and_partition_stream.synchronize()), so the next
             # microbatch's fetches and forward start after them
-            sync = (
-                p.add_compute(
-                    0, "backward", "backward", "gradient epilogue", (reductions[-1],), (), mb, True
-                ),
+            last = p.add_compute(
+                0, "backward", "backward", "gradient epilogue", (reductions[-1],), (), mb, True
             )
+            sync = (last,)
     _step(p, s, w, us, plan, reductions, host.zero3_tensor_step_s)
 
 

@@ -350,13 +350,17 @@ def build_workload(s: Scenario, framework: Framework | None = None) -> Workload:
         accumulate("layer", layer_params, tensors_per_layer(m)),
     )
     # DeepSpeed activation checkpointing: the checkpoint (layer input) split over the TP ranks
-    # (partition_activations) and kept in host memory (cpu_checkpointing); backward fetches and re-gathers it
+    # (partition_activations) and kept in host memory (cpu_checkpointing); backward fetches and re-gathers it.
+    # Both copies are synchronous and go through pageable memory (DeepSpeed v0.6.2 to v0.16.4,
+    # runtime/activation_checkpointing/checkpointing.py: CheckpointFunction.forward runs partition_activations,
+    # ``partition.cpu()``, before the layer; backward's gather_partitioned_activations copies it back with
+    # ``part_i.copy_(item)`` into a fresh device buffer before the recomputation), so neither hides under a kernel.
     tr, ckpt = s.training, checkpoint_bytes_per_layer(s)
     fetch: list[Op] = []
     recompute = recomputed(fwd)
     if tr.cpu_checkpointing:
-        fwd = (*fwd, collective_op("checkpoint to host", "d2h", "host", ckpt, overlaps="previous"))
-        fetch.append(collective_op("checkpoint from host", "h2d", "host", ckpt))
+        fwd = (collective_op("checkpoint to host", "d2h_pageable", "host", ckpt), *fwd)
+        fetch.append(collective_op("checkpoint from host", "h2d_pageable", "host", ckpt))
     if tr.partition_activations and t > 1:
         fetch.append(
             collective_op("checkpoint all-gather (partition_activations)", "all_gather", "tp", ckpt * t)
