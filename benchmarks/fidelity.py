@@ -7,7 +7,9 @@
 2. the built-in published runs (`clustersim validate`): median and max |error|;
 3. the 8-GPU NVLink all-reduce against published nccl-tests curves (docs/collectives.md);
 4. the quickstart scenario's MFU, and where its profile comes from;
-5. the 1-trillion-parameter 3,072-GPU run's simulation wall time (best of 3).
+5. the 1-trillion-parameter 3,072-GPU run's simulation wall time (best of 3);
+6. held out, never fitted on: vTrain's 109 multi-node Megatron-DeepSpeed runs (simulator/validation/vtrain-multi.yaml)
+   and the five public DeepSpeed runs at scale (simulator/validation/deepspeed.yaml).
 """
 
 from __future__ import annotations
@@ -92,6 +94,20 @@ def trillion() -> None:
     print(f"5. {mark(best < 1.0)} 1T parameters on 3,072 GPUs: simulated in {best:.2f} s  (target < 1 s)")
 
 
+def held_out() -> None:
+    print("6. held out (never fitted on):")
+    for name in ("vtrain-multi", "deepspeed"):
+        results = run_cases(load_cases(ROOT / "simulator" / "validation" / f"{name}.yaml"))
+        s = summarize(results)
+        signed = statistics.fmean(r.error_pct for r in results if r.error_pct is not None)
+        metrics = ", ".join(sorted({r.metric for r in results}))
+        print(
+            f"   {name}.yaml: {s['n']} runs, median |error| {s['median_abs_error_pct']:.1f}%, mean "
+            f"{s['mean_abs_error_pct']:.1f}%, mean signed {signed:+.1f}% of {metrics}, max "
+            f"{s['max_abs_error_pct']:.1f}%"
+        )
+
+
 def _timed(s) -> float:
     t0 = time.perf_counter()
     simulate(s)
@@ -109,6 +125,7 @@ def main() -> None:
     collectives()
     quickstart()
     trillion()
+    held_out()
 
 
 if __name__ == "__main__":

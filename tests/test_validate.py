@@ -137,3 +137,19 @@ def test_the_deepspeed_cases_simulate_and_each_names_its_source_and_assumptions(
     assert len(cases) == 5 and all(c["published"]["source"] and c.get("assumptions") for c in cases)
     results = run_cases(cases)
     assert [r.status for r in results] == ["ok"] * 5
+
+
+def test_the_held_out_multi_node_runs_simulate_and_name_their_rows():
+    """simulator/validation/vtrain-multi.yaml: vTrain's 109 multi-node Megatron-DeepSpeed runs, held out (no profile
+    is fitted on them); every case must simulate, fit in memory and name its source row, once."""
+    from pathlib import Path
+
+    from simulator.validation.runner import run_cases
+
+    path = Path(__file__).resolve().parents[1] / "simulator" / "validation" / "vtrain-multi.yaml"
+    cases = load_cases(path)
+    rows = [int(c["published"]["source"].split(" row ")[1].split(",")[0]) for c in cases]
+    assert sorted(rows) == list(range(109))
+    assert {c["cluster"]["num_nodes"] * 8 for c in cases} == {64, 256, 512}
+    assert all(c["published"]["value"] > 0 for c in cases)
+    assert {r.status for r in run_cases(cases)} == {"ok"}
