@@ -24,6 +24,7 @@ from simulator.metrics.sources import source_seconds, summarise_sources
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
 from simulator.strategy import build_program, onebit
+from simulator.strategy.common import placement_for
 from simulator.strategy.program import Program
 from simulator.timeline.timeline import Timeline
 from simulator.workload.transformer import Workload, build_workload
@@ -65,14 +66,6 @@ def op_comm_time_s(comm: CollectiveModel, host: HostModel, op) -> float:
 
 def task_phases(comm: CollectiveModel, host: HostModel, t, stage: int | None):
     return cost_model(comm, host, t.group).phases(t.kind, t.group, t.bytes, stage)
-
-
-def placement_for(s: Scenario) -> Placement:
-    p = s.parallelism
-    shard = p.fsdp.hybrid_shard_size if p.fsdp and p.fsdp.hybrid_shard_size else None
-    return Placement(
-        p.tensor_parallel, p.context_parallel, p.data_parallel, p.pipeline_parallel, shard, p.rank_order
-    )
 
 
 @contextmanager

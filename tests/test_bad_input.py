@@ -225,11 +225,12 @@ def test_out_of_memory_is_the_headline_with_changes_that_fit_and_exit_3(tmp_path
     r = runner.invoke(app, ["run", path])
     assert r.exit_code == 3, r.output
     first = r.stdout.splitlines()[0]
-    assert first.startswith("OUT OF MEMORY: peak") and "> 80 GiB" in first
+    assert first.startswith("OUT OF MEMORY: ") and "> 80 GiB: peak allocation" in first
+    assert "CUDA context, NCCL buffers and allocator reserve" in " ".join(r.stdout.split())
     assert "Would fit: zero_stage: 3" in " ".join(r.stdout.split())
     d = json.loads(runner.invoke(app, ["run", path, "--json"]).stdout)
     assert d["oom"] and d["would_fit"][0]["change"] == "zero_stage: 3"
-    assert d["would_fit"][0]["peak_gib"] < d["would_fit"][0]["capacity_gib"] == 80
+    assert d["would_fit"][0]["device_gib"] < d["would_fit"][0]["capacity_gib"] == 80
 
 
 def test_attention_follows_the_framework_unless_given(tmp_path):

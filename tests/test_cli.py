@@ -57,6 +57,10 @@ def test_run_json_has_the_documented_keys(tmp_path):
         "nvme",
         "step",
         "step_extra",
+        "context",
+        "nccl",
+        "fragmentation",
+        "device",
     } == set(d["memory_gib"])
     b = d["breakdown"]
     assert b["forward_s"] + b["backward_s"] + b["optimizer_s"] == pytest.approx(

@@ -138,6 +138,14 @@ class Framework(BaseModel):
     kernel_overhead_s: float = Field(
         0.0, ge=0, description="Extra seconds per kernel (launch gaps, dispatch)."
     )
+    cuda_context_gib: float = Field(
+        0.4,
+        ge=0,
+        le=16,
+        description="GPU memory of the CUDA context and the kernels it loads, outside PyTorch's allocator: about 400 "
+        "MB with CUDA's lazy module loading (CUDA 11.7+, PyTorch's default since 1.13), 636 MiB and more before it "
+        "(pytorch/pytorch#86509: 274 vs 636 MiB for one small tensor; #109888).",
+    )
     fitted: str = Field("", description="How the numbers were obtained: cases, command, date.")
     overlap_tp_grad_allreduce: bool = Field(
         False,

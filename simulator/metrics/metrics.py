@@ -211,8 +211,8 @@ def measure(s: Scenario, timeline: Timeline, placement: Placement, cross_node_fr
         "ranks": ranks,
         "gpu_busy_s": gpu_busy,
         "host_bound_idle_s": host_bound,
-        # the rank with the largest peak (its breakdown is reported)
-        "memory_gib": max((r.memory for r in program.ranks), key=lambda m: m.peak).gib(),
+        # the rank with the largest device total (its breakdown is reported)
+        "memory_gib": max((r.memory for r in program.ranks), key=lambda m: m.device).gib(),
         "events": timeline.events,
         "tasks": len(program.tasks),
         "ranks_simulated": len(program.ranks),
@@ -223,7 +223,7 @@ def measure(s: Scenario, timeline: Timeline, placement: Placement, cross_node_fr
 
 def _oom(memory_gib: dict) -> tuple[bool, bool]:
     """(GPU out of memory, host out of memory) of one rank's memory in GiB (``MemoryBreakdown.gib``)."""
-    return memory_gib["peak"] > memory_gib["capacity"], memory_gib["host"] > memory_gib["host_capacity"] > 0
+    return memory_gib["device"] > memory_gib["capacity"], memory_gib["host"] > memory_gib["host_capacity"] > 0
 
 
 def finish_metrics(s: Scenario, m: dict, peak_flops: float) -> Metrics:
@@ -246,6 +246,9 @@ def finish_metrics(s: Scenario, m: dict, peak_flops: float) -> Metrics:
                 "oom": _oom(r["memory_gib"])[0],
             }
         )
+    # the rank with the largest device total, chosen here from every rank's memory (extrapolated rank by rank
+    # where the schedule is periodic: which rank is largest can change with the micro-batches)
+    memory = max((r["memory_gib"] for r in m["ranks"]), key=lambda g: g["device"], default=m["memory_gib"])
     return Metrics(
         iteration_time_s=T,
         tokens_per_s=tokens / T,
@@ -260,8 +263,8 @@ def finish_metrics(s: Scenario, m: dict, peak_flops: float) -> Metrics:
         breakdown=dict(m["breakdown"]),
         comm=dict(m["comm"]),
         comm_by_collective={k: dict(v) for k, v in m["comm_by_collective"].items()},
-        memory_gib=dict(m["memory_gib"]),
-        oom=_oom(m["memory_gib"])[0],
+        memory_gib=dict(memory),
+        oom=_oom(memory)[0],
         host_oom=any(_oom(r["memory_gib"])[1] for r in m["ranks"]),
         events=m["events"],
         tasks=m["tasks"],

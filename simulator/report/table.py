@@ -60,9 +60,15 @@ ROWS = [
         "{:.2f} GiB",
         lambda m: bool(m.memory_gib.get("step", 0.0)),
     ),
+    ("Memory: peak allocated", lambda m: m.memory_gib["peak"], "{:.2f} GiB"),
     (
-        "Memory: peak / capacity",
-        lambda m: (m.memory_gib["peak"], m.memory_gib["capacity"]),
+        "Memory: CUDA context + NCCL buffers",
+        lambda m: (m.memory_gib["context"], m.memory_gib["nccl"]),
+        "{0[0]:.2f} + {0[1]:.2f} GiB",
+    ),
+    (
+        "Memory: device total / capacity",
+        lambda m: (m.memory_gib["device"], m.memory_gib["capacity"]),
         "{0[0]:.2f} / {0[1]:.0f} GiB",
     ),
     ("Fits in memory", lambda m: "no (OUT OF MEMORY)" if m.oom else "yes", "{}"),
@@ -180,9 +186,11 @@ def print_oom_headline(m: Metrics, fixes) -> None:
             key=lambda kv: -kv[1],
         )
         detail = ", ".join(f"{k} {v:,.1f}" for k, v in parts[:3] if v > 0)
+        outside = g["device"] - g["peak"]
         console.print(
-            f"[bold red]OUT OF MEMORY:[/bold red] peak {g['peak']:,.1f} GiB per GPU > {g['capacity']:.0f} GiB "
-            f"({detail} GiB); the times below are for a GPU that large.",
+            f"[bold red]OUT OF MEMORY:[/bold red] {g['device']:,.1f} GiB per GPU > {g['capacity']:.0f} GiB: "
+            f"peak allocation {g['peak']:,.1f} ({detail}) + {outside:,.1f} GiB of CUDA context, NCCL buffers and "
+            "allocator reserve; the times below are for a GPU that large.",
             highlight=False,
         )
     if m.host_oom:
@@ -194,7 +202,7 @@ def print_oom_headline(m: Metrics, fixes) -> None:
     if fixes:
         console.print(
             "Would fit: "
-            + "; ".join(f"[bold]{escape(f.change)}[/bold] ({f.peak_gib:.1f} GiB)" for f in fixes),
+            + "; ".join(f"[bold]{escape(f.change)}[/bold] ({f.device_gib:.1f} GiB)" for f in fixes),
             highlight=False,
         )
     else:

@@ -74,4 +74,5 @@ parallelism:
   pipeline_parallel: 1
   zero_stage: 0              # DeepSpeed ZeRO 0-3 (or fsdp: {{}} for PyTorch FSDP2)
   # data_parallel is derived: GPUs / (tensor x pipeline x context)
+# memory: {{cuda_context_gib: 0.4, nccl_channels: 16, allocator_fragmentation: 0.0}}  # beyond the tensors (docs/memory.md)
 """

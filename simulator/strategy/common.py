@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from simulator.hardware.placement import Placement
 from simulator.hardware.topology import cluster_spec
 from simulator.scenario.schema import Scenario
 from simulator.strategy.program import COMPUTE, Program
@@ -17,6 +18,15 @@ from simulator.workload.memory import (
     zero_model_state_bytes,
 )
 from simulator.workload.transformer import Block, Op, Workload, host_op, memory_op, tensors_per_layer
+
+
+def placement_for(s: Scenario) -> Placement:
+    """Where every rank's tensor, context, data and pipeline coordinates put it (``parallelism.rank_order``)."""
+    p = s.parallelism
+    shard = p.fsdp.hybrid_shard_size if p.fsdp and p.fsdp.hybrid_shard_size else None
+    return Placement(
+        p.tensor_parallel, p.context_parallel, p.data_parallel, p.pipeline_parallel, shard, p.rank_order
+    )
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ MORE_NODES = (2, 4, 8, 16, 32, 64)
 @dataclass(frozen=True)
 class Fix:
     change: str  # as the user would write it: "zero_stage: 3, activation_recompute: full"
-    peak_gib: float
+    device_gib: float  # what the GPU would hold: peak allocation, context, NCCL buffers, reserve
     capacity_gib: float
 
 
@@ -34,7 +34,7 @@ def peak_memory(s: Scenario) -> MemoryBreakdown:
     """The largest per-rank memory of ``s``'s program (the rank ``run`` reports)."""
     gpu = get_gpu(cluster_spec(s).node.gpu)
     program = build_program(s, build_workload(s, get_framework(s.framework)), gpu)
-    return max((r.memory for r in program.ranks), key=lambda m: m.peak)
+    return max((r.memory for r in program.ranks), key=lambda m: m.device)
 
 
 def _variants(s: Scenario) -> list[tuple[str, dict]]:
@@ -109,7 +109,7 @@ def what_fits(s: Scenario, limit: int = 3) -> list[Fix]:
         except ScenarioError:  # does not divide, or not supported with the rest of the scenario
             continue
         if not (mem.oom or mem.host_oom):
-            fixes.append(Fix(change, mem.peak / 2**30, mem.capacity / 2**30))
+            fixes.append(Fix(change, mem.device / 2**30, mem.capacity / 2**30))
             if change.startswith("num_nodes"):
                 break
     return fixes

@@ -26,6 +26,11 @@ class MemoryBreakdown:
     # temporaries of the optimizer step, allocated once backward has freed the activations (DeepSpeed's fp32
     # gradient partition): they count only where they exceed the activations
     step: float = 0.0
+    # outside what the program allocates (runtime_memory below): the CUDA context, NCCL's buffers, and the
+    # caching allocator's reserve beyond its peak allocation (a fraction of it)
+    context: float = 0.0
+    nccl: float = 0.0
+    fragmentation: float = 0.0
 
     @property
     def step_extra(self) -> float:
@@ -37,8 +42,14 @@ class MemoryBreakdown:
         return self.params + self.grads + self.optimizer + self.activations + self.buffers + self.step_extra
 
     @property
+    def device(self) -> float:
+        """What the process holds on the GPU at its peak, as ``nvidia-smi`` shows it: the allocator's reserve
+        (``torch.cuda.max_memory_reserved``), the CUDA context and NCCL's buffers. This must fit."""
+        return self.peak * (1.0 + self.fragmentation) + self.context + self.nccl
+
+    @property
     def oom(self) -> bool:
-        return self.peak > self.capacity
+        return self.device > self.capacity
 
     @property
     def host_oom(self) -> bool:
@@ -48,7 +59,25 @@ class MemoryBreakdown:
         out = {k: v / 2**30 for k, v in asdict(self).items()}
         out["step_extra"] = self.step_extra / 2**30
         out["peak"] = self.peak / 2**30
+        out["fragmentation"] = self.fragmentation  # a fraction, not GiB
+        out["device"] = self.device / 2**30
         return out
+
+
+# NCCL's buffers (NVIDIA/nccl src/init.cc DEFAULT_*BUFFSIZE and src/include/device.h, unchanged from 2.12 to 2.2x):
+# every connection of every channel holds one FIFO per protocol, NCCL_STEPS = 8 slots each.
+NCCL_LL_BYTES = 8 * 512 * 8 * 16  # LL_LINES_PER_THREAD x LL_MAX_NTHREADS x STEPS x sizeof(ncclLLFifoLine)
+NCCL_LL128_BYTES = 120 * 640 * 8 * 8  # LL128_ELEMS_PER_THREAD x LL128_MAX_NTHREADS x STEPS x sizeof(uint64_t)
+NCCL_SIMPLE_BYTES = 1 << 22  # DEFAULT_BUFFSIZE (NCCL_BUFFSIZE), 4 MiB
+NCCL_CONNECTION_BYTES = NCCL_LL_BYTES + NCCL_LL128_BYTES + NCCL_SIMPLE_BYTES  # 9,633,792 B = 9.19 MiB
+
+
+def nccl_buffer_bytes(communicators: int, channels: int) -> float:
+    """GPU memory NCCL allocates outside PyTorch's allocator: per communicator, ``channels`` rings each with one
+    receive connection's three protocol FIFOs (NCCL_CONNECTION_BYTES). More communicators or channels, more
+    memory, linearly (NVIDIA/nccl issues #864 and #986, the maintainers: "memory usage is linearly tied to the
+    number of channels"; a ring "only has 2 connections regardless of the scale")."""
+    return communicators * channels * NCCL_CONNECTION_BYTES
 
 
 def state_bytes_per_param(precision: str, optimizer: str) -> tuple[int, int, int]:
