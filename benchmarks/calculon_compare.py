@@ -3,7 +3,7 @@
 docs/measurements/calculon-*.json with the command that made it), each simulated here, and this simulator's own
 pick (``clustersim plan``), with Calculon's time for that layout where it was run (``calculon llm``).
 
-    python benchmarks/calculon.py
+    python benchmarks/calculon_compare.py
 
 Calculon is not a dependency: its outputs are read from the stored files.
 """
