@@ -14,7 +14,8 @@ Calculon's; only the bookkeeping is this script's.
     python benchmarks/calculon_search.py store search.jsonl docs/measurements/calculon-gpt3-175b-1024.json \\
         --command "..." --note "..."
 
-``store`` writes the top layouts in the format benchmarks/calculon_compare.py reads (the 1T search's file).
+``store`` writes the top layouts in the format benchmarks/calculon_compare.py reads (the 1T search's file);
+``compact`` shrinks an unfinished checkpoint to what resuming needs.
 """
 
 from __future__ import annotations
@@ -112,13 +113,30 @@ def _read(path: Path) -> list[dict]:
     return rows
 
 
-def store(a) -> None:
+def _merged(rows: list[dict]) -> list:
     from calculon.llm import OptimalExecution
 
-    rows = _read(Path(a.checkpoint))
     best: list = []
     for r in rows:
         best = OptimalExecution.update_list(best, [tuple(b) for b in r["best"]], TOP)
+    return best
+
+
+def compact(a) -> None:
+    """The checkpoint with every task's counts but only the results still among the best TOP overall: what a
+    resumed search needs, small enough to keep (a full one grows by ~13 kB per task)."""
+    path = Path(a.checkpoint)
+    rows = _read(path)
+    keep = {json.dumps(b[1], sort_keys=True) for b in _merged(rows)}
+    for r in rows:
+        r["best"] = [b for b in r["best"] if json.dumps(b[1], sort_keys=True) in keep]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    print(f"{len(rows)} tasks kept; {sum(len(r['best']) for r in rows)} results -> {path}")
+
+
+def store(a) -> None:
+    rows = _read(Path(a.checkpoint))
+    best = _merged(rows)
     executions = sum(r["ec"] for r in rows)
     worker_s = sum(r["s"] for r in rows)
     out = {
@@ -131,6 +149,10 @@ def store(a) -> None:
         "note": a.note,
         "top": {str(i): {"execution": e, "stats": s} for i, (_, e, s) in enumerate(best)},
     }
+    if a.our_pick:  # `calculon llm` on this simulator's pick: "label=seconds"
+        out["calculon_on_our_picks"] = {
+            label: float(seconds) for label, seconds in (x.rsplit("=", 1) for x in a.our_pick)
+        }
     Path(a.output).write_text(json.dumps(out, indent=1) + "\n")
     print(f"{len(rows)} tasks, {executions:,} executions; best {best[0][0]:.2f} samples/s -> {a.output}")
 
@@ -152,8 +174,16 @@ def main() -> None:
     s.add_argument("--command", required=True, help="the search as run, for the record")
     s.add_argument("--calculon", default="calculon-ai/calculon commit caa4b11 (Apache-2.0)")
     s.add_argument("--note", default="")
+    s.add_argument(
+        "--our-pick",
+        action="append",
+        default=[],
+        help="'LABEL=SECONDS': Calculon's time for this simulator's pick",
+    )
+    c = sub.add_parser("compact", help="shrink a checkpoint to what resuming needs (in place)")
+    c.add_argument("checkpoint")
     a = ap.parse_args()
-    run(a) if a.cmd == "run" else store(a)
+    {"run": run, "store": store, "compact": compact}[a.cmd](a)
 
 
 if __name__ == "__main__":
