@@ -207,3 +207,16 @@ def test_a_host_wait_on_another_stream_stalls_the_steps_after_it():
     assert tl.end[t0] == pytest.approx(c + n * g, rel=1e-12)
     assert tl.end[t1] == pytest.approx(n * c + d + c + n * g, rel=1e-12)
     assert tl.host_idle[t1] == pytest.approx(tl.end[t1] - tl.end[t0] - n * g, rel=1e-9)
+
+
+def test_without_a_host_model_a_host_wait_still_holds_the_step():
+    """An infinitely fast host still blocks on the event: step 1 starts when the transfer ends, and a call its
+    hook issues goes out then too."""
+    g, n, d = 20e-6, 10, 1e-3
+    p, t0, x, t1 = hooked_program(False, host_wait=True)
+    y = p.add(0, "comm2", "all_gather", "forward", "y", (), group="dp", bytes=1.0, issued_after=t1)
+    tl = run_hooked(p, 0.0, g, d, HostProfile())
+    assert tl.start[x] == 0.0  # issued after step 0, by a host that is never late
+    assert tl.start[t1] == pytest.approx(d, rel=1e-12)
+    assert tl.end[t1] == pytest.approx(d + n * g, rel=1e-12)
+    assert tl.start[y] == pytest.approx(d, rel=1e-12)

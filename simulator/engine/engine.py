@@ -142,12 +142,12 @@ def simulate_program(
                 if begin > clock:  # the stream sat idle: remember which dependency held it
                     blocker[i] = max(t.deps, key=end.__getitem__)
                 free[i] = clock
+                for d in t.host_waits:  # the host blocks on another stream's event first
+                    if end[d] > host:
+                        host = end[d]
                 if len(cost) > 2 and cost[3] > 0.0:  # a host thread issues the kernels
                     if t.sync and begin > host:
                         host = begin
-                    for d in t.host_waits:  # the host blocks on another stream's event first
-                        if end[d] > host:
-                            host = end[d]
                     first = host + cost[4]
                     start[i] = first if first > begin else begin
                     finish = begin + cost[5]  # the first segment: the GPU's pace or the host's
@@ -162,10 +162,13 @@ def simulate_program(
                     busy[i] = seconds
                     end[i] = clock = finish
                     issued[i] = host
-                else:
+                else:  # an infinitely fast host: it issues the task the moment it is free to
+                    if host > begin:
+                        begin = host
                     start[i] = begin
                     busy[i] = seconds
                     end[i] = clock = begin + seconds
+                    issued[i] = host
                 k += 1
                 if announce[i] is None and i not in blocked_on:
                     known[i] = True  # nobody waits for it yet
