@@ -378,7 +378,7 @@ def plan(
                 e.iteration_s,
                 m.iteration_time_s,
                 m.mfu,
-                m.memory_gib["peak"],
+                m.memory_gib["device"],  # what must fit: peak allocation, CUDA context, NCCL buffers
                 m.bubble_fraction,
                 m.comm["exposed_s"],
                 m.host.get("gpu_busy_s"),
