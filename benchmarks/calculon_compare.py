@@ -97,7 +97,9 @@ def main() -> None:
         for rank, row in sorted(stored["top"].items(), key=lambda kv: int(kv[0])):
             e, stats = row["execution"], row["stats"]
             m = simulate(scenario_of(name, e)).metrics
-            ours = f"{m.iteration_time_s:7.1f} s, {m.memory_gib['peak']:5.1f} GiB" + (" OOM" if m.oom else "")
+            ours = f"{m.iteration_time_s:7.1f} s, {m.memory_gib['device']:5.1f} GiB" + (
+                " OOM" if m.oom else ""
+            )
             print(
                 f"  #{int(rank) + 1} {describe(e):62s} Calculon {stats['total_time']:7.1f} s,"
                 f" {stats['proc_mem_tier1_cap_req'] / 2**30:5.1f} GiB | this simulator {ours}"
@@ -114,7 +116,7 @@ def main() -> None:
             )
             for t in r["top"]:
                 sim = (
-                    f"{t['iteration_time_s']:.1f} s, MFU {t['mfu']:.1%}"
+                    f"{t['iteration_time_s']:.1f} s, MFU {t['mfu']:.1%}, {t['memory_gib']:.1f} GiB"
                     if t["status"] == "ok"
                     else t["status"]
                 )

@@ -106,3 +106,36 @@ def test_cli_plan_json_and_bad_gpu_count():
         ],
     )
     assert r.exit_code == 2 and "whole number" in r.output
+
+
+def test_stored_calculon_searches_load_as_scenarios_with_their_degrees():
+    """benchmarks/calculon_compare.py reads Calculon's stored picks (docs/measurements/calculon-*.json): each is a
+    valid scenario here with Calculon's tensor / pipeline / data degrees, batch and micro-batch."""
+    import importlib.util
+    from pathlib import Path
+
+    import pytest
+
+    root = Path(__file__).resolve().parents[1]
+    bench = root / "benchmarks" / "calculon_compare.py"
+    if not bench.exists():
+        pytest.skip("benchmarks/ not in this checkout")
+    spec = importlib.util.spec_from_file_location("calculon_compare", bench)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for name, shape in mod.CASES.items():
+        stored = json.loads((root / "docs" / "measurements" / f"calculon-{name}.json").read_text())
+        assert stored["top"] and stored["executions"] > 1_000_000
+        for row in stored["top"].values():
+            e = row["execution"]
+            s = mod.scenario_of(name, e)
+            p = s.parallelism
+            assert (p.tensor_parallel, p.pipeline_parallel, p.data_parallel) == (
+                e["tensor_par"],
+                e["pipeline_par"],
+                e["data_par"],
+            )
+            assert p.tensor_parallel * p.pipeline_parallel * p.data_parallel == shape["gpus"]
+            assert s.training.global_batch_size == e["batch_size"]
+            assert s.training.micro_batch_size == e["microbatch_size"]
+            assert row["stats"]["total_time"] > 0
