@@ -5,15 +5,17 @@ candidate with a closed-form estimate built from the simulator's own costs; conf
 The estimate (:class:`Screen`) takes each layer's forward and backward time from the same kernel and collective
 costs the engine uses (``build_workload`` + ``task_cost``, cached per shape), the pipeline as (m + (p - 1)/v)
 steps of its slowest stage, data-parallel reductions as NCCL rings at the links' bandwidth (the simulator's
-protocol latencies) exposed where the framework does not overlap them, ZeRO-3 / FSDP gathers hidden under
-compute up to the link's speed, and memory from the same model-state and activation formulas. It ranks; the
-discrete-event simulation of the best ``k`` decides.
+protocol latencies) exposed where the framework does not overlap them, FSDP's per-unit calls and DeepSpeed
+ZeRO-3's per-module calls (the simulation's own replay of its coordinator) hidden under the compute of their
+pass up to what their count and size cost, and memory from the same model-state and activation formulas. It
+ranks; the discrete-event simulation of the best ``k`` decides.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -29,7 +31,8 @@ from simulator.hardware.placement import Placement
 from simulator.hardware.topology import cluster_spec
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
-from simulator.strategy.common import grad_bytes
+from simulator.strategy.common import grad_bytes, weight_bytes
+from simulator.strategy.zero import fetch_schedule
 from simulator.workload.memory import activation_bytes_per_layer, head_activation_bytes, state_bytes_per_param
 from simulator.workload.transformer import build_workload
 
@@ -174,6 +177,7 @@ class Screen:
         self.compute = ComputeModel(cluster.gpu, base.training.precision, self.framework, self.kernels)
         self._blocks: dict[tuple, tuple] = {}
         self._tp_comm: dict[tuple, CollectiveModel] = {}
+        self._calls: dict[tuple, float] = {}
         spec = cluster.spec.node
         gpu = cluster.gpu
         self.nvlink = (spec.nvlink_bandwidth_GBps or gpu.nvlink_bandwidth_GBps) * 1e9
@@ -290,12 +294,20 @@ class Screen:
             )
             gather = self.ring_s("all_gather", n, per_node, psi * w_b)
             exposed = per * (gas if lay.sharding == "zero2" else 1) + gather
-        else:  # zero3 / fsdp: gather forward, backward (and recompute), reduce-scatter, per microbatch
-            gathers = 2 + (1 if lay.recompute == "full" else 0)
-            per_mb = gathers * self.ring_s("all_gather", n, per_node, psi * w_b) + self.ring_s(
-                "reduce_scatter", n, per_node, grads
-            )
-            exposed = gas * max(0.0, per_mb - layers * per_layer)
+        elif lay.sharding == "zero3":
+            # DeepSpeed's coordinator, call by call (the simulation's own replay, strategy/zero3_fetch.py): at
+            # large data-parallel degree each call pays the ring's latency, n - 1 steps, so the number of calls
+            # (one per module and prefetch, re-gathers in backward and recomputation, one per gradient bucket)
+            # matters as much as the bytes; gathers and reduce-scatters share the node's links
+            # and forward's calls hide only under forward's compute, backward's under backward's and recomputation
+            fwd, bwd = self._zero3_calls_s(s, w, n, per_node)
+            exposed = gas * (max(0.0, fwd - layers * f) + max(0.0, bwd - layers * (b + rc)))
+        else:  # fsdp: each unit (layer, embedding, output layer) gathered in forward and again in backward (its
+            # recomputation inside), its gradients reduce-scattered: one call each, each paying the ring's latency
+            units = ((w.layer.params, layers), (w.embedding.params, 1), (w.head.params, 1))
+            ag = sum(k * self.ring_s("all_gather", n, per_node, q * w_b) for q, k in units)
+            rs = sum(k * self.ring_s("reduce_scatter", n, per_node, q * g_b) for q, k in units)
+            exposed = gas * (max(0.0, ag - layers * f) + max(0.0, max(ag, rs) - layers * (b + rc)))
         opt_states = psi / (lay.dp if lay.sharding != "ddp" else 1)
         optimizer = opt_states * 30 / (self.cluster.gpu.hbm_bytes_per_s * 0.8)
         iteration = pipeline + exposed + optimizer
@@ -309,6 +321,25 @@ class Screen:
             exposed,
             memory <= MEMORY_HEADROOM * self.capacity,
         )
+
+    def _zero3_calls_s(self, s: Scenario, w, n: int, per_node: int) -> float:
+        """(forward, backward) seconds of DeepSpeed ZeRO-3's all-gather and reduce-scatter calls for one
+        microbatch, each a ring over the ``n`` data-parallel ranks (cached per call size)."""
+        fs = fetch_schedule(s, w)
+        w_b, g_b = weight_bytes(s), grad_bytes(s, self.framework)
+        key = (id(fs), n, per_node, w_b, g_b)
+        if key not in self._calls:
+            sizes = Counter(("all_gather", g.block[1], g.numel * w_b) for g in fs.gathers)
+            sizes.update(("reduce_scatter", "backward", r.numel * g_b) for r in fs.reduces)
+            self._calls[key] = tuple(
+                sum(
+                    k * self.ring_s(op, n, per_node, b)
+                    for (op, phase, b), k in sizes.items()
+                    if phase == want
+                )
+                for want in ("forward", "backward")
+            )
+        return self._calls[key]
 
     def memory(self, lay: Layout, psi: float, s: Scenario) -> float:
         w_b, _, k_b = state_bytes_per_param(self.base.training.precision, self.base.training.optimizer)
