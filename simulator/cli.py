@@ -26,7 +26,8 @@ from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
 
 # Exit status: 0 = simulated and fits; 2 = bad input (one line on stderr naming the field); 3 = simulated, but the
-# run does not fit in GPU (or, offloading, host) memory; validate: 1 = a case failed or the --check gate missed.
+# run (compare: any of its runs) does not fit in GPU (or, offloading, host) memory; validate: 1 = a case failed
+# or the --check gate missed.
 EXIT_OUT_OF_MEMORY = 3
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Simulate LLM training on GPU clusters.")
@@ -174,7 +175,8 @@ def compare(
     report: Annotated[Path | None, typer.Option(help="Write a self-contained HTML comparison.")] = None,
     kernels: Annotated[str | None, typer.Option("--kernels", help=KERNELS_HELP)] = None,
 ) -> None:
-    """Simulate several scenarios and show their metrics side by side."""
+    """Simulate several scenarios and show their metrics side by side. Every scenario is shown; exits 3 (as
+    `run` does) when any of them does not fit in memory, naming them on stderr."""
     try:
         if report is not None:
             check_output_file(report, "--report")
@@ -199,6 +201,17 @@ def compare(
         print(json.dumps([{"name": n, **m.to_dict()} for n, m in results], indent=2))
     else:
         print_table(results)
+    unfit = [(n, m) for n, m in results if m.oom or m.host_oom]
+    for n, m in unfit:
+        gib = m.memory_gib
+        where = (
+            f"GPU: {gib['device']:.1f} GiB > {gib['capacity']:.0f} GiB"
+            if m.oom
+            else f"host: {gib['host']:.1f} GiB > {gib['host_capacity']:.0f} GiB"
+        )
+        err.print(f"out of memory: {n} ({where}); `clustersim run` on it lists changes that fit")
+    if unfit:
+        raise typer.Exit(EXIT_OUT_OF_MEMORY)
 
 
 @app.command()

@@ -86,6 +86,22 @@ def test_compare_side_by_side(tmp_path):
     assert [x["strategy"] for x in json.loads(r.output)] == ["zero-1, DP8", "zero-3, DP8"]
 
 
+def test_compare_shows_every_row_and_exits_3_when_one_does_not_fit(tmp_path):
+    a = write(tmp_path, GOOD, "a.yaml")
+    big = GOOD.replace(
+        "model: {num_layers: 2, hidden_size: 512, num_attention_heads: 8, seq_length: 512, vocab_size: 1000}",
+        "model: {preset: llama2-7b, seq_length: 4096}",
+    ).replace("name: tiny", "name: too-big")
+    b = write(tmp_path, big.replace("zero_stage: 1", "zero_stage: 0"), "b.yaml")
+    r = runner.invoke(app, ["compare", a, b, "--json"])
+    assert r.exit_code == 3, r.output
+    rows = json.loads(r.stdout)
+    assert [(x["name"], x["oom"]) for x in rows] == [("tiny", False), ("too-big", True)]
+    line = " ".join(r.stderr.split())
+    assert "out of memory: too-big (GPU: " in line and "> 80 GiB)" in line and "tiny" not in line
+    assert runner.invoke(app, ["compare", a, a, "--json"]).exit_code == 0
+
+
 def test_schema_is_json_schema():
     r = runner.invoke(app, ["schema"])
     schema = json.loads(r.output)
