@@ -31,10 +31,40 @@ def grid(**vary) -> sw.Sweep:
 def test_cartesian_and_zipped_grids():
     g = grid(**{"training.micro_batch_size": [1, 2], "cluster.num_nodes": [1, 2, 4]})
     assert g.size == 6 and len(list(g.assignments())) == 6
-    z = sw.Sweep(BASE, None, ("a.b", "c.d"), ((1, 2), (3, 4)), zipped=True)
-    assert list(z.assignments()) == [{"a.b": 1, "c.d": 3}, {"a.b": 2, "c.d": 4}]
+    a, b = "training.micro_batch_size", "cluster.num_nodes"
+    z = sw.Sweep(BASE, None, (a, b), ((1, 2), (3, 4)), zipped=True)
+    assert list(z.assignments()) == [{a: 1, b: 3}, {a: 2, b: 4}]
     with pytest.raises(ScenarioError, match="as many"):
-        sw.Sweep(BASE, None, ("a.b", "c.d"), ((1, 2), (3,)), zipped=True)
+        sw.Sweep(BASE, None, (a, b), ((1, 2), (3,)), zipped=True)
+
+
+def test_a_varied_field_must_be_a_scenario_field():
+    """A misspelt field would make every point invalid for the same reason: one error before anything runs."""
+    with pytest.raises(
+        ScenarioError,
+        match=r"parallelism has no field 'tensor_paralel' \(did you mean "
+        r"'parallelism.tensor_parallel'\?\)",
+    ):
+        grid(**{"parallelism.tensor_paralel": [1, 2]})
+    with pytest.raises(ScenarioError, match="parallelism.zero has no field 'prefetch'"):
+        grid(**{"parallelism.zero.prefetch": [1]})
+    with pytest.raises(ScenarioError, match="the scenario has no field 'a'"):
+        grid(**{"a.b": [1]})
+    # every key path of every shipped scenario is a field (the loader's model.preset / model.hf_config too)
+    shipped = Path(__file__).resolve().parents[1] / "scenarios"
+
+    def paths(d, prefix=()):
+        for k, v in d.items():
+            yield (*prefix, k)
+            if isinstance(v, dict):
+                yield from paths(v, (*prefix, k))
+
+    seen = 0
+    for f in shipped.rglob("*.yaml"):
+        for path in paths(yaml.safe_load(f.read_text()) or {}):
+            sw.check_field(".".join(path))
+            seen += 1
+    assert seen > 500
 
 
 def test_vary_values_are_read_as_yaml_and_bad_specs_name_the_problem():
@@ -159,13 +189,20 @@ def test_cli_sweep_bad_input_is_one_line_and_exit_2(tmp_path, base_file):
         (["sweep", str(base_file), "--vary", "tensor_parallel", "--out", str(tmp_path / "o")], "FIELD=v1,v2"),
         (["sweep", str(base_file), "--vary", "training.micro_batch_size=1"], "--out"),
         (["sweep", str(base_file), "--out", str(tmp_path)], "no vary"),
-        (["sweep", str(base_file), "--vary", "a.b=1", "--out", str(base_file)], "not a directory"),
+        (
+            ["sweep", str(base_file), "--vary", "training.micro_batch_size=1", "--out", str(base_file)],
+            "not a directory",
+        ),
+        (
+            ["sweep", str(base_file), "--vary", "training.micro_bs=1", "--out", str(tmp_path / "o")],
+            "did you mean",
+        ),
         (
             [
                 "sweep",
                 str(base_file),
                 "--vary",
-                "a.b=1",
+                "training.micro_batch_size=1",
                 "--out",
                 str(tmp_path / "o"),
                 "--report",

@@ -4,7 +4,8 @@ A point is the base scenario with each varied field set (the cartesian product o
 paired in order with ``zip``). Points are resolved (validated, defaults filled) in the calling process and keyed
 by a hash of the resolved scenario: a re-run skips every key already in ``DIR/points.jsonl``, and two spellings of
 one scenario share a row. A point that does not resolve (sizes that do not divide, an unknown name) or does not
-fit in memory is a row with its status and reason, not an error.
+fit in memory is a row with its status and reason, not an error; a varied field that is not a scenario field is
+an error before any point runs (:func:`check_field`).
 
 Points run on a local process pool, inline (one worker), or on a Dask cluster; each finished point is appended to
 ``DIR/points.jsonl`` at once, so an interrupted sweep keeps everything it finished. ``DIR/results.csv`` and
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import difflib
 import hashlib
 import itertools
 import json
@@ -51,6 +53,7 @@ class Sweep:
         if len(set(self.fields)) != len(self.fields):
             raise ScenarioError(f"sweep: a field is varied twice: {', '.join(self.fields)}")
         for f, vs in zip(self.fields, self.values, strict=True):
+            check_field(f)
             if not vs:
                 raise ScenarioError(f"sweep: {f}: no values")
         if self.zipped and len({len(v) for v in self.values}) > 1:
@@ -72,6 +75,33 @@ class Sweep:
         rows = zip(*self.values, strict=True) if self.zipped else itertools.product(*self.values)
         for row in rows:
             yield dict(zip(self.fields, row, strict=True))
+
+
+# keys the loader reads before validation (simulator/scenario/presets.py expand_model_section)
+_LOADER_KEYS = {("model",): ("preset", "hf_config")}
+
+
+def check_field(name: str) -> None:
+    """A varied field must be a scenario field: a misspelt one would make every point of the grid invalid for the
+    same reason, so it is one error before anything runs (with the nearest field's name)."""
+    from simulator.scenario.schema import Scenario
+
+    model, path = Scenario, ()
+    for part in name.split("."):
+        known = [*model.model_fields, *_LOADER_KEYS.get(path, ())]
+        if part not in known:
+            where = ".".join(path) or "the scenario"
+            hint = difflib.get_close_matches(part, known, n=1)
+            raise ScenarioError(
+                f"vary {name}: {where} has no field {part!r}"
+                + (f" (did you mean '{'.'.join((*path, hint[0]))}'?)" if hint else "")
+            )
+        field = model.model_fields.get(part)
+        ann = field.annotation if field is not None else None
+        sections = [a for a in getattr(ann, "__args__", (ann,)) if hasattr(a, "model_fields")]
+        if not sections:  # a value (or a free-form mapping): nothing below it to check
+            return
+        model, path = sections[0], (*path, part)
 
 
 # varying one of these changes the GPUs left for data parallelism
