@@ -163,3 +163,34 @@ def test_grad_accum_dtype_comes_from_data_types_and_a_bad_one_is_named(tmp_path)
         ScenarioError, match=r"data_types\.grad_accum_dtype 'int3' is not one of fp32, fp16, bf16"
     ):
         load_scenario({**BASE, "training": {}}, deepspeed_config=write(tmp_path, cfg))
+
+
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        (
+            {"zero_optimization": {"stage": 7}},
+            "deepspeed_config ds.json: zero_optimization.stage -> parallelism.zero_stage: Input should be 0, 1, 2 or 3",
+        ),
+        (
+            {"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": -1}},
+            "deepspeed_config ds.json: zero_optimization.stage3_prefetch_bucket_size -> "
+            "parallelism.zero.stage3_prefetch_bucket_size:",
+        ),
+        (
+            {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "gpu"}}},
+            "deepspeed_config ds.json: zero_optimization.offload_optimizer.device -> "
+            "parallelism.zero.offload_optimizer.device:",
+        ),
+        (
+            {"train_micro_batch_size_per_gpu": 0},
+            "deepspeed_config ds.json: train_micro_batch_size_per_gpu -> training.micro_batch_size:",
+        ),
+    ],
+)
+def test_an_invalid_value_is_named_by_its_deepspeed_key_and_the_field_it_sets(tmp_path, cfg, message):
+    cfg = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, **cfg}
+    with pytest.raises(ScenarioError) as e:
+        load_scenario({**BASE, "name": "t"}, deepspeed_config=write(tmp_path, cfg))
+    assert str(e.value).startswith(message), str(e.value)
+    assert "\n" not in str(e.value)

@@ -147,19 +147,22 @@ def merge_deepspeed_config(data: dict, ds: dict, label: str = "deepspeed_config"
     zero = dict(parallelism.get("zero") or {})
     unmodelled: list[str] = []
 
+    sources: dict[str, str] = {}  # scenario field -> the ds_config key that set it, for validation messages
+
     def put(section: dict, key: str, value, source: str, where: str | None = None) -> None:
         if value == "auto" or value is None:
             return
+        where = where or (
+            "training"
+            if section is training
+            else "parallelism"
+            if section is parallelism
+            else "parallelism.zero"
+        )
         if key in section and section[key] != value:
-            where = where or (
-                "training"
-                if section is training
-                else "parallelism"
-                if section is parallelism
-                else "parallelism.zero"
-            )
             raise ScenarioError(f"{label}: {source} ({value}) contradicts {where}.{key} ({section[key]})")
         section[key] = value
+        sources[f"{where}.{key}"] = source
 
     put(training, "global_batch_size", ds.get("train_batch_size"), "train_batch_size")
     put(
@@ -261,4 +264,5 @@ def merge_deepspeed_config(data: dict, ds: dict, label: str = "deepspeed_config"
         )
     if gas not in (None, "auto"):
         data["_deepspeed_gradient_accumulation_steps"] = gas
+    data["_deepspeed_sources"] = sources
     return data

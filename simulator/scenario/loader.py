@@ -31,7 +31,7 @@ def load_scenario(
             raise ScenarioError(f"{label}: expected a mapping with model, cluster, training, parallelism")
         data.setdefault("name", path.stem)
     ds_path = deepspeed_config or data.get("deepspeed_config")
-    ds_gas = None
+    ds_gas, ds_sources = None, {}
     if ds_path is not None:
         check_path_value(str(ds_path) if isinstance(ds_path, Path) else ds_path, "deepspeed_config")
         from simulator.scenario.deepspeed import merge_deepspeed_config, read_deepspeed_config
@@ -41,6 +41,9 @@ def load_scenario(
             path = base_dir / path
         data = merge_deepspeed_config(data, read_deepspeed_config(path), f"deepspeed_config {path.name}")
         ds_gas = data.pop("_deepspeed_gradient_accumulation_steps", None)
+        ds_sources = {
+            k: f"deepspeed_config {path.name}: {v}" for k, v in data.pop("_deepspeed_sources").items()
+        }
         data["deepspeed_config"] = str(path)
     data = _paths_relative_to(data, base_dir)
     if isinstance(data.get("kernels"), str):  # a table directory is relative to the scenario file
@@ -50,7 +53,9 @@ def load_scenario(
     try:
         scenario = Scenario.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as e:
-        raise ScenarioError("\n".join(format_validation_error(err) for err in e.errors())) from None
+        raise ScenarioError(
+            "\n".join(_from_deepspeed(format_validation_error(err), err, ds_sources) for err in e.errors())
+        ) from None
     except ValueError as e:  # raised by the preset / hf_config expansion before field validation
         raise ScenarioError(f"model: {e}") from None
     # Imported here: the cluster check needs the topology files (hardware step).
@@ -65,6 +70,12 @@ def load_scenario(
             f"{scenario.gradient_accumulation_steps}"
         )
     return scenario
+
+
+def _from_deepspeed(message: str, err: dict, sources: dict[str, str]) -> str:
+    """A field the DeepSpeed config set is named by its ds_config key too (the user wrote that one)."""
+    source = sources.get(".".join(str(p) for p in err["loc"]))
+    return f"{source} -> {message}" if source else message
 
 
 def _paths_relative_to(data: dict, base_dir: Path | None) -> dict:
