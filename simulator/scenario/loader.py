@@ -115,16 +115,23 @@ def format_validation_error(err: dict) -> str:
     return f"{loc}: {msg} (got {err.get('input')!r})"
 
 
-def _section_of(loc: tuple) -> list[str]:
-    """Field names of the model at ``loc``, for did-you-mean hints."""
+def section_at(loc: tuple):
+    """The scenario section (pydantic model) at ``loc``, or None where ``loc`` names a value, a free-form
+    mapping or no field."""
     model = Scenario
     for part in loc:
         field = model.model_fields.get(str(part))
         if field is None:
-            return []
+            return None
         ann = field.annotation
         candidates = [a for a in getattr(ann, "__args__", (ann,)) if hasattr(a, "model_fields")]
         if not candidates:
-            return []
+            return None
         model = candidates[0]
-    return list(model.model_fields)
+    return model
+
+
+def _section_of(loc: tuple) -> list[str]:
+    """Field names of the section at ``loc``, for did-you-mean hints."""
+    model = section_at(loc)
+    return list(model.model_fields) if model is not None else []

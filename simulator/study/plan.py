@@ -177,7 +177,7 @@ class Screen:
         self.compute = ComputeModel(cluster.gpu, base.training.precision, self.framework, self.kernels)
         self._blocks: dict[tuple, tuple] = {}
         self._tp_comm: dict[tuple, CollectiveModel] = {}
-        self._calls: dict[tuple, float] = {}
+        self._calls: dict[tuple, tuple[float, float]] = {}
         spec = cluster.spec.node
         gpu = cluster.gpu
         self.nvlink = (spec.nvlink_bandwidth_GBps or gpu.nvlink_bandwidth_GBps) * 1e9
@@ -298,8 +298,9 @@ class Screen:
             # DeepSpeed's coordinator, call by call (the simulation's own replay, strategy/zero3_fetch.py): at
             # large data-parallel degree each call pays the ring's latency, n - 1 steps, so the number of calls
             # (one per module and prefetch, re-gathers in backward and recomputation, one per gradient bucket)
-            # matters as much as the bytes; gathers and reduce-scatters share the node's links
-            # and forward's calls hide only under forward's compute, backward's under backward's and recomputation
+            # matters as much as the bytes. Forward's calls hide only under forward's compute; backward's
+            # gathers and reduce-scatters, in turn (the host waits for the reduction three buckets back), under
+            # backward's and the recomputation's
             fwd, bwd = self._zero3_calls_s(s, w, n, per_node)
             exposed = gas * (max(0.0, fwd - layers * f) + max(0.0, bwd - layers * (b + rc)))
         else:  # fsdp: each unit (layer, embedding, output layer) gathered in forward and again in backward (its
@@ -322,7 +323,7 @@ class Screen:
             memory <= MEMORY_HEADROOM * self.capacity,
         )
 
-    def _zero3_calls_s(self, s: Scenario, w, n: int, per_node: int) -> float:
+    def _zero3_calls_s(self, s: Scenario, w, n: int, per_node: int) -> tuple[float, float]:
         """(forward, backward) seconds of DeepSpeed ZeRO-3's all-gather and reduce-scatter calls for one
         microbatch, each a ring over the ``n`` data-parallel ranks (cached per call size)."""
         fs = fetch_schedule(s, w)

@@ -84,10 +84,14 @@ _LOADER_KEYS = {("model",): ("preset", "hf_config")}
 def check_field(name: str) -> None:
     """A varied field must be a scenario field: a misspelt one would make every point of the grid invalid for the
     same reason, so it is one error before anything runs (with the nearest field's name)."""
-    from simulator.scenario.schema import Scenario
+    from simulator.scenario.loader import section_at
 
-    model, path = Scenario, ()
-    for part in name.split("."):
+    parts = tuple(name.split("."))
+    for i, part in enumerate(parts):
+        path = parts[:i]
+        model = section_at(path)
+        if model is None:  # below a value, a free-form mapping or a loader key: nothing to check
+            return
         known = [*model.model_fields, *_LOADER_KEYS.get(path, ())]
         if part not in known:
             where = ".".join(path) or "the scenario"
@@ -96,12 +100,6 @@ def check_field(name: str) -> None:
                 f"vary {name}: {where} has no field {part!r}"
                 + (f" (did you mean '{'.'.join((*path, hint[0]))}'?)" if hint else "")
             )
-        field = model.model_fields.get(part)
-        ann = field.annotation if field is not None else None
-        sections = [a for a in getattr(ann, "__args__", (ann,)) if hasattr(a, "model_fields")]
-        if not sections:  # a value (or a free-form mapping): nothing below it to check
-            return
-        model, path = sections[0], (*path, part)
 
 
 # varying one of these changes the GPUs left for data parallelism
