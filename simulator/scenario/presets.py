@@ -12,6 +12,8 @@ from simulator.errors import ScenarioError
 from simulator.scenario.files import check_path_value, read_json
 
 _PRESETS_FILE = Path(__file__).parent / "presets" / "models.yaml"
+# keys of the model section that expand_model_section reads and replaces before validation
+MODEL_SOURCE_KEYS = ("preset", "hf_config")
 
 
 @cache

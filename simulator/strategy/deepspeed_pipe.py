@@ -5,9 +5,10 @@ instruction lists in lock-step (``schedules/deepspeed_train.py``): each transfer
 ``dist.send`` / ``dist.recv`` pair (deepspeed/runtime/pipe/p2p.py) that starts when the sender and the receiver
 both reach it, and neither stage computes until it ends. The stages still keep 1F1B's rhythm (f + b per
 microbatch); past two stages each stage meets both neighbours every step, so about 4 transfers per microbatch lie
-on the critical path (tests/test_pipeline.py: (m + p - 1)(f + b) + (4m + 2p - 8) T). Megatron-DeepSpeed's GPTModelPipe sends the hidden
-states only (pretrain_gpt.py keeps the causal mask in ``args.attn_mask`` since 2021-06). After the last step every stage runs ReduceTiedGrads (the tied embedding's gradient all-reduced between the first and
-last stage), ReduceGrads (the data-parallel reduction as DeepSpeed's optimizer wrapper does it:
+on the critical path (tests/test_pipeline.py: (m + p - 1)(f + b) + (4m + 2p - 8) T). Megatron-DeepSpeed's
+GPTModelPipe sends the hidden states only (pretrain_gpt.py keeps the causal mask in ``args.attn_mask`` since
+2021-06). After the last step every stage runs ReduceTiedGrads (the tied embedding's gradient all-reduced between
+the first and last stage), ReduceGrads (the data-parallel reduction as DeepSpeed's optimizer wrapper does it:
 ``zero.pipeline_grad_reduction``) and OptimizerStep: the same end as Megatron's flush. With bf16 and no ZeRO the
 wrapper is BF16_Optimizer (fp32 gradients, accumulated after every backward, all-reduced in fp32).
 """

@@ -32,6 +32,7 @@ import yaml
 
 from simulator.errors import ScenarioError
 from simulator.scenario.files import read_yaml
+from simulator.scenario.presets import MODEL_SOURCE_KEYS
 
 FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 STATUSES = ("ok", "oom", "invalid", "error")
@@ -78,7 +79,7 @@ class Sweep:
 
 
 # keys the loader reads before validation (simulator/scenario/presets.py expand_model_section)
-_LOADER_KEYS = {("model",): ("preset", "hf_config")}
+_LOADER_KEYS = {("model",): MODEL_SOURCE_KEYS}
 
 
 def check_field(name: str) -> None:

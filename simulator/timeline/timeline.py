@@ -36,9 +36,8 @@ class Timeline:
         # its end): kernels not issued yet
         self.host_idle = [0.0] * n
         self.busy = [0.0] * n  # compute tasks: GPU seconds of their kernels and the collectives they wait for
-        self.issued = [
-            0.0
-        ] * n  # compute tasks: when their host thread had issued them (0 without a host model)
+        # compute tasks: when their host thread had issued them (0 without a host model)
+        self.issued = [0.0] * n
         self.parts: dict[int, tuple[Part, ...]] = {}
         self.events = 0
 
