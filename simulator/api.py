@@ -119,7 +119,9 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
     placement = placement_for(s)
     kernels, measured_comm, table_info = table_lookups(resolve_table(s.kernels, cluster.gpu.name), cluster)
     comm = CollectiveModel(cluster, placement, s.parallelism.collective_algorithm, measured_comm)
-    compute = ComputeModel(cluster.gpu, s.training.precision, framework, kernels)
+    compute = ComputeModel(
+        cluster.gpu, s.training.precision, framework, kernels, placement.world_size, s.cluster.gpu_speed_sd
+    )
     dispatch = compute.framework.host  # the profile as it applies on this GPU
     host = HostModel(comm, s)
     peak = cluster.gpu.peak_flops(s.training.precision)

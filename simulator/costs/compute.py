@@ -9,6 +9,9 @@ GEMM efficiency = best large-GEMM efficiency (measured, per GPU) x wave quantiza
   * reduction depth: short K leaves too little work per tile to hide loads: k / (k + k_half).
 Every number comes from the GPU's data file (``simulator/hardware/gpus/*.yaml``). Where a calibration table
 (``simulator/calibration/``) measured the kernel, or shapes around it, its time replaces the roofline.
+In a job of many GPUs the compute-bound kernels (GEMMs, FlashAttention) then take as long as on the job's slowest
+GPU (``costs/variability.py``); memory-bound kernels keep their time (HBM bandwidth is not what power
+management trims).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from math import ceil
 
 from simulator.calibration.table import DTYPE_BYTES
 from simulator.costs.lookup import MODELLED, SHAPED, KernelLookup, work
+from simulator.costs.variability import slowest_gpu_factor
 from simulator.frameworks import Framework
 from simulator.hardware.gpus import GPU
 from simulator.workload.transformer import Op
@@ -38,6 +42,9 @@ def memory_time_s(gpu: GPU, nbytes: float, kind: str = "", direction: str = "for
     """Bandwidth-bound time: bytes / (HBM bandwidth x the fraction a kernel of this kind reaches)."""
     return nbytes / (gpu.hbm_bytes_per_s * gpu.memory_fraction(kind, direction))
 
+
+# kernels whose time follows the SM clock, and so the slowest GPU of the job (costs/variability.py)
+COMPUTE_BOUND = ("gemm", "flash_attention")
 
 # no memory-bound kernel streams faster than this share of the HBM peak (a device-to-device copy reaches ~0.90 on
 # H100 and ~0.88 on A100), whatever framework factor multiplies its kind's efficiency
@@ -65,7 +72,11 @@ def shape_roofline_s(
 class ComputeModel:
     """Kernel times for one GPU type and precision, cached per operation: a calibration table's measured or
     interpolated time where it has one (``kernels``), else the roofline above. Framework factors apply to
-    either (a framework generation's kernels relative to the reference the table or the roofline gives)."""
+    either (a framework generation's kernels relative to the reference the table or the roofline gives).
+
+    ``gpus`` is the job's GPU count: its compute-bound kernels run at the pace of the slowest of them, whose
+    speed is ``speed_sd`` (default: the GPU profile's) standard deviations times E[max of ``gpus`` normals]
+    below the typical GPU's (``costs/variability.py``). One GPU, or ``speed_sd`` 0, gives the typical GPU."""
 
     def __init__(
         self,
@@ -73,12 +84,15 @@ class ComputeModel:
         precision: str,
         framework: Framework | None = None,
         kernels: KernelLookup | None = None,
+        gpus: int = 1,
+        speed_sd: float | None = None,
     ):
         self.gpu = gpu
         self.precision = precision
         self.peak = gpu.peak_flops(precision)
         self.framework = (framework or Framework(name="ideal")).on_gpu(gpu.name)
         self.kernels = kernels
+        self.slowest = slowest_gpu_factor(gpu.speed_sd if speed_sd is None else speed_sd, gpus)
         self.op_cost = lru_cache(maxsize=None)(self._op_cost)
 
     def op_time_s(self, op: Op) -> float:
@@ -97,6 +111,8 @@ class ComputeModel:
                 seconds = hit[0] / self._factor(op.kernel)
                 if op.kind == "gemm":
                     seconds = max(seconds, gemm_floor_s(g, op.flops, self.peak))
+                if op.kind in COMPUTE_BOUND:
+                    seconds *= self.slowest
                 return seconds + g.kernel_launch_s + f.kernel_overhead_s, hit[1]
         return self._modelled_s(op), MODELLED
 
@@ -112,9 +128,11 @@ class ComputeModel:
         mem = op.bytes / (g.hbm_bytes_per_s * fraction)
         if op.kind == "gemm":
             comp = op.flops / (self.peak * gemm_efficiency(g, op.m, op.n, op.k, op.batch) * f.gemm_efficiency)
-            comp = max(comp, gemm_floor_s(g, op.flops, self.peak))
+            comp = max(comp, gemm_floor_s(g, op.flops, self.peak)) * self.slowest
         elif op.kind == "flash_attention":
-            comp = op.flops / (self.peak * g.flash_attention_efficiency * f.attention_efficiency)
+            comp = (
+                op.flops / (self.peak * g.flash_attention_efficiency * f.attention_efficiency) * self.slowest
+            )
         else:
             comp = 0.0
         return max(comp, mem) + op.launches * (g.kernel_launch_s + f.kernel_overhead_s)

@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict
 
+from simulator.costs.variability import DEFAULT_SPEED_SD
 from simulator.errors import ScenarioError
 
 _GPU_DIR = Path(__file__).parent / "gpus"
@@ -50,6 +51,9 @@ class GPU(BaseModel):
     flash_attention_efficiency: float | None = None
     kernel_launch_s: float
     sources: str
+    # spread of sustained compute speed across GPUs of this SKU, standard deviation as a fraction of the
+    # typical GPU's: a job's compute-bound kernels run at its slowest GPU's speed (simulator/costs/variability.py)
+    speed_sd: float = DEFAULT_SPEED_SD
 
     def peak_flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for ``dtype``; a clear error if this GPU has no such tensor-core mode."""

@@ -111,6 +111,13 @@ class ClusterConfig(_Section):
     cpu_optimizer_params_per_s: float | None = Field(
         None, gt=0, le=1e13, description="CPU-Adam throughput of one host, parameters per second."
     )
+    gpu_speed_sd: float | None = Field(
+        None,
+        ge=0,
+        le=0.5,
+        description="Spread of sustained speed across the GPUs (standard deviation, fraction of the typical GPU's): "
+        "compute-bound kernels run at the slowest GPU's speed. Default: the GPU profile's (0.015); 0 turns it off.",
+    )
 
 
 class OneBitConfig(_Section):

@@ -165,7 +165,7 @@ def candidates(
 class Screen:
     """The closed-form estimate of one layout, from the simulator's cached costs."""
 
-    def __init__(self, base: Scenario, cluster: Cluster, batch: int | None = None):
+    def __init__(self, base: Scenario, cluster: Cluster, batch: int | None = None, gpus: int | None = None):
         self.base = base
         self.batch = batch or base.training.global_batch_size
         self.cluster = cluster
@@ -174,7 +174,15 @@ class Screen:
         self.kernels, self.measured_comm, _ = table_lookups(
             resolve_table(base.kernels, cluster.gpu.name), cluster
         )
-        self.compute = ComputeModel(cluster.gpu, base.training.precision, self.framework, self.kernels)
+        # every layout uses all ``gpus``: its kernels run at the slowest one's pace (api.simulate)
+        self.compute = ComputeModel(
+            cluster.gpu,
+            base.training.precision,
+            self.framework,
+            self.kernels,
+            gpus or cluster.num_gpus,
+            base.cluster.gpu_speed_sd,
+        )
         self._blocks: dict[tuple, tuple] = {}
         self._tp_comm: dict[tuple, CollectiveModel] = {}
         self._calls: dict[tuple, tuple[float, float]] = {}
@@ -378,7 +386,7 @@ def plan(
         raise ScenarioError(f"--gpus ({gpus}) is not a whole number of {gpn}-GPU nodes")
     nodes = max(1, gpus // gpn)
     cluster = Cluster(spec, nodes)
-    screen = Screen(base, cluster, batch)
+    screen = Screen(base, cluster, batch, gpus)
     layouts = candidates(base, gpus, gpn, options, batch)
     if not layouts:
         raise ScenarioError("plan: no layout divides this model, batch and GPU count")
