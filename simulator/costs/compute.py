@@ -128,13 +128,13 @@ class ComputeModel:
         mem = op.bytes / (g.hbm_bytes_per_s * fraction)
         if op.kind == "gemm":
             comp = op.flops / (self.peak * gemm_efficiency(g, op.m, op.n, op.k, op.batch) * f.gemm_efficiency)
-            comp = max(comp, gemm_floor_s(g, op.flops, self.peak)) * self.slowest
+            comp = max(comp, gemm_floor_s(g, op.flops, self.peak))
         elif op.kind == "flash_attention":
-            comp = (
-                op.flops / (self.peak * g.flash_attention_efficiency * f.attention_efficiency) * self.slowest
-            )
+            comp = op.flops / (self.peak * g.flash_attention_efficiency * f.attention_efficiency)
         else:
             comp = 0.0
+        if op.kind in COMPUTE_BOUND:
+            comp *= self.slowest
         return max(comp, mem) + op.launches * (g.kernel_launch_s + f.kernel_overhead_s)
 
     def ops_time_s(self, ops: tuple[Op, ...]) -> float:

@@ -28,6 +28,15 @@ DEFAULT_SPEED_SD = 0.015
 
 
 @cache
+def _grid() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x on [-12, 12] and the standard normal's density and distribution function there (shared by every n)."""
+    x = np.linspace(-12.0, 12.0, 24001)
+    pdf = np.exp(-0.5 * x * x) / sqrt(2 * pi)
+    cdf = 0.5 * (1.0 + np.array([erf(v / sqrt(2.0)) for v in x]))
+    return x, pdf, cdf
+
+
+@cache
 def expected_max_std_normal(n: int) -> float:
     """E[max of ``n`` independent standard normal variables]: 0 for n = 1, 1/sqrt(pi) for n = 2.
 
@@ -37,9 +46,7 @@ def expected_max_std_normal(n: int) -> float:
         raise ValueError(f"n must be at least 1 (got {n})")
     if n == 1:
         return 0.0
-    x = np.linspace(-12.0, 12.0, 24001)
-    pdf = np.exp(-0.5 * x * x) / sqrt(2 * pi)
-    cdf = 0.5 * (1.0 + np.array([erf(v / sqrt(2.0)) for v in x]))
+    x, pdf, cdf = _grid()
     # Phi^(n-1) through logs: Phi underflows to 0 far left, where the integrand is 0 anyway
     with np.errstate(divide="ignore"):
         power = np.exp((n - 1) * np.log(cdf))
