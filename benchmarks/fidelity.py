@@ -9,7 +9,7 @@
 4. the quickstart scenario's MFU, and where its profile comes from;
 5. the 1-trillion-parameter 3,072-GPU run's simulation wall time (best of 3);
 6. held out, never fitted on: vTrain's 109 multi-node Megatron-DeepSpeed runs (simulator/validation/vtrain-multi.yaml)
-   and the five public DeepSpeed runs at scale (simulator/validation/deepspeed.yaml).
+   and the eight public DeepSpeed runs at scale (simulator/validation/deepspeed.yaml).
 """
 
 from __future__ import annotations

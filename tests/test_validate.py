@@ -134,9 +134,9 @@ def test_the_deepspeed_cases_simulate_and_each_names_its_source_and_assumptions(
 
     path = Path(__file__).resolve().parents[1] / "simulator" / "validation" / "deepspeed.yaml"
     cases = load_cases(path)
-    assert len(cases) == 5 and all(c["published"]["source"] and c.get("assumptions") for c in cases)
+    assert len(cases) == 8 and all(c["published"]["source"] and c.get("assumptions") for c in cases)
     results = run_cases(cases)
-    assert [r.status for r in results] == ["ok"] * 5
+    assert [r.status for r in results] == ["ok"] * 8
 
 
 def test_the_held_out_multi_node_runs_simulate_and_name_their_rows():
