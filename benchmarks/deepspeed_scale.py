@@ -21,14 +21,13 @@ from pathlib import Path
 import numpy as np
 
 from simulator import load_scenario, simulate
-from simulator.validation.runner import load_cases
+from simulator.validation.runner import case_scenario, load_cases
 
 CASES = Path(__file__).resolve().parents[1] / "simulator" / "validation" / "deepspeed.yaml"
-KEYS = ("model", "cluster", "training", "parallelism", "framework", "kernels")
 
 
 def run(case: dict):
-    return simulate(load_scenario({"name": case["id"], **{k: case[k] for k in KEYS if k in case}}))
+    return simulate(load_scenario(case_scenario(case)))
 
 
 def main() -> None:

@@ -97,6 +97,12 @@ def predicted_value(m: Metrics, published: dict, params: float) -> float:
     return m.model_tflops_per_gpu
 
 
+def case_scenario(case: dict) -> dict:
+    """The scenario a case describes (its scenario sections, named by its id), for ``load_scenario``."""
+    keys = ("model", "cluster", "training", "parallelism", "framework", "kernels")
+    return {"name": str(case.get("id", "case")), **{k: case[k] for k in keys if k in case}}
+
+
 def run_case(case: dict, framework: Framework | None = None, kernels: str | None = None) -> CaseResult:
     """Simulate one case (with ``framework`` replacing the case's own profile, for calibration, and
     ``kernels`` its cost tables)."""
@@ -107,9 +113,7 @@ def run_case(case: dict, framework: Framework | None = None, kernels: str | None
         metric=pub["metric"],
         published=float(pub["value"]),
     )
-    keys = ("model", "cluster", "training", "parallelism", "framework", "kernels")
-    scenario = {k: case[k] for k in keys if k in case}
-    scenario["name"] = base["id"]
+    scenario = case_scenario(case)
     if kernels is not None:
         scenario["kernels"] = kernels
     try:
