@@ -109,7 +109,8 @@ INTRO = """# Collectives: NCCL's protocols, checked against published nccl-tests
 A collective costs a *latency* and a *bandwidth* term on the cluster graph (`simulator/costs/collectives.py`).
 The bandwidth term is the bytes each link class carries (every group of the same kind at once, so shared NICs
 and PCIe switches slow each other) at the link's bus bandwidth. The latency term and the share of that bandwidth
-come from the protocol NCCL would use (`simulator/costs/nccl.py`, NCCL v2.18.3 `src/graph/tuning.cc`):
+come from the protocol NCCL would use (`simulator/costs/nccl.py`: NCCL v2.14-v2.17 `src/graph/tuning.cc`;
+`nccl.yaml` says how other releases differ):
 
 | protocol | latency | bandwidth |
 |---|---|---|

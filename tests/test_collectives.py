@@ -45,6 +45,17 @@ def test_small_messages_run_on_ll_and_pay_its_latency_large_ones_simple():
     assert busbw == pytest.approx(300e9 * cm.cluster.spec.efficiency.nvlink, rel=1e-9)
 
 
+def test_multi_node_ll_pays_1_8_times_the_intra_node_hop():
+    """tuning.cc (v2.10-v2.17): a call spanning nodes on LL pays 1.8x the intra-node hop on every intra-node step.
+    An 8-byte all-reduce over 2 DGX A100 nodes (16 ranks, ring): 2(n-1) = 30 steps, 2 x nodes = 4 of them
+    across the network, the rest on NVLink; no algorithm is cheaper here than LL's base + its hops."""
+    cm = model("dgx-a100", 2, algorithm="ring")
+    hops = cm.cluster.spec.nccl.hop_us["ring"]["nvlink"]
+    network_ll = 2.7  # nccl.yaml: NCCL's network hop of Ring/LL
+    expected = (3.6 + 26 * 1.8 * hops["LL"] + 4 * network_ll) * 1e-6
+    assert cm.standalone_time_s("all_reduce", "dp", 8) == pytest.approx(expected, rel=1e-3)
+
+
 CURVES = {c["id"]: c for c in yaml.safe_load((VALIDATION / "nccl_tests.yaml").read_text())["curves"]}
 NCCL_TESTS_8X_A100 = CURVES["OCI-8xA100-NVSWITCH"][
     "times_us"

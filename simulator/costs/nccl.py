@@ -1,7 +1,8 @@
 """NCCL's protocols: which of LL, LL128 and Simple a collective runs on, its latency and its bandwidth.
 
 NCCL times every (algorithm, protocol) pair of a call as ``base + steps x hop + bytes / bandwidth`` and runs the
-fastest (src/graph/tuning.cc, ``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime``, v2.18.3). LL (8-byte flag
+fastest (src/graph/tuning.cc, ``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime``; the constants of NCCL v2.14-2.17,
+which ``nccl.yaml`` says how other releases differ from). LL (8-byte flag
 per 8 bytes) has the lowest latency and a quarter of the bandwidth; LL128 nearly full bandwidth at a higher
 latency; Simple full bandwidth and the highest latency. Small messages therefore pay a few microseconds per
 step, large ones move at the link's bus bandwidth, and the curve between bends where the protocol changes.
@@ -55,6 +56,9 @@ def protocol_costs(
         factor = o.get("bandwidth", {}).get(algorithm, {}).get(p, d["bandwidth"][algorithm][p])
         if p == "LL" and busbw_Bps:
             factor = min(factor, d["ll_max_busbw_GBps"] * 1e9 / busbw_Bps)
+        if p == "LL" and inter_steps > 0:
+            # tuning.cc v2.10-v2.17: ``if (nNodes > 1 && p == NCCL_PROTO_LL) intraLat *= 1.8;``
+            hop_intra *= d["ll_multi_node_intra_factor"]
         base = o.get("base_us", {}).get(algorithm, {}).get(p, d["base_us"][algorithm][p])
         latency_us = base + intra_steps * hop_intra + inter_steps * hop_inter
         out.append(ProtocolCost(p, latency_us * 1e-6, factor))
