@@ -1,11 +1,11 @@
 """NCCL's protocols: which of LL, LL128 and Simple a collective runs on, its latency and its bandwidth.
 
 NCCL times every (algorithm, protocol) pair of a call as ``base + steps x hop + bytes / bandwidth`` and runs the
-fastest (src/graph/tuning.cc, ``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime``; the constants of NCCL v2.14-2.17,
-which ``nccl.yaml`` says how other releases differ from). LL (8-byte flag
-per 8 bytes) has the lowest latency and a quarter of the bandwidth; LL128 nearly full bandwidth at a higher
-latency; Simple full bandwidth and the highest latency. Small messages therefore pay a few microseconds per
-step, large ones move at the link's bus bandwidth, and the curve between bends where the protocol changes.
+fastest (src/graph/tuning.cc, ``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime``, with the constants of NCCL
+v2.14-2.17; ``nccl.yaml`` lists how other releases differ). LL (8-byte flag per 8 bytes) has the lowest
+latency and a quarter of the bandwidth; LL128 nearly full bandwidth at a higher latency; Simple full bandwidth
+and the highest latency. Small messages therefore pay a few microseconds per step, large ones move at the
+link's bus bandwidth, and the curve between bends where the protocol changes.
 
 The constants are NCCL's (``nccl.yaml``); a topology may replace the hop latencies and bandwidth factors of a
 link kind with values measured there (``nccl:`` in topologies/*.yaml).
