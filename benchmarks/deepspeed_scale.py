@@ -45,10 +45,9 @@ def main() -> None:
         "| case | tokens / GPU / iteration | published TFLOP/s | simulated | error | published s | simulated s | missing s |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for case, _, pub, sim, t_sim, t_pub in rows:
-        t = case["training"]
-        dp = case["parallelism"].get("data_parallel", 1)
-        tokens = t["global_batch_size"] * case["model"]["seq_length"] // dp
+    for case, r, pub, sim, t_sim, t_pub in rows:
+        s = r.scenario
+        tokens = s.training.global_batch_size * s.model.seq_length // (s.parallelism.data_parallel or 1)
         print(
             f"| {case['id']} | {tokens:,} | {pub:.1f} | {sim:.1f} | {100 * (sim / pub - 1):+.1f}% | "
             f"{t_pub:.1f} | {t_sim:.1f} | {t_pub - t_sim:.1f} |"
@@ -79,12 +78,9 @@ def main() -> None:
     mtnlg = [row for row in rows if row[0]["id"].startswith("DS-MTNLG-530B")]
     if len(mtnlg) >= 2:
         steps, pub, sim = [], [], []
-        for case, _, _, _, t_sim, t_pub in mtnlg:
-            p = case["parallelism"]
-            micro = case["training"]["global_batch_size"] // (
-                p["data_parallel"] * case["training"]["micro_batch_size"]
-            )
-            steps.append(micro + p["pipeline_parallel"] - 1)
+        for _, r, _, _, t_sim, t_pub in mtnlg:
+            s = r.scenario
+            steps.append(s.gradient_accumulation_steps + s.parallelism.pipeline_parallel - 1)
             pub.append(t_pub)
             sim.append(t_sim)
         design = np.column_stack([steps, np.ones(len(steps))])

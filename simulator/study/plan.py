@@ -336,7 +336,7 @@ class Screen:
         microbatch, each a ring over the ``n`` data-parallel ranks (cached per call size)."""
         fs = fetch_schedule(s, w)
         w_b, g_b = weight_bytes(s), grad_bytes(s, self.framework)
-        key = (id(fs), n, per_node, w_b, g_b)
+        key = (id(fs), n, per_node, w_b, g_b)  # schedule_for caches fs for the process: its id names it
         if key not in self._calls:
             sizes = Counter(("all_gather", g.block[1], g.numel * w_b) for g in fs.gathers)
             sizes.update(("reduce_scatter", "backward", r.numel * g_b) for r in fs.reduces)
