@@ -20,11 +20,11 @@ from functools import partial
 from pathlib import Path
 
 from simulator import load_scenario, simulate
-from simulator.calibration.select import shipped_tables
-from simulator.calibration.table import read_table
 from simulator.costs.compute import shape_roofline_s
-from simulator.costs.lookup import CollectiveLookup, KernelLookup
 from simulator.hardware.gpus import get_gpu
+from simulator.tables.io import read_table
+from simulator.tables.lookup import CollectiveLookup, KernelLookup
+from simulator.tables.select import shipped_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 

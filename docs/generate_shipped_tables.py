@@ -26,7 +26,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from simulator.calibration.table import (
+from simulator.tables.format import (
     SHIPPED_DIR,
     CollectiveRow,
     CostTable,
@@ -35,8 +35,8 @@ from simulator.calibration.table import (
     SourceInfo,
     SystemInfo,
     TableMeta,
-    write_table,
 )
+from simulator.tables.io import write_table
 
 VIDUR_COMMIT = "7d47513363ec447a741ac5e47241580b47724fbf"
 NICE_TOKENS = {c * 2**p for p in range(16) for c in (1, 3) if c * 2**p <= 32768}

@@ -7,12 +7,11 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from simulator.calibration.select import resolve_table, table_lookups
 from simulator.costs.collectives import CollectiveModel
 from simulator.costs.compute import ComputeModel
 from simulator.costs.dispatch import task_cost
 from simulator.costs.host import HOST_GROUPS, HostModel
-from simulator.costs.lookup import MODELLED
+from simulator.costs.tables import table_lookups
 from simulator.engine.engine import TaskCost, simulate_program
 from simulator.frameworks import Framework, get_framework
 from simulator.hardware.cluster import Cluster
@@ -21,11 +20,13 @@ from simulator.hardware.topology import cluster_spec
 from simulator.metrics.metrics import Metrics, finish_metrics, measure
 from simulator.metrics.periodic import NotPeriodic, extrapolate, sample_windows
 from simulator.metrics.sources import source_seconds, summarise_sources
+from simulator.program import Program
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
 from simulator.strategy import build_program, onebit
 from simulator.strategy.common import placement_for
-from simulator.strategy.program import Program
+from simulator.tables.lookup import MODELLED
+from simulator.tables.select import resolve_table
 from simulator.timeline.timeline import Timeline
 from simulator.workload.transformer import Workload, build_workload
 

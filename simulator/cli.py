@@ -16,7 +16,6 @@ from rich.progress import Progress
 
 from simulator.api import simulate
 from simulator.calibration.cli import calibrate_app
-from simulator.calibration.select import check_choice
 from simulator.errors import ScenarioError
 from simulator.report.console import err, fail, shown_warnings
 from simulator.report.output import check_output_dir, check_output_file, temporary_beside
@@ -24,6 +23,7 @@ from simulator.report.table import print_oom_headline, print_table
 from simulator.report.trace import write_trace
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
+from simulator.tables.select import check_choice
 
 # Exit status: 0 = simulated and fits; 2 = bad input (one line on stderr naming the field); 3 = simulated, but the
 # run (compare: any of its runs) does not fit in GPU (or, offloading, host) memory; validate: 1 = a case failed

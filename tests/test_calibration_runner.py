@@ -7,10 +7,11 @@ import pytest
 from typer.testing import CliRunner
 
 from simulator.api import simulate
-from simulator.calibration.table import CostTable, read_table, write_table
 from simulator.cli import app
-from simulator.costs.lookup import table_pass
 from simulator.scenario.loader import load_scenario
+from simulator.tables.format import CostTable
+from simulator.tables.io import read_table, write_table
+from simulator.tables.lookup import table_pass
 
 torch = pytest.importorskip("torch")
 runner = CliRunner()

@@ -10,20 +10,13 @@ from conftest import GPT_SMALL, make
 from typer.testing import CliRunner
 
 from simulator.api import simulate
-from simulator.calibration.table import (
-    CollectiveRow,
-    CostTable,
-    KernelRow,
-    SystemInfo,
-    TableMeta,
-    read_table,
-    write_table,
-)
 from simulator.cli import app
 from simulator.costs.compute import ComputeModel, shape_roofline_s
-from simulator.costs.lookup import CollectiveLookup, KernelLookup, curve_cost
 from simulator.errors import ScenarioError
 from simulator.hardware.gpus import get_gpu
+from simulator.tables.format import CollectiveRow, CostTable, KernelRow, SystemInfo, TableMeta
+from simulator.tables.io import read_table, write_table
+from simulator.tables.lookup import CollectiveLookup, KernelLookup, curve_cost
 from simulator.workload.transformer import gemm, memory_op
 
 A100 = get_gpu("a100-sxm4-80gb")
@@ -281,7 +274,7 @@ def test_run_json_reports_cost_sources_and_the_largest_modelled_ops(tmp_path):
 
 def test_shipped_tables_say_where_their_numbers_come_from():
     for name in ("a100-sxm4-80gb", "h100-sxm5-80gb"):
-        from simulator.calibration.select import shipped_tables
+        from simulator.tables.select import shipped_tables
 
         t = read_table(shipped_tables()[name])
         assert t.meta.gpu == name and t.meta.sources and "MIT" in t.meta.sources[0].licence

@@ -6,7 +6,7 @@ import simpy
 from simulator.costs.collectives import Phase
 from simulator.engine.engine import DeadlockError, simulate_program
 from simulator.engine.network import FluidNetwork
-from simulator.strategy.program import Program
+from simulator.program import Program
 
 
 def run_transfers(specs):

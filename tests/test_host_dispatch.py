@@ -10,7 +10,7 @@ from simulator.costs.dispatch import task_cost
 from simulator.engine.engine import simulate_program
 from simulator.frameworks import HostProfile, Syncs, get_framework
 from simulator.metrics.layers import microbatch_view
-from simulator.strategy.program import Program
+from simulator.program import Program
 from simulator.workload.ops import Op, sync_op
 
 

@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 from simulator.calibration.importers import match_gpu
 from simulator.calibration.importers.kineto import import_trace
 from simulator.calibration.importers.nccl_tests import parse_nccl_tests
-from simulator.calibration.table import read_table
 from simulator.cli import app
 from simulator.errors import ScenarioError
+from simulator.tables.io import read_table
 
 runner = CliRunner()
 

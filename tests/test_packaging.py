@@ -9,7 +9,7 @@ ROOT = Path(__file__).parents[1]
 def test_every_subpackage_is_listed_for_the_wheel():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "simulator").rglob("__init__.py")}
-    data_dirs = {"simulator.calibration.tables", "simulator.hardware.gpus", "simulator.scenario.presets"}
+    data_dirs = {"simulator.tables.shipped", "simulator.hardware.gpus", "simulator.scenario.presets"}
     # scenarios/ and its folders ship as simulator.scenarios[.folder] (setuptools warns about a folder not listed)
     scenario_dirs = {f"simulator.scenarios.{d.name}" for d in (ROOT / "scenarios").iterdir() if d.is_dir()}
     assert found | data_dirs | scenario_dirs | {"simulator.topologies", "simulator.scenarios"} == listed
@@ -22,8 +22,8 @@ def test_data_the_simulator_reads_is_covered_by_package_data():
         "hardware/gpus/a100-sxm4-80gb.yaml",
         "frameworks/ideal.yaml",
         "validation/published.yaml",
-        "calibration/tables/a100-sxm4-80gb/kernels.csv",
-        "calibration/tables/h100-sxm5-80gb/table.yaml",
+        "tables/shipped/a100-sxm4-80gb/kernels.csv",
+        "tables/shipped/h100-sxm5-80gb/table.yaml",
         "costs/nccl.yaml",
         "validation/nccl_tests.yaml",
     ):

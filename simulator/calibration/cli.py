@@ -196,8 +196,8 @@ def import_kineto(
     """Kernel rows (and NCCL collective rows) from a PyTorch profiler trace."""
     from simulator.calibration.importers import match_gpu, merge_into
     from simulator.calibration.importers.kineto import import_trace
-    from simulator.calibration.table import SourceInfo
     from simulator.hardware.gpus import get_gpu
+    from simulator.tables.format import SourceInfo
 
     try:
         if gpu:
@@ -242,9 +242,9 @@ def import_nccl_tests(
     """Collective rows from nccl-tests logs (both column layouts, MPI / Slurm prefixes, JSON output)."""
     from simulator.calibration.importers import merge_into
     from simulator.calibration.importers.nccl_tests import parse_nccl_tests
-    from simulator.calibration.table import COLLECTIVE_OPS, SourceInfo, SystemInfo
     from simulator.hardware.gpus import get_gpu
     from simulator.hardware.topology import load_topology
+    from simulator.tables.format import COLLECTIVE_OPS, SourceInfo, SystemInfo
 
     if op is not None and op not in COLLECTIVE_OPS:
         fail(f"--op: '{op}' is not one of {', '.join(COLLECTIVE_OPS)}")

@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from simulator.calibration.shapes import CollectiveShape, KernelShape, costed_shapes
-from simulator.calibration.table import (
+from simulator.errors import ScenarioError
+from simulator.hardware.topology import cluster_spec
+from simulator.scenario.schema import Scenario
+from simulator.tables.format import (
     CollectiveRow,
     CostTable,
     DeviceInfo,
@@ -26,12 +29,8 @@ from simulator.calibration.table import (
     SourceInfo,
     SystemInfo,
     TableMeta,
-    read_table,
-    write_table,
 )
-from simulator.errors import ScenarioError
-from simulator.hardware.topology import cluster_spec
-from simulator.scenario.schema import Scenario
+from simulator.tables.io import read_table, write_table
 
 SAVE_EVERY_S = 5.0
 DEFAULT_MAX_BYTES = {"cpu": 2**30, "cuda": 8 * 2**30}  # largest memory-bound working set timed whole

@@ -8,8 +8,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from simulator.costs.host import HOST_GROUPS
-from simulator.costs.lookup import table_pass
 from simulator.scenario.schema import Scenario
+from simulator.tables.lookup import table_pass
 
 
 @dataclass(frozen=True)

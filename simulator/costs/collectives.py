@@ -21,10 +21,10 @@ from functools import cached_property
 
 import numpy as np
 
-from simulator.costs.lookup import MODELLED, CollectiveLookup
 from simulator.costs.nccl import fastest, protocol_costs
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
+from simulator.tables.lookup import MODELLED, CollectiveLookup
 
 LinkClass = tuple[frozenset, str, str]  # (pipeline stages on the link's nodes, from, to)
 

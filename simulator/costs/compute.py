@@ -19,11 +19,11 @@ from __future__ import annotations
 from functools import lru_cache
 from math import ceil
 
-from simulator.calibration.table import DTYPE_BYTES
-from simulator.costs.lookup import MODELLED, SHAPED, KernelLookup, work
 from simulator.costs.variability import slowest_gpu_factor
 from simulator.frameworks import Framework
 from simulator.hardware.gpus import GPU
+from simulator.tables.format import DTYPE_BYTES
+from simulator.tables.lookup import MODELLED, SHAPED, KernelLookup, work
 from simulator.workload.transformer import Op
 
 

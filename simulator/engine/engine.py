@@ -42,7 +42,7 @@ from typing import NamedTuple
 import simpy
 
 from simulator.engine.network import FluidNetwork
-from simulator.strategy.program import Program, Task
+from simulator.program import Program, Task
 from simulator.timeline.timeline import Part, Timeline
 
 

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from simulator.costs.collectives import ring_bytes_per_rank
 from simulator.costs.host import COPIES, HOST_GROUPS
 from simulator.hardware.placement import Placement
+from simulator.program import COMPUTE
 from simulator.scenario.schema import Scenario
-from simulator.strategy.program import COMPUTE
 from simulator.timeline.timeline import Timeline, intersection_length, length, union
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 
-from simulator.costs.lookup import INTERPOLATED, MEASURED, MODELLED, SHAPED
+from simulator.tables.lookup import INTERPOLATED, MEASURED, MODELLED, SHAPED
 from simulator.timeline.timeline import Timeline
 from simulator.workload.transformer import Op
 

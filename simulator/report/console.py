@@ -10,8 +10,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from simulator.calibration.table import CostTableWarning
 from simulator.scenario.deepspeed import DeepSpeedConfigWarning
+from simulator.tables.format import CostTableWarning
 
 err = Console(stderr=True)
 OWN_WARNINGS = (DeepSpeedConfigWarning, CostTableWarning)

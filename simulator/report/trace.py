@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from simulator.program import COMPUTE
 from simulator.report.output import write_atomic
-from simulator.strategy.program import COMPUTE
 from simulator.timeline.timeline import Timeline
 
 

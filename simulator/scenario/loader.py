@@ -47,7 +47,7 @@ def load_scenario(
         data["deepspeed_config"] = str(path)
     data = _paths_relative_to(data, base_dir)
     if isinstance(data.get("kernels"), str):  # a table directory is relative to the scenario file
-        from simulator.calibration.select import check_choice
+        from simulator.tables.select import check_choice
 
         data = {**data, "kernels": check_choice(data["kernels"], base_dir=base_dir)}
     try:

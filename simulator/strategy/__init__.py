@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from simulator.hardware.gpus import GPU
+from simulator.program import Program
 from simulator.scenario.schema import Scenario
 from simulator.strategy import ddp, fsdp, megatron, onebit, zero
 from simulator.strategy.common import placement_for
-from simulator.strategy.program import Program
 from simulator.strategy.runtime_memory import add_runtime_memory
 from simulator.workload.transformer import Workload
 

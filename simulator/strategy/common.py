@@ -7,8 +7,8 @@ from dataclasses import dataclass, replace
 
 from simulator.hardware.placement import Placement
 from simulator.hardware.topology import cluster_spec
+from simulator.program import COMPUTE, Program
 from simulator.scenario.schema import Scenario
-from simulator.strategy.program import COMPUTE, Program
 from simulator.workload.memory import (
     MemoryBreakdown,
     activation_bytes_per_layer,

@@ -8,6 +8,7 @@ accumulation only the last microbatch reduces (``no_sync``). The optimizer step 
 from __future__ import annotations
 
 from simulator.hardware.gpus import GPU
+from simulator.program import Program, RankClass
 from simulator.scenario.schema import Scenario
 from simulator.strategy.common import (
     add_backward,
@@ -26,7 +27,6 @@ from simulator.strategy.common import (
     units,
     with_setup,
 )
-from simulator.strategy.program import Program, RankClass
 from simulator.workload.transformer import Workload
 
 

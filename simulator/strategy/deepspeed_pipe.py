@@ -16,6 +16,7 @@ wrapper is BF16_Optimizer (fp32 gradients, accumulated after every backward, all
 from __future__ import annotations
 
 from simulator.hardware.gpus import GPU
+from simulator.program import Program, RankClass
 from simulator.scenario.schema import Scenario
 from simulator.strategy.common import ranks_per_stage
 from simulator.strategy.megatron import (
@@ -27,7 +28,6 @@ from simulator.strategy.megatron import (
     check,
     chunk_units,
 )
-from simulator.strategy.program import Program, RankClass
 from simulator.strategy.schedules import Step
 from simulator.strategy.schedules.deepspeed_train import commands
 from simulator.strategy.zero import HP_GRAD_UPDATE_BYTES_PER_PARAM, bf16_optimizer

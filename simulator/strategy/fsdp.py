@@ -9,6 +9,7 @@ HSDP, all-reduced across replicas. Gradient accumulation reduces every microbatc
 from __future__ import annotations
 
 from simulator.hardware.gpus import GPU
+from simulator.program import Program, RankClass
 from simulator.scenario.schema import Scenario
 from simulator.strategy.common import (
     grad_bytes,
@@ -19,7 +20,6 @@ from simulator.strategy.common import (
     units,
     weight_bytes,
 )
-from simulator.strategy.program import Program, RankClass
 from simulator.strategy.sharded import ShardingPlan, add_sharded_iteration
 from simulator.workload.transformer import Workload
 

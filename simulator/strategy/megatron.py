@@ -25,6 +25,7 @@ from dataclasses import replace
 
 from simulator.errors import ScenarioError
 from simulator.hardware.gpus import GPU
+from simulator.program import Program, RankClass
 from simulator.scenario.schema import Scenario
 from simulator.strategy.common import (
     Unit,
@@ -39,7 +40,6 @@ from simulator.strategy.common import (
     weight_bytes,
     with_host_checkpoints,
 )
-from simulator.strategy.program import Program, RankClass
 from simulator.strategy.schedules import ASYNCHRONOUS, SPLITS_BACKWARD, Step, get_schedule
 from simulator.strategy.zero import bf16_optimizer, pipeline_grad_reduction
 from simulator.workload.memory import (

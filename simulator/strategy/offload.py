@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from simulator.hardware.topology import cluster_spec
+from simulator.program import Program
 from simulator.scenario.schema import Scenario
-from simulator.strategy.program import Program
 from simulator.workload.memory import MemoryBreakdown, state_bytes_per_param
 
 FP32 = 4

@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from simulator.hardware.gpus import GPU
+from simulator.program import COMPUTE, Program
 from simulator.scenario.schema import OneBitConfig, Scenario
 from simulator.strategy import ddp
 from simulator.strategy.common import add_optimizer, grad_group, grad_group_size, parameter_tensors
-from simulator.strategy.program import COMPUTE, Program
 from simulator.workload.transformer import Workload, memory_op
 
 OPTIMIZERS = ("onebit-adam", "zero-one-adam")  # training.optimizer values this module builds

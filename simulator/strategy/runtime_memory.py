@@ -9,8 +9,8 @@ from dataclasses import replace
 
 from simulator.frameworks import Framework
 from simulator.hardware.placement import Placement
+from simulator.program import Program
 from simulator.scenario.schema import Scenario
-from simulator.strategy.program import Program
 from simulator.workload.memory import nccl_buffer_bytes
 
 NOT_NCCL = frozenset({"host", "nvme"})  # copies to host memory and NVMe (simulator/costs/host.py)

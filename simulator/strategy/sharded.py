@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from simulator.program import Program
 from simulator.scenario.schema import Scenario
 from simulator.strategy.common import (
     Unit,
@@ -22,7 +23,6 @@ from simulator.strategy.common import (
     with_setup,
 )
 from simulator.strategy.offload import add_grad_copy, add_host_step, add_param_copy
-from simulator.strategy.program import Program
 from simulator.strategy.zero3_fetch import FetchSchedule
 from simulator.workload.ops import host_op
 from simulator.workload.transformer import Workload, memory_op

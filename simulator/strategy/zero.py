@@ -21,6 +21,7 @@ from dataclasses import replace
 from simulator.errors import ScenarioError
 from simulator.hardware.gpus import GPU
 from simulator.hardware.topology import cluster_spec
+from simulator.program import Program, RankClass
 from simulator.scenario.schema import Scenario
 from simulator.strategy.common import (
     Unit,
@@ -50,7 +51,6 @@ from simulator.strategy.offload import (
     optimizer_device,
     param_device,
 )
-from simulator.strategy.program import Program, RankClass
 from simulator.strategy.sharded import ShardingPlan, add_sharded_iteration
 from simulator.strategy.zero3_fetch import schedule_for
 from simulator.workload.transformer import Workload

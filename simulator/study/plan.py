@@ -19,11 +19,11 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from simulator.calibration.select import resolve_table, table_lookups
 from simulator.costs.collectives import CollectiveModel
 from simulator.costs.compute import ComputeModel
 from simulator.costs.dispatch import task_cost
 from simulator.costs.nccl import fastest, protocol_costs
+from simulator.costs.tables import table_lookups
 from simulator.errors import ScenarioError
 from simulator.frameworks import get_framework
 from simulator.hardware.cluster import Cluster
@@ -33,6 +33,7 @@ from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
 from simulator.strategy.common import grad_bytes, weight_bytes
 from simulator.strategy.zero import fetch_schedule
+from simulator.tables.select import resolve_table
 from simulator.workload.memory import activation_bytes_per_layer, head_activation_bytes, state_bytes_per_param
 from simulator.workload.transformer import build_workload
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from simulator.strategy.program import Program, Task
+from simulator.program import Program, Task
 
 
 class Part(NamedTuple):

@@ -6,7 +6,9 @@ import datetime
 import re
 from pathlib import Path
 
-from simulator.calibration.table import (
+from simulator.errors import ScenarioError
+from simulator.hardware.gpus import gpu_catalogue
+from simulator.tables.format import (
     CollectiveRow,
     CostTable,
     DeviceInfo,
@@ -14,11 +16,8 @@ from simulator.calibration.table import (
     SourceInfo,
     SystemInfo,
     TableMeta,
-    read_table,
-    write_table,
 )
-from simulator.errors import ScenarioError
-from simulator.hardware.gpus import gpu_catalogue
+from simulator.tables.io import read_table, write_table
 
 
 def _plain(text: str) -> str:

@@ -23,8 +23,8 @@ from collections import defaultdict
 from math import prod
 from pathlib import Path
 
-from simulator.calibration.table import DTYPE_BYTES, CollectiveRow, KernelRow
 from simulator.errors import ScenarioError
+from simulator.tables.format import DTYPE_BYTES, CollectiveRow, KernelRow
 
 DTYPES = {
     "float": "fp32",

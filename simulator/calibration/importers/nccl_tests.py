@@ -19,8 +19,8 @@ import json
 import re
 from pathlib import Path
 
-from simulator.calibration.table import CollectiveRow
 from simulator.errors import ScenarioError
+from simulator.tables.format import CollectiveRow
 
 TESTS = {
     "all_reduce": "all_reduce",

@@ -29,7 +29,7 @@ from statistics import median
 
 import numpy as np
 
-from simulator.calibration.table import CollectiveRow, KernelRow
+from simulator.tables.format import CollectiveRow, KernelRow
 
 MEASURED, INTERPOLATED, MODELLED = "measured", "interpolated", "modelled"
 SHAPED = (

@@ -8,14 +8,12 @@ whose fabric matches the table's ``system``, so what-ifs with other links fall b
 
 from __future__ import annotations
 
-import warnings
-from functools import cache, partial
+from functools import cache
 from pathlib import Path
 
-from simulator.calibration.table import SHIPPED_DIR, CollectiveRow, CostTable, CostTableWarning, read_table
-from simulator.costs.compute import shape_roofline_s
-from simulator.costs.lookup import CollectiveLookup, KernelLookup
 from simulator.errors import ScenarioError
+from simulator.tables.format import SHIPPED_DIR, CollectiveRow, CostTable
+from simulator.tables.io import read_table
 
 
 def shipped_tables() -> dict[str, Path]:
@@ -95,33 +93,3 @@ def collective_rows_for(table: CostTable, spec, nvlink_GBps: float) -> tuple[lis
     bad = differ(inter)
     rows = [r for r in table.collectives if r.nodes == 1 or not bad]
     return rows, ("multi-node collectives measured on " + ", ".join(bad)) if bad else ""
-
-
-def table_lookups(
-    table: CostTable | None, cluster
-) -> tuple[KernelLookup | None, CollectiveLookup | None, dict]:
-    """The kernel and collective lookups a run uses, and what it says about them (``Metrics.cost_tables``).
-    Lookups are built once per table and GPU (kernels) or cluster (collectives) and kept with the table."""
-    if table is None:
-        return None, None, {"table": None}
-    gpu, notes = cluster.gpu, []
-    kernels = None
-    if table.kernels:
-        key = ("kernels", gpu.name)
-        if key not in table.lookups:
-            table.lookups[key] = KernelLookup(table.kernels, partial(shape_roofline_s, gpu))
-        kernels = table.lookups[key]
-        if table.meta.gpu not in (None, gpu.name):
-            device = table.meta.device.model or "an unnamed device"
-            notes.append(f"kernels measured on {table.meta.gpu} ({device}), used for {gpu.name} as asked")
-            warnings.warn(f"--kernels {table.label}: {notes[-1]}", CostTableWarning, stacklevel=3)
-    key = ("collectives", cluster.spec.model_dump_json())
-    if key not in table.lookups:
-        nvlink = cluster.spec.node.nvlink_bandwidth_GBps or gpu.nvlink_bandwidth_GBps
-        rows, why = collective_rows_for(table, cluster.spec, nvlink)
-        table.lookups[key] = (CollectiveLookup(rows) if rows else None, len(rows), why)
-    colls, used, why = table.lookups[key]
-    if why:
-        notes.append(why + ": those collectives are modelled")
-    info = {"table": table.label, "kernel_rows": len(table.kernels), "collective_rows": used, "notes": notes}
-    return kernels, colls, info

@@ -1,0 +1,42 @@
+"""The lookups a run uses from its cost table: the table's rows (``simulator/tables``) joined to this cluster's
+roofline, so a measured row corrects the model relative to the shape's roofline (``tables/lookup.py``)."""
+
+from __future__ import annotations
+
+import warnings
+from functools import partial
+
+from simulator.costs.compute import shape_roofline_s
+from simulator.tables.format import CostTable, CostTableWarning
+from simulator.tables.lookup import CollectiveLookup, KernelLookup
+from simulator.tables.select import collective_rows_for
+
+
+def table_lookups(
+    table: CostTable | None, cluster
+) -> tuple[KernelLookup | None, CollectiveLookup | None, dict]:
+    """The kernel and collective lookups a run uses, and what it says about them (``Metrics.cost_tables``).
+    Lookups are built once per table and GPU (kernels) or cluster (collectives) and kept with the table."""
+    if table is None:
+        return None, None, {"table": None}
+    gpu, notes = cluster.gpu, []
+    kernels = None
+    if table.kernels:
+        key = ("kernels", gpu.name)
+        if key not in table.lookups:
+            table.lookups[key] = KernelLookup(table.kernels, partial(shape_roofline_s, gpu))
+        kernels = table.lookups[key]
+        if table.meta.gpu not in (None, gpu.name):
+            device = table.meta.device.model or "an unnamed device"
+            notes.append(f"kernels measured on {table.meta.gpu} ({device}), used for {gpu.name} as asked")
+            warnings.warn(f"--kernels {table.label}: {notes[-1]}", CostTableWarning, stacklevel=3)
+    key = ("collectives", cluster.spec.model_dump_json())
+    if key not in table.lookups:
+        nvlink = cluster.spec.node.nvlink_bandwidth_GBps or gpu.nvlink_bandwidth_GBps
+        rows, why = collective_rows_for(table, cluster.spec, nvlink)
+        table.lookups[key] = (CollectiveLookup(rows) if rows else None, len(rows), why)
+    colls, used, why = table.lookups[key]
+    if why:
+        notes.append(why + ": those collectives are modelled")
+    info = {"table": table.label, "kernel_rows": len(table.kernels), "collective_rows": used, "notes": notes}
+    return kernels, colls, info
