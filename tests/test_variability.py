@@ -9,9 +9,9 @@ from conftest import ideal_network_cluster, make
 
 from simulator import simulate
 from simulator.costs.compute import ComputeModel
-from simulator.costs.variability import DEFAULT_SPEED_SD, expected_max_std_normal, slowest_gpu_factor
+from simulator.costs.variability import expected_max_std_normal, slowest_gpu_factor
 from simulator.errors import ScenarioError
-from simulator.hardware.gpus import get_gpu, gpu_catalogue
+from simulator.hardware.gpus import DEFAULT_SPEED_SD, get_gpu, gpu_catalogue
 from simulator.scenario.loader import load_scenario
 from simulator.workload.ops import gemm, memory_op
 

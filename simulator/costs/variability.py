@@ -20,12 +20,6 @@ from math import erf, pi, sqrt
 
 import numpy as np
 
-# Sinha et al.'s 8% average variation, read as the range between the box plot's whiskers (Q1 - 1.5 IQR to
-# Q3 + 1.5 IQR, outliers excluded): for a normal distribution that range is 2 x 2.698 sd, so sd = 0.08 / 5.40.
-# Their clusters are V100 and MI50/MI60; no per-SKU figure for A100 or H100 is published, so every GPU
-# profile uses this one (``speed_sd`` in simulator/hardware/gpus/*.yaml, ``cluster.gpu_speed_sd`` to override).
-DEFAULT_SPEED_SD = 0.015
-
 
 @cache
 def _grid() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -61,4 +55,4 @@ def slowest_gpu_factor(sd: float, n: int) -> float:
     return 1.0 + sd * expected_max_std_normal(n)
 
 
-__all__ = ["DEFAULT_SPEED_SD", "expected_max_std_normal", "slowest_gpu_factor"]
+__all__ = ["expected_max_std_normal", "slowest_gpu_factor"]

@@ -8,10 +8,17 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-from simulator.costs.variability import DEFAULT_SPEED_SD
 from simulator.errors import ScenarioError
 
 _GPU_DIR = Path(__file__).parent / "gpus"
+
+# Spread of sustained compute speed across GPUs of one SKU (standard deviation, fraction of the typical GPU's;
+# simulator/costs/variability.py says what it costs). Sinha et al. (SC22, arXiv 2208.11035) measured 8% average
+# variation, read as the range between the box plot's whiskers (Q1 - 1.5 IQR to Q3 + 1.5 IQR, outliers excluded):
+# for a normal distribution that range is 2 x 2.698 sd, so sd = 0.08 / 5.40. Their clusters are V100 and
+# MI50/MI60; no per-SKU figure for A100 or H100 is published, so every GPU file uses this one unless it says
+# ``speed_sd`` (``cluster.gpu_speed_sd`` overrides per scenario).
+DEFAULT_SPEED_SD = 0.015
 
 
 class GemmProfile(BaseModel):

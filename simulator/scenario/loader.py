@@ -9,8 +9,10 @@ from pydantic import ValidationError
 
 from simulator.errors import ScenarioError
 from simulator.scenario.files import check_path_value, is_path, read_yaml
+from simulator.scenario.resolve import resolve_cluster_degrees
 from simulator.scenario.schema import Scenario
 from simulator.scenario.shipped import resolve_scenario
+from simulator.tables.select import check_choice
 
 
 def load_scenario(
@@ -47,8 +49,6 @@ def load_scenario(
         data["deepspeed_config"] = str(path)
     data = _paths_relative_to(data, base_dir)
     if isinstance(data.get("kernels"), str):  # a table directory is relative to the scenario file
-        from simulator.tables.select import check_choice
-
         data = {**data, "kernels": check_choice(data["kernels"], base_dir=base_dir)}
     try:
         scenario = Scenario.model_validate(data, context={"base_dir": base_dir})
@@ -58,9 +58,6 @@ def load_scenario(
         ) from None
     except ValueError as e:  # raised by the preset / hf_config expansion before field validation
         raise ScenarioError(f"model: {e}") from None
-    # Imported here: the cluster check needs the topology files (hardware step).
-    from simulator.hardware.topology import resolve_cluster_degrees
-
     scenario = resolve_cluster_degrees(scenario)
     if ds_gas is not None and ds_gas != scenario.gradient_accumulation_steps:
         t, dp = scenario.training, scenario.parallelism.data_parallel

@@ -1,0 +1,97 @@
+"""The scenario against the hardware it names: the checks that need the topology and the GPU (GPU count, the
+data-parallel degree derived from it, batch arithmetic, NVLink, FlashAttention), and the defaults that depend on
+them (the framework profile and attention kernel of ``auto``). ``loader.py`` calls it last."""
+
+from __future__ import annotations
+
+from simulator.errors import ScenarioError
+from simulator.frameworks import AUTO, default_framework, get_framework
+from simulator.hardware.gpus import get_gpu
+from simulator.hardware.topology import cluster_spec
+from simulator.scenario.schema import MAX_GPUS, MAX_MICROBATCHES, MAX_STAGE_MICROBATCHES, Scenario
+
+
+def resolve_cluster_degrees(scenario: Scenario) -> Scenario:
+    """Derive data_parallel from the GPU count, or check the product of all degrees against it."""
+    spec = cluster_spec(scenario)
+    gpu = get_gpu(spec.node.gpu)
+    if spec.node.intra_node == "nvswitch" and not (
+        spec.node.nvlink_bandwidth_GBps or gpu.nvlink_bandwidth_GBps
+    ):
+        raise ScenarioError(
+            f"cluster.gpu: {gpu.name} has no NVLink, but a '{spec.name}' node connects its GPUs by NVSwitch; "
+            "use a topology with intra_node: pcie (e.g. pcie-8gpu)"
+        )
+    gpu.peak_flops(scenario.training.precision)  # errors if the GPU lacks this precision
+    if scenario.framework == AUTO:
+        scenario = scenario.model_copy(update={"framework": default_framework(scenario, gpu.name)})
+    framework = get_framework(scenario.framework)  # errors on an unknown name
+    flash = gpu.flash_attention_efficiency is not None
+    if scenario.model.attention == "flash" and not flash:
+        raise ScenarioError(
+            f"model.attention: flash does not run on {gpu.name} (FlashAttention needs Turing / Ampere or newer); "
+            "use attention: standard (or auto)"
+        )
+    if scenario.model.attention == "auto":
+        attention = framework.attention if flash else "standard"
+        if attention == "standard" and scenario.parallelism.context_parallel > 1:
+            raise ScenarioError(
+                f"parallelism.context_parallel ({scenario.parallelism.context_parallel}) needs FlashAttention, "
+                f"which does not run on {gpu.name}"
+            )
+        model = scenario.model.model_copy(update={"attention": attention})
+        scenario = scenario.model_copy(update={"model": model})
+    n_gpus = spec.node.gpus * scenario.cluster.num_nodes
+    p = scenario.parallelism
+    names = ["tensor_parallel", "pipeline_parallel", "context_parallel"]
+    degrees = [p.tensor_parallel, p.pipeline_parallel, p.context_parallel]
+    shown = list(zip(names, degrees, strict=True))
+    model_parallel = p.tensor_parallel * p.pipeline_parallel * p.context_parallel
+    gpu_text = f"{n_gpus} GPUs ({scenario.cluster.num_nodes} nodes x {spec.node.gpus})"
+    if p.data_parallel is None:
+        if n_gpus % model_parallel:
+            prod = " x ".join(f"{n}({d})" for n, d in shown)
+            raise ScenarioError(
+                f"parallelism: {prod} = {model_parallel} does not divide the cluster's {gpu_text}"
+            )
+        dp, derived = n_gpus // model_parallel, f" (data_parallel derived from {gpu_text})"
+    elif model_parallel * p.data_parallel != n_gpus:
+        prod = " x ".join(f"{n}({d})" for n, d in [*shown, ("data_parallel", p.data_parallel)])
+        raise ScenarioError(
+            f"parallelism: {prod} = {model_parallel * p.data_parallel}, but the cluster has {gpu_text}"
+        )
+    else:
+        dp, derived = p.data_parallel, ""
+    t = scenario.training
+    if n_gpus > MAX_GPUS:
+        raise ScenarioError(
+            f"cluster: {gpu_text} exceeds the simulator's limit of {MAX_GPUS:,} GPUs per scenario"
+        )
+    if t.global_batch_size % (t.micro_batch_size * dp):
+        raise ScenarioError(
+            f"training.global_batch_size ({t.global_batch_size}) is not divisible by micro_batch_size "
+            f"({t.micro_batch_size}) x data_parallel ({dp}) = {t.micro_batch_size * dp}{derived}"
+        )
+    micro = t.global_batch_size // (t.micro_batch_size * dp)
+    chunks = p.pipeline_parallel * p.virtual_pipeline_stages
+    arithmetic = (
+        f"global_batch_size ({t.global_batch_size}) / (micro_batch_size ({t.micro_batch_size}) x data_parallel "
+        f"({dp})) = {micro:,} micro-batches per iteration"
+    )
+    if micro > MAX_MICROBATCHES:
+        raise ScenarioError(
+            f"training: {arithmetic}; the simulator replays each one and its limit is {MAX_MICROBATCHES:,}"
+        )
+    if micro * chunks > MAX_STAGE_MICROBATCHES:
+        raise ScenarioError(
+            f"training: {arithmetic}, x {chunks} pipeline chunks = {micro * chunks:,} stage steps; the simulator's "
+            f"limit is {MAX_STAGE_MICROBATCHES:,}"
+        )
+    hs = p.fsdp.hybrid_shard_size if p.fsdp else None
+    if hs and dp % hs:
+        raise ScenarioError(
+            f"parallelism.fsdp.hybrid_shard_size ({hs}) does not divide data_parallel ({dp}){derived}"
+        )
+    if p.data_parallel is None:
+        return scenario.model_copy(update={"parallelism": p.model_copy(update={"data_parallel": dp})})
+    return scenario
