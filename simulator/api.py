@@ -24,7 +24,7 @@ from simulator.program import Program
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
 from simulator.strategy import build_program, onebit
-from simulator.strategy.common import placement_for
+from simulator.strategy.groups import placement_for
 from simulator.tables.lookup import MODELLED
 from simulator.tables.select import resolve_table
 from simulator.timeline.timeline import Timeline
@@ -172,7 +172,7 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
                 if mb in samples:
                     continue
                 sample = with_microbatches(s, mb)
-                program = build_program(sample, workload, cluster.gpu)
+                program = build_program(sample, workload, cluster)
                 if program.window:
                     raise NotPeriodic("an asynchronous schedule reports one steady-state period already")
                 timeline, totals, sources = replay(sample, program)
@@ -202,7 +202,7 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
             raise NotPeriodic("too few micro-batches to gain")
         program, timeline, metrics = run_periodic(windows)
     except NotPeriodic:
-        program = build_program(s, workload, cluster.gpu)
+        program = build_program(s, workload, cluster)
         timeline, metrics = run(program)
     if s.training.optimizer in onebit.OPTIMIZERS:
         metrics.optimizer_phases = _optimizer_phases(s, workload, cluster, metrics, run)
@@ -228,7 +228,7 @@ def _optimizer_phases(
     kinds = ("warm-up", "compressed") if s.training.optimizer == "onebit-adam" else onebit.PHASES
     out = []
     for kind in kinds:
-        m = compressed if kind == "compressed" else run(build_program(s, workload, cluster.gpu, kind))[1]
+        m = compressed if kind == "compressed" else run(build_program(s, workload, cluster, kind))[1]
         out.append(
             {
                 "phase": kind,

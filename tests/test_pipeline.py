@@ -389,7 +389,7 @@ def test_uneven_end_stages_with_interleaving_split_each_stage_over_its_chunks():
     """Llama 3 405B's layout in small: 14 layers on 4 stages x 2 chunks with 3 layers on the end stages: the
     middle stages hold 4 (2 per chunk), the first stage's first chunk and the last stage's last chunk one layer
     fewer (1 + 2 and 2 + 1), every layer once; the interleaved schedule runs it."""
-    from simulator.strategy.megatron import chunk_units
+    from simulator.strategy.pipeline.partition import chunk_units
 
     s = make(
         model={**MODEL, "num_layers": 14},
@@ -474,7 +474,7 @@ def test_deepspeed_pipeline_zero1_reduces_gradients_as_the_release_does():
 
 
 def stage_units(result):
-    from simulator.strategy.megatron import chunk_units
+    from simulator.strategy.pipeline.partition import chunk_units
 
     s, w = result.scenario, result.workload
     chunks = chunk_units(w, s.parallelism.pipeline_parallel, 1)

@@ -155,7 +155,7 @@ def test_zero3_estimate_costs_every_deepspeed_call():
     """The screen costs DeepSpeed ZeRO-3 as the simulation's replay of its coordinator issues it: every
     all-gather (per module, prefetch, re-gather) and every bucket's reduce-scatter a ring of its own size, split
     by the phase whose compute can hide it."""
-    from simulator.strategy.common import grad_bytes, weight_bytes
+    from simulator.strategy.state_bytes import grad_bytes, weight_bytes
     from simulator.strategy.zero import fetch_schedule
 
     screen, _ = _screen(16)

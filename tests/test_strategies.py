@@ -290,7 +290,7 @@ def test_megatron_core_buckets_are_max_of_40m_and_1m_per_data_parallel_rank():
     of max(40M, 1M x DP) parameters, closed at the first whole layer that fills one. The units here: embedding
     67.6M, 8 layers of 50.4M, output layer 65.5M. DP 8 (40M): every unit alone, 10 reduce-scatters and 10
     all-gathers; DP 64 (64M): the output layer, 4 pairs of layers, the embedding, 6; no overlap: one bucket."""
-    from simulator.strategy.zero import megatron_bucket_elements
+    from simulator.strategy.reduction import megatron_bucket_elements
 
     big = {**UNTIED, "num_layers": 8, "hidden_size": 2048, "num_attention_heads": 16}
     for overlap, dp, calls in ((True, 8, 10), (True, 64, 6), (False, 8, 1)):

@@ -5,7 +5,7 @@ import pytest
 from conftest import make
 
 from simulator import simulate
-from simulator.strategy.common import parameter_tensors
+from simulator.strategy.units import parameter_tensors
 from simulator.strategy.zero3_fetch import Module, model_modules, replay
 
 

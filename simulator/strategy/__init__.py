@@ -1,29 +1,33 @@
-"""Strategies turn a workload into per-rank programs. One module per strategy; ``build_program`` picks one."""
+"""Strategies turn a workload into per-rank programs for a resolved cluster. One module per strategy;
+``build_program`` picks one."""
 
 from __future__ import annotations
 
-from simulator.hardware.gpus import GPU
+from simulator.hardware.cluster import Cluster
 from simulator.program import Program
 from simulator.scenario.schema import Scenario
-from simulator.strategy import ddp, fsdp, megatron, onebit, zero
-from simulator.strategy.common import placement_for
+from simulator.strategy import ddp, deepspeed_pipe, fsdp, megatron, onebit, zero
+from simulator.strategy.groups import placement_for
 from simulator.strategy.runtime_memory import add_runtime_memory
 from simulator.workload.transformer import Workload
 
 
-def build_program(s: Scenario, w: Workload, gpu: GPU, phase: str | None = None) -> Program:
+def build_program(s: Scenario, w: Workload, cluster: Cluster, phase: str | None = None) -> Program:
     """``phase``: for optimizers whose steps differ over training (1-bit Adam), which kind of step. Every rank's
-    memory includes what runs outside its tensors (CUDA context, NCCL buffers, allocator reserve)."""
+    memory includes what runs outside its tensors (CUDA context, NCCL buffers, allocator reserve). Strategies
+    read the hardware from ``cluster`` (GPU memory, GPUs and host memory per node) and never load files."""
     p = s.parallelism
     if s.training.optimizer in onebit.OPTIMIZERS:
-        program = onebit.build(s, w, gpu, phase or "compressed")
+        program = onebit.build(s, w, cluster, phase or "compressed")
+    elif p.pipeline_parallel > 1 and p.pipeline_schedule == "deepspeed":
+        program = deepspeed_pipe.build(s, w, cluster)
     elif p.pipeline_parallel > 1:
-        program = megatron.build(s, w, gpu)
+        program = megatron.build(s, w, cluster)
     elif p.fsdp is not None:
-        program = fsdp.build(s, w, gpu)
+        program = fsdp.build(s, w, cluster)
     elif p.zero_stage:
-        program = zero.build(s, w, gpu)
+        program = zero.build(s, w, cluster)
     else:
-        program = ddp.build(s, w, gpu)
+        program = ddp.build(s, w, cluster)
     add_runtime_memory(program, s, w.framework, placement_for(s))
     return program

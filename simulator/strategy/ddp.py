@@ -7,30 +7,19 @@ accumulation only the last microbatch reduces (``no_sync``). The optimizer step 
 
 from __future__ import annotations
 
-from simulator.hardware.gpus import GPU
+from simulator.hardware.cluster import Cluster
 from simulator.program import Program, RankClass
 from simulator.scenario.schema import Scenario
-from simulator.strategy.common import (
-    add_backward,
-    add_forward,
-    add_optimizer,
-    buckets,
-    ddp_settings,
-    grad_bytes,
-    grad_group,
-    grad_group_size,
-    memory_breakdown,
-    microbatch_sync,
-    parameter_tensors,
-    rank_label,
-    ranks_per_stage,
-    units,
-    with_setup,
-)
+from simulator.strategy.groups import grad_group, grad_group_size, rank_label, ranks_per_stage
+from simulator.strategy.memory import memory_breakdown
+from simulator.strategy.reduction import buckets, ddp_settings
+from simulator.strategy.state_bytes import grad_bytes
+from simulator.strategy.steps import add_backward, add_forward, add_optimizer, microbatch_sync, with_setup
+from simulator.strategy.units import parameter_tensors, units
 from simulator.workload.transformer import Workload
 
 
-def build(s: Scenario, w: Workload, gpu: GPU, reduce_gradients: bool = True) -> Program:
+def build(s: Scenario, w: Workload, cluster: Cluster, reduce_gradients: bool = True) -> Program:
     """``reduce_gradients=False``: forward and backward only, for optimizers that communicate in their step
     (1-bit Adam's compressed phase)."""
     dp, gas = grad_group_size(s), s.gradient_accumulation_steps
@@ -61,7 +50,7 @@ def build(s: Scenario, w: Workload, gpu: GPU, reduce_gradients: bool = True) -> 
         add_optimizer(p, s, w.params_per_rank, reductions, w=w, tensors=tensors)
 
     buffers = 2 * min(cap or total, total) if dp > 1 else 0.0  # buckets in flight
-    mem = memory_breakdown(s, w, gpu, dp, 0, buffers)
+    mem = memory_breakdown(s, w, cluster, dp, 0, buffers)
     p.ranks.append(RankClass(rank_label(s), ranks_per_stage(s), mem))
     return p
 

@@ -15,34 +15,31 @@ wrapper is BF16_Optimizer (fp32 gradients, accumulated after every backward, all
 
 from __future__ import annotations
 
-from simulator.hardware.gpus import GPU
+from simulator.hardware.cluster import Cluster
 from simulator.program import Program, RankClass
 from simulator.scenario.schema import Scenario
-from simulator.strategy.common import ranks_per_stage
-from simulator.strategy.megatron import (
-    _chunk_ops,
-    _flush_and_step,
-    _stage_memory,
-    _StepIds,
-    _tensors,
-    check,
-    chunk_units,
-)
+from simulator.strategy.groups import ranks_per_stage
+from simulator.strategy.pipeline.chunk_ops import chunk_ops
+from simulator.strategy.pipeline.flush import flush_and_step
+from simulator.strategy.pipeline.memory import stage_memory
+from simulator.strategy.pipeline.partition import check, chunk_units, stage_label
+from simulator.strategy.pipeline.step_ids import StepIds
+from simulator.strategy.reduction import HP_GRAD_UPDATE_BYTES_PER_PARAM, bf16_optimizer
 from simulator.strategy.schedules import Step
 from simulator.strategy.schedules.deepspeed_train import commands
-from simulator.strategy.zero import HP_GRAD_UPDATE_BYTES_PER_PARAM, bf16_optimizer
+from simulator.strategy.units import unit_tensors
 from simulator.workload.ops import Op
 from simulator.workload.transformer import GRAD_ACCUMULATION, Workload, collective_op
 
 
-def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
+def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
     check(s)
     par = s.parallelism
     pp, m = par.pipeline_parallel, s.gradient_accumulation_steps
     chunks = chunk_units(w, pp, 1)
-    ops = {st: _chunk_ops(s, w, chunks[(st, 0)], (st, 0), pp, 1, False, sends=False) for st in range(pp)}
+    ops = {st: chunk_ops(s, w, chunks[(st, 0)], (st, 0), pp, 1, False, sends=False) for st in range(pp)}
     stage_params = [sum(u.params for u in chunks[(st, 0)]) for st in range(pp)]
-    stage_tensors = [_tensors(s, chunks[(st, 0)]) for st in range(pp)]
+    stage_tensors = [unit_tensors(s, chunks[(st, 0)]) for st in range(pp)]
     if bf16_optimizer(s):
         # BF16_Optimizer: no Megatron main_grad hooks; after each backward update_hp_grads adds every bf16
         # gradient into its fp32 copy, two kernels per parameter tensor
@@ -143,17 +140,10 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
             last, i = tid, i + 1
         pos.append(steps)
         last_compute.append(max(steps.values()))
-    step_ids = _StepIds(pos)
+    step_ids = StepIds(pos)
     order = {st: [x for x in sorted(pos[st], key=pos[st].get)] for st in range(pp)}
-    _flush_and_step(prog, s, w, order, step_ids, chunks, stage_params, stage_tensors, last_compute)
+    flush_and_step(prog, s, w, order, step_ids, chunks, stage_params, stage_tensors, last_compute)
     for st in range(pp):
-        mine = chunks[(st, 0)]
-        extras = [
-            n
-            for n, unit in (("embedding", "embedding"), ("output layer", "head"))
-            if any(u.name == unit for u in mine)
-        ]
-        label = f"stage {st}: {sum(u.is_layer for u in mine)} layers" + "".join(f" + {x}" for x in extras)
-        mem = _stage_memory(s, w, gpu, chunks, order[st], st, 1, stage_params[st])
-        prog.ranks.append(RankClass(label, ranks_per_stage(s), mem, stage=st))
+        mem = stage_memory(s, w, cluster, chunks, order[st], st, 1, stage_params[st])
+        prog.ranks.append(RankClass(stage_label(st, chunks[(st, 0)]), ranks_per_stage(s), mem, stage=st))
     return prog

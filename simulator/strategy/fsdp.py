@@ -8,23 +8,18 @@ HSDP, all-reduced across replicas. Gradient accumulation reduces every microbatc
 
 from __future__ import annotations
 
-from simulator.hardware.gpus import GPU
+from simulator.hardware.cluster import Cluster
 from simulator.program import Program, RankClass
 from simulator.scenario.schema import Scenario
-from simulator.strategy.common import (
-    grad_bytes,
-    grad_group,
-    grad_group_size,
-    memory_breakdown,
-    ranks_per_stage,
-    units,
-    weight_bytes,
-)
+from simulator.strategy.groups import grad_group, grad_group_size, ranks_per_stage
+from simulator.strategy.memory import memory_breakdown
 from simulator.strategy.sharded import ShardingPlan, add_sharded_iteration
+from simulator.strategy.state_bytes import grad_bytes, weight_bytes
+from simulator.strategy.units import units
 from simulator.workload.transformer import Workload
 
 
-def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
+def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
     cfg = s.parallelism.fsdp
     dp = grad_group_size(s)
     shard = (cfg.hybrid_shard_size or s.parallelism.data_parallel) * s.parallelism.context_parallel
@@ -50,7 +45,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
         buffers = 2 * block * wb + block * gb  # current + prefetched block, one block's unsharded gradients
     else:
         buffers = w.params_per_rank * wb + block * gb  # every block stays unsharded from forward to backward
-    mem = memory_breakdown(s, w, gpu, shard, 3, buffers)
+    mem = memory_breakdown(s, w, cluster, shard, 3, buffers)
     label = f"all {dp} ranks ({dp // shard} replicas x {shard} shards)" if hybrid else f"all {dp} ranks"
     p.ranks.append(RankClass(label, ranks_per_stage(s), mem))
     return p

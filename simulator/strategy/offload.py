@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from simulator.hardware.topology import cluster_spec
+from simulator.hardware.cluster import Cluster
 from simulator.program import Program
 from simulator.scenario.schema import Scenario
 from simulator.workload.memory import MemoryBreakdown, state_bytes_per_param
@@ -61,7 +61,7 @@ def add_param_copy(
 
 
 def offloaded_memory(
-    s: Scenario, mem: MemoryBreakdown, psi: float, shards: int, stage: int
+    s: Scenario, mem: MemoryBreakdown, psi: float, shards: int, stage: int, cluster: Cluster
 ) -> MemoryBreakdown:
     """``mem`` (the ZeRO breakdown without offload) with what offloading moves to host memory and NVMe.
 
@@ -71,7 +71,7 @@ def offloaded_memory(
     16 and 18 bytes per parameter for a one-node job, ``estimate_zero3_model_states_mem_needs``)."""
     w_b, _, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
     z = s.parallelism.zero
-    node = cluster_spec(s).node
+    node = cluster.spec.node
     host = nvme = 0.0
     params, grads, optimizer = mem.params, mem.grads, mem.optimizer
     if (dev := optimizer_device(s)) is not None:

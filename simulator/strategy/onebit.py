@@ -18,11 +18,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from simulator.hardware.gpus import GPU
+from simulator.hardware.cluster import Cluster
 from simulator.program import COMPUTE, Program
 from simulator.scenario.schema import OneBitConfig, Scenario
 from simulator.strategy import ddp
-from simulator.strategy.common import add_optimizer, grad_group, grad_group_size, parameter_tensors
+from simulator.strategy.groups import grad_group, grad_group_size
+from simulator.strategy.steps import add_optimizer
+from simulator.strategy.units import parameter_tensors
 from simulator.workload.transformer import Workload, memory_op
 
 OPTIMIZERS = ("onebit-adam", "zero-one-adam")  # training.optimizer values this module builds
@@ -34,11 +36,11 @@ SCALE_BYTES = 4  # one fp32 scale per rank's chunk
 COMPRESS_BYTES_PER_ELEMENT = 16
 
 
-def build(s: Scenario, w: Workload, gpu: GPU, phase: str = "compressed") -> Program:
+def build(s: Scenario, w: Workload, cluster: Cluster, phase: str = "compressed") -> Program:
     if phase not in PHASES:
         raise ValueError(phase)
     n, E = grad_group_size(s), w.params_per_rank
-    p = ddp.build(s, w, gpu, reduce_gradients=phase == "warm-up")
+    p = ddp.build(s, w, cluster, reduce_gradients=phase == "warm-up")
     p.strategy = f"{s.training.optimizer} ({phase})"
     if phase != "warm-up":
         deps: tuple = ()

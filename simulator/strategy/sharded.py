@@ -12,17 +12,9 @@ from dataclasses import dataclass
 
 from simulator.program import Program
 from simulator.scenario.schema import Scenario
-from simulator.strategy.common import (
-    Unit,
-    add_backward,
-    add_forward,
-    add_optimizer,
-    gather_params,
-    microbatch_sync,
-    parameter_tensors,
-    with_setup,
-)
 from simulator.strategy.offload import add_grad_copy, add_host_step, add_param_copy
+from simulator.strategy.steps import add_backward, add_forward, add_optimizer, microbatch_sync, with_setup
+from simulator.strategy.units import Unit, gather_params, parameter_tensors
 from simulator.strategy.zero3_fetch import FetchSchedule
 from simulator.workload.ops import host_op
 from simulator.workload.transformer import Workload, memory_op

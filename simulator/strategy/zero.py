@@ -15,34 +15,19 @@ docs/deepspeed.md describes what is replayed and which DeepSpeed JSON keys chang
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
-from simulator.errors import ScenarioError
-from simulator.hardware.gpus import GPU
-from simulator.hardware.topology import cluster_spec
+from simulator.hardware.cluster import Cluster
 from simulator.program import Program, RankClass
 from simulator.scenario.schema import Scenario
-from simulator.strategy.common import (
-    Unit,
-    add_backward,
-    add_forward,
-    add_optimizer,
-    buckets,
-    ddp_settings,
-    grad_bytes,
+from simulator.strategy import zeropp
+from simulator.strategy.groups import (
     grad_group,
     grad_group_size,
-    memory_breakdown,
-    microbatch_sync,
-    model_parallel_size,
-    parameter_tensors,
     rank_label,
     ranks_per_stage,
-    units,
-    weight_bytes,
-    with_setup,
 )
+from simulator.strategy.memory import memory_breakdown
 from simulator.strategy.offload import (
     add_grad_copy,
     add_host_step,
@@ -51,12 +36,16 @@ from simulator.strategy.offload import (
     optimizer_device,
     param_device,
 )
+from simulator.strategy.reduction import buckets, gradient_reduction, megatron_bucket_elements
 from simulator.strategy.sharded import ShardingPlan, add_sharded_iteration
+from simulator.strategy.state_bytes import grad_bytes, weight_bytes
+from simulator.strategy.steps import add_backward, add_forward, add_optimizer, microbatch_sync, with_setup
+from simulator.strategy.units import Unit, parameter_tensors, units
 from simulator.strategy.zero3_fetch import schedule_for
 from simulator.workload.transformer import Workload
 
 
-def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
+def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
     stage = s.parallelism.zero_stage
     p = Program(f"zero-{stage}")
     us = units(w)
@@ -67,7 +56,7 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
     persistent_params = 0
     if stage == 3:
         fetch = fetch_schedule(s, w)
-        zpp = _zero_plus_plus(s, dp)
+        zpp = zeropp.plan_fields(s, dp, cluster)
         plan = ShardingPlan(
             gather_group=grad_group(s),
             replicate_group=None,
@@ -98,45 +87,11 @@ def build(s: Scenario, w: Workload, gpu: GPU) -> Program:
         # updated weights are all-gathered in place into the flat 16-bit groups (no buffer of their own)
         buffers = ipg_buffer(cfg, gb) * (2 if overlap else 1)
     # persistent parameters keep a full copy of their weights on every rank
-    mem = memory_breakdown(s, w, gpu, dp, stage, buffers, persistent_params)
+    mem = memory_breakdown(s, w, cluster, dp, stage, buffers, persistent_params)
     mem = replace(mem, step=step_temporaries(s, w.params_per_rank, dp, stage))
-    mem = offloaded_memory(s, mem, w.params_per_rank, dp, stage)
+    mem = offloaded_memory(s, mem, w.params_per_rank, dp, stage, cluster)
     p.ranks.append(RankClass(rank_label(s), ranks_per_stage(s), mem))
     return p
-
-
-# ZeRO++ (Wang et al. 2023, arXiv 2306.10209). Block quantization keeps one fp32 scale per block; blocks of 256
-# elements are assumed (the paper quantizes per block but the size is a tuning knob).
-QWZ_BYTES_PER_PARAM = 1 + 4 / 256  # INT8 weights + scales
-QGZ_BYTES_PER_PARAM = 0.5 + 4 / 256  # INT4 gradients + scales
-DEQUANTIZE_BYTES_PER_PARAM = 3.0  # read 1 byte, write 2 (qwZ, on every gathered weight)
-GRAD_QUANTIZE_BYTES_PER_PARAM = 3.5  # read 2 bytes, write 0.5; then read the peers' 0.5 and write 0.5 (qgZ)
-
-
-def _zero_plus_plus(s: Scenario, dp: int) -> dict:
-    """ShardingPlan fields for qwZ, hpZ and qgZ."""
-    cfg, group = s.parallelism.zero, grad_group(s)
-    out: dict = {}
-    if cfg.zero_quantized_weights:  # qwZ: forward all-gathers in INT8, dequantized before use
-        out.update(
-            forward_gather_bytes=QWZ_BYTES_PER_PARAM, forward_extra_bytes_per_param=DEQUANTIZE_BYTES_PER_PARAM
-        )
-    hpz = cfg.zero_hpz_partition_size
-    if hpz > 1:  # hpZ: backward all-gathers from the secondary shard, inside the hpZ group (a node)
-        if dp % hpz:
-            raise ScenarioError(
-                f"parallelism.zero.zero_hpz_partition_size ({hpz}) does not divide the {dp} "
-                "data-parallel ranks"
-            )
-        out["backward_gather_group"] = f"{group}/{hpz}"
-    if cfg.zero_quantized_gradients:  # qgZ: INT4 all-to-all among the node's ranks, reduce, then across nodes
-        node = cluster_spec(s).node.gpus // model_parallel_size(s)
-        intra = math.gcd(max(node, 1), dp)
-        out.update(
-            quantized_reduce=(f"{group}/{intra}", f"{group}%{intra}", intra, QGZ_BYTES_PER_PARAM),
-            backward_extra_bytes_per_param=GRAD_QUANTIZE_BYTES_PER_PARAM,
-        )
-    return out
 
 
 def ipg_buffer(cfg, grad_bytes: int) -> float:
@@ -185,91 +140,6 @@ def fetch_schedule(s: Scenario, w: Workload):
         ("reduce_bucket", cfg.reduce_bucket_size),
     )
     return schedule_for(key, knobs)
-
-
-def version(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split("."))
-
-
-def gradient_reduction(cfg, dp: int, implementation: str = "deepspeed") -> tuple[str, int]:
-    """How DeepSpeed ZeRO-1/2 reduces one gradient bucket over ``dp`` ranks: (collective, calls, each of 1/calls
-    of the bucket). deepspeed/runtime/zero/stage_1_and_2.py, ``average_tensor``: without ``reduce_scatter`` the
-    bucket is all-reduced; from v0.12.4 ``use_multi_rank_bucket_allreduce`` (default true) all-reduces the whole
-    bucket and each rank keeps its slice (``allreduce_and_scatter``): twice a reduce-scatter's wire bytes;
-    before, one ``dist.reduce`` to each rank that owns a slice of the bucket. Megatron-Core's distributed
-    optimizer reduce-scatters its gradient buckets (``implementation="megatron"``)."""
-    if implementation == "megatron":
-        return "reduce_scatter", 1
-    if not cfg.reduce_scatter:
-        return "all_reduce", 1
-    multi = cfg.use_multi_rank_bucket_allreduce
-    if multi is None:
-        multi = version(cfg.deepspeed_version) >= (0, 12, 4)
-    return ("all_reduce", 1) if multi else ("reduce", dp)
-
-
-# deepspeed/runtime/engine.py MEMORY_OPT_ALLREDUCE_SIZE (v0.16.5): the elements per buffer of the engine's own
-# gradient all-reduce (buffered_allreduce_fallback), which the pipeline engine's ReduceGrads uses without ZeRO
-ALLREDUCE_BUFFER_ELEMENTS = 5e8
-# BF16_Optimizer.update_hp_grads after every backward (bf16_optimizer.py, v0.16.5): per parameter tensor
-# lp.grad.to(fp32) (read 2 bytes, write 4) and hp_grad.add_ (read 4 + 4, write 4)
-HP_GRAD_UPDATE_BYTES_PER_PARAM = 18
-
-
-def bf16_optimizer(s: Scenario) -> bool:
-    """Whether DeepSpeed wraps the optimizer in BF16_Optimizer (deepspeed/runtime/bf16_optimizer.py, from
-    v0.6.2): bf16 training whose gradients accumulate in fp32, i.e. without ZeRO (``get_data_types``: fp32 is
-    the default there) or ZeRO-1 with ``grad_accum_dtype: fp32`` and no offload (engine.py
-    ``_do_optimizer_sanity_check``, v0.16.5). It keeps an fp32 copy of every gradient, all-reduces it in fp32,
-    steps the rank's 1/N of the fp32 weights and all-gathers the bf16 weights: its own ZeRO-1 (BLOOM's recipe
-    ran it as ``ZERO_STAGE=0``: "bf16 must use z0! it implements its own zero stage 1 equivalent")."""
-    par, cfg = s.parallelism, s.parallelism.zero
-    if s.training.precision != "bf16" or version(cfg.deepspeed_version) < (0, 6, 2):
-        return False
-    accum = cfg.grad_accum_dtype or ("fp32" if par.zero_stage == 0 else "bf16")
-    if accum != "fp32":
-        return False
-    return par.zero_stage == 0 or (par.zero_stage == 1 and cfg.offload_optimizer.device == "none")
-
-
-def pipeline_grad_reduction(s: Scenario, params: float) -> list[tuple[str, float]]:
-    """(collective, bytes) of each call with which DeepSpeed's PipelineEngine reduces one stage's gradients over
-    data parallelism after the last microbatch (pipe/engine.py ``_exec_reduce_grads``, v0.16.5): ZeRO-1 reduces
-    ``reduce_bucket_size`` buckets as stage_1_and_2.py does (``reduce_gradients(pipeline_parallel=True)``, the
-    release's ``gradient_reduction``); BF16_Optimizer all-reduces its fp32 gradients and the plain engine the
-    16-bit ones, in ``MEMORY_OPT_ALLREDUCE_SIZE`` buffers (``buffered_allreduce_fallback``)."""
-    par, cfg = s.parallelism, s.parallelism.zero
-    dp = grad_group_size(s)
-    if dp == 1:
-        return []
-    bf16 = bf16_optimizer(s)
-    if par.zero_stage == 1 and not bf16:
-        gb = grad_bytes(s)
-        kind, calls = gradient_reduction(cfg, dp)
-        out = []
-        for n in _split(params, cfg.reduce_bucket_size):
-            out += [(kind, n * gb / calls)] * calls
-        return out
-    gb = 4 if bf16 else grad_bytes(s)
-    return [("all_reduce", n * gb) for n in _split(params, ALLREDUCE_BUFFER_ELEMENTS)]
-
-
-def _split(elements: float, per_buffer: float) -> list[float]:
-    """``elements`` in buffers of ``per_buffer`` (the last one partly filled)."""
-    full = int(elements // per_buffer)
-    rest = elements - full * per_buffer
-    return [per_buffer] * full + ([rest] if rest > 0 else [])
-
-
-def megatron_bucket_elements(s: Scenario, w: Workload) -> float:
-    """Parameters per gradient (and parameter all-gather) bucket of Megatron-Core's DDP: with
-    overlap_grad_reduce max(40M, 1M x DP) ("make buckets larger to ensure that chunks used in NCCL ring-reduce
-    implementations are large enough to remain bandwidth-bound", megatron/training/training.py get_model,
-    core_r0.8), without it one bucket; ``ddp.bucket_cap_mb`` in the scenario overrides."""
-    overlap, _ = ddp_settings(s, w)
-    if s.parallelism.ddp.bucket_cap_mb is not None:
-        return s.parallelism.ddp.bucket_cap_mb * 2**20 / grad_bytes(s, w.framework)
-    return max(4e7, 1e6 * grad_group_size(s)) if overlap else math.inf
 
 
 def _stage_1_2(p: Program, s: Scenario, w: Workload, us: list[Unit], overlap: bool) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from simulator.errors import ScenarioError
 from simulator.frameworks import get_framework
-from simulator.hardware.gpus import get_gpu
+from simulator.hardware.cluster import Cluster
 from simulator.hardware.topology import cluster_spec
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
@@ -32,8 +32,8 @@ class Fix:
 
 def peak_memory(s: Scenario) -> MemoryBreakdown:
     """The largest per-rank memory of ``s``'s program (the rank ``run`` reports)."""
-    gpu = get_gpu(cluster_spec(s).node.gpu)
-    program = build_program(s, build_workload(s, get_framework(s.framework)), gpu)
+    cluster = Cluster(cluster_spec(s), s.cluster.num_nodes)
+    program = build_program(s, build_workload(s, get_framework(s.framework)), cluster)
     return max((r.memory for r in program.ranks), key=lambda m: m.device)
 
 

@@ -31,7 +31,7 @@ from simulator.hardware.placement import Placement
 from simulator.hardware.topology import cluster_spec
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
-from simulator.strategy.common import grad_bytes, weight_bytes
+from simulator.strategy.state_bytes import grad_bytes, weight_bytes
 from simulator.strategy.zero import fetch_schedule
 from simulator.tables.select import resolve_table
 from simulator.workload.memory import activation_bytes_per_layer, head_activation_bytes, state_bytes_per_param

@@ -1,0 +1,61 @@
+"""The ops of one model chunk's forward, backward and weight-gradient steps, with the transfers to the
+neighbouring stages (Narayanan et al. SC21 Sec. 4.1: with tensor parallelism each rank sends 1/t of the
+activation and the receiver all-gathers it)."""
+
+from __future__ import annotations
+
+from simulator.scenario.schema import Scenario
+from simulator.strategy.units import Unit
+from simulator.workload.transformer import Op, Workload, collective_op
+
+
+def chunk_ops(
+    s: Scenario,
+    w: Workload,
+    us: list[Unit],
+    key: tuple[int, int],
+    pp: int,
+    v: int,
+    split: bool,
+    sends: bool = True,
+):
+    """(forward, backward, weight-gradient) ops of one chunk, with the p2p sends as blocking collectives (unless
+    ``sends`` is false: DeepSpeed's engine runs them as instructions of their own)."""
+    st, c = key
+    par, mdl = s.parallelism, s.model
+    t = par.tensor_parallel
+    e = 4 if s.training.precision == "fp32" else 2
+    act = s.training.micro_batch_size * (mdl.seq_length // par.context_parallel) * mdl.hidden_size * e
+    scatter_gather = t > 1 and not par.sequence_parallel  # Narayanan Sec. 4.1: send 1/t, all-gather after
+    send = collective_op(
+        "pipeline send", "send_recv", "pp", act / t if scatter_gather or par.sequence_parallel else act
+    )
+    regather = (
+        collective_op("tp all-gather (pipeline scatter/gather)", "all_gather", "tp", act)
+        if scatter_gather
+        else None
+    )
+    first, last = st == 0 and c == 0, st == pp - 1 and c == v - 1
+    mode = s.training.activation_recompute
+    if not sends:
+        send = None
+
+    fwd: list[Op] = list(w.microbatch_setup)  # every forward step calls get_batch (pretrain_gpt.py)
+    if not first and regather is not None:
+        fwd.append(regather)
+    for u in us:
+        fwd += u.block.forward
+    if not last and send is not None:
+        fwd.append(send)
+    bwd: list[Op] = [] if last or regather is None else [regather]
+    wgt: list[Op] = []
+    for u in reversed(us):
+        if u.is_layer and mode == "full":
+            bwd += u.block.recompute_full or u.block.forward
+        elif u.is_layer and mode == "selective":
+            bwd += u.block.recompute_selective
+        for op in u.block.backward:
+            (wgt if split and op.name.endswith(" wgrad") else bwd).append(op)
+    if not first and send is not None:
+        bwd.append(send)
+    return tuple(fwd), tuple(bwd), tuple(wgt)

@@ -1,0 +1,153 @@
+"""The end of a pipeline iteration. Synchronous schedules (every Megatron schedule but PipeDream-2BW, and
+DeepSpeed's engine): after the flush each stage reduces its gradients over data parallelism (per chunk as soon as
+its last backward ends with ``overlap_grad_reduce``; DeepSpeed's way with its engine), the first and last stage
+sum the tied word embedding's gradient, every stage agrees on the gradient norm, and each steps its optimizer
+(distributed optimizer / ZeRO-1: reduce-scatter, step on 1/DP, all-gather). Asynchronous schedules reduce and step
+per batch, with no flush.
+
+FSDP2 beside the pipeline (``parallelism.fsdp`` with ``reshard_after_forward: false``, torchtitan's setting
+when pipelining): a stage's parameters are all-gathered before its first forward and stay gathered for every
+micro-batch, gradients accumulate unsharded, and the stage reduce-scatters them once its last backward is done
+(PyTorch ``torch/distributed/pipelining/stage.py``, ``backward_maybe_with_nosync`` keeps
+``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)`` until ``perform_reduce_grad``,
+"scheduled after all microbatches W, B actions"); the optimizer steps on its 1/DP shard.
+"""
+
+from __future__ import annotations
+
+from simulator.program import Program
+from simulator.scenario.schema import Scenario
+from simulator.strategy.groups import grad_group, grad_group_size
+from simulator.strategy.reduction import bf16_optimizer, ddp_settings, pipeline_grad_reduction
+from simulator.strategy.state_bytes import grad_bytes, weight_bytes
+from simulator.strategy.steps import add_optimizer
+from simulator.workload.transformer import Workload
+
+
+def flush_and_step(
+    prog: Program, s: Scenario, w: Workload, order, ids, chunks, stage_params, stage_tensors, last_compute
+) -> None:
+    """Synchronous schedules: after the flush each stage reduces its gradients over data parallelism (per chunk
+    as soon as its last backward ends with overlap_grad_reduce), the first and last stage sum the tied word
+    embedding's gradient, every stage agrees on the gradient norm, and each steps its optimizer."""
+    par = s.parallelism
+    pp, v, dp = par.pipeline_parallel, par.virtual_pipeline_stages, grad_group_size(s)
+    wb, gb = weight_bytes(s), grad_bytes(s, w.framework)
+    fsdp = par.fsdp is not None  # FSDP2 under torch.distributed.pipelining (module docstring)
+    deepspeed = par.pipeline_schedule == "deepspeed"  # DeepSpeed's PipelineEngine reduces as DeepSpeed does
+    bf16_opt = deepspeed and bf16_optimizer(s)
+    if bf16_opt:
+        gb = 4  # BF16_Optimizer's gradients, the tied embedding's _hp_grad included, are fp32
+    distributed = par.zero_stage == 1 or fsdp or bf16_opt
+    overlap = ddp_settings(s, w)[0] and not fsdp  # FSDP's REDUCE_GRAD follows the stage's last backward
+    tied = None
+    if s.model.tied_embeddings and pp > 1:
+        # the first and last stage each hold the word embedding and sum its gradients after the flush (Megatron
+        # _allreduce_word_embedding_grads, DeepSpeed allreduce_tied_weight_gradients): one collective of the
+        # two stages, simulated once and awaited by both
+        words = s.model.vocab_size * s.model.hidden_size // par.tensor_parallel
+        tied = prog.add(
+            0,
+            "comm.dp",
+            "all_reduce",
+            "backward",
+            "tied embedding grad all-reduce",
+            (last_compute[0], last_compute[-1]),
+            group="embedding",
+            bytes=words * gb,
+        )
+    for st in range(pp):
+        reductions = []
+        if deepspeed:
+            rid = last_compute[st]
+            for kind, nbytes in pipeline_grad_reduction(s, stage_params[st]):
+                rid = prog.add(
+                    st,
+                    "comm.dp",
+                    kind,
+                    "backward",
+                    f"grad {kind.replace('_', '-')}",
+                    (rid,),
+                    group=grad_group(s),
+                    bytes=nbytes,
+                )
+                reductions.append(rid)
+        elif dp > 1:
+            for c in range(v):
+                params = sum(u.params for u in chunks[(st, c)])
+                last_b = max(i for x, i in ids.pos[st].items() if x.chunk == c and x.kind != "F")
+                after = last_b if overlap else last_compute[st]
+                reductions.append(
+                    prog.add(
+                        st,
+                        "comm.dp",
+                        "reduce_scatter" if distributed else "all_reduce",
+                        "backward",
+                        f"chunk {c} grad {'reduce-scatter' if distributed else 'all-reduce'}",
+                        (after,),
+                        group=grad_group(s),
+                        bytes=params * gb,
+                    )
+                )
+        if tied is not None and st in (0, pp - 1):
+            reductions.append(tied)
+        # gradient clipping all-reduces the norm over every stage: a global sync before the step
+        opt = add_optimizer(
+            prog,
+            s,
+            stage_params[st] / (dp if distributed else 1),
+            (*reductions, *last_compute),
+            rank=st,
+            w=w,
+            tensors=stage_tensors[st],
+        )
+        if distributed and dp > 1 and (par.ddp.overlap_param_gather or fsdp):
+            # the previous step's weights are gathered under this iteration's first forward (steady state);
+            # FSDP gathers them at the first forward and keeps them for every micro-batch
+            gid = prog.add(
+                st,
+                "comm.dp.gather",
+                "all_gather",
+                "forward",
+                "param all-gather",
+                (),
+                group=grad_group(s),
+                bytes=stage_params[st] * wb,
+            )
+            first = prog.tasks[ids[(st, *order[st][0])]]
+            first.deps = (*first.deps, gid)
+        elif distributed and dp > 1:
+            prog.add(
+                st,
+                "comm.dp",
+                "all_gather",
+                "optimizer",
+                "param all-gather",
+                (opt,),
+                group=grad_group(s),
+                bytes=stage_params[st] * wb,
+            )
+
+
+def reduce_per_batch(prog: Program, s: Scenario, w: Workload, order, ids, stage_params) -> None:
+    """Asynchronous schedules: before each optimizer step a stage all-reduces that batch's gradients over data
+    parallelism (no flush, no global sync)."""
+    par = s.parallelism
+    if grad_group_size(s) == 1:
+        return
+    for st in range(par.pipeline_parallel):
+        for i, step in enumerate(order[st]):
+            if step.kind != "O":
+                continue
+            rid = prog.add(
+                st,
+                "comm.dp",
+                "all_reduce",
+                "backward",
+                f"batch {step.microbatch} grad all-reduce",
+                (ids[(st, *order[st][i - 1])],),
+                group=grad_group(s),
+                bytes=stage_params[st] * grad_bytes(s, w.framework),
+            )
+            opt = prog.tasks[ids[(st, *step)]]
+            opt.deps = (*opt.deps, rid)

@@ -1,0 +1,70 @@
+"""A pipeline stage's memory: its layers' model states as the data-parallel sharding leaves them, and the
+activations of the micro-batches in flight, counted by walking the stage's schedule."""
+
+from __future__ import annotations
+
+from simulator.hardware.cluster import Cluster
+from simulator.scenario.schema import Scenario
+from simulator.strategy.groups import grad_group_size
+from simulator.strategy.memory import with_host_checkpoints
+from simulator.strategy.reduction import bf16_optimizer
+from simulator.strategy.schedules import SPLITS_BACKWARD, Step
+from simulator.strategy.state_bytes import grad_bytes
+from simulator.workload.memory import (
+    MemoryBreakdown,
+    activation_bytes_per_layer,
+    head_activation_bytes,
+    state_bytes_per_param,
+    zero_model_state_bytes,
+)
+from simulator.workload.transformer import Workload
+
+
+def stage_memory(
+    s: Scenario,
+    w: Workload,
+    cluster: Cluster,
+    chunks,
+    steps: list[Step],
+    st: int,
+    v: int,
+    params: float,
+    versions: int = 1,
+) -> MemoryBreakdown:
+    """Model states of the stage's layers (ZeRO-1 / distributed optimizer shards the optimizer states over DP),
+    and activations for the microbatches in flight, counted by walking the schedule: +1 at a chunk's forward,
+    -1 at its backward (at W for the half of the activations the weight gradient still needs). PipeDream-2BW
+    keeps ``versions`` = 2 copies of the weights (the extra one counted as a buffer)."""
+    par = s.parallelism
+    w_b, _, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
+    g_b = grad_bytes(s, w.framework)
+    stage = 1 if par.fsdp else par.zero_stage
+    if par.pipeline_schedule == "deepspeed" and bf16_optimizer(s):
+        # BF16_Optimizer: the bf16 gradients of the last backward and the fp32 copy of every gradient, whole
+        # on each rank; the fp32 weights and Adam states of the rank's 1/N (bf16_optimizer.py, v0.16.5)
+        g_b, stage = g_b + 4, 1
+    p_bytes, g_bytes, o_bytes = zero_model_state_bytes(params, grad_group_size(s), stage, k_b, w_b, g_b)
+    layers = {c: sum(1 for u in chunks[(st, c)] if u.is_layer) for c in range(v)}
+    heads = {c: chunks[(st, c)][-1].name == "head" for c in range(v)}
+
+    change = {"F": 1.0, "B": -0.5 if par.pipeline_schedule in SPLITS_BACKWARD else -1.0, "W": -0.5, "O": 0.0}
+
+    def in_flight_peak(chunk_bytes: dict) -> float:
+        live = peak = 0.0
+        for kind, _, chunk in steps:
+            live += change[kind] * chunk_bytes[chunk]
+            if live > peak:
+                peak = live
+        return peak
+
+    per_layer = activation_bytes_per_layer(s)
+    peak = in_flight_peak({c: layers[c] * per_layer + heads[c] * head_activation_bytes(s) for c in range(v)})
+    if s.training.activation_recompute == "full":
+        peak += activation_bytes_per_layer(s, recompute="none")
+    mem = MemoryBreakdown(
+        p_bytes, g_bytes, o_bytes, peak, (versions - 1) * params * w_b, cluster.gpu.hbm_bytes
+    )
+    if not s.training.cpu_checkpointing:
+        return mem
+    # checkpoints of the microbatches in flight, in host memory instead
+    return with_host_checkpoints(s, mem, in_flight_peak(layers), cluster)

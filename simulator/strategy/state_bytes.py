@@ -1,0 +1,31 @@
+"""Bytes per parameter of each model state as a strategy moves and keeps it: the 16-bit (or fp32) weight and the
+gradient, which some frameworks keep and reduce in fp32."""
+
+from __future__ import annotations
+
+from simulator.scenario.schema import Scenario
+from simulator.workload.memory import state_bytes_per_param
+
+
+def weight_bytes(s: Scenario) -> int:
+    return state_bytes_per_param(s.training.precision, s.training.optimizer)[0]
+
+
+def grad_bytes(s: Scenario, framework=None) -> int:
+    """Bytes per gradient element, in memory and on the wire: the training precision (PyTorch DDP and FSDP,
+    DeepSpeed ZeRO), except bf16 where Megatron runs the reduction with fp32 main gradients
+    (``parallelism.ddp.grad_reduce_in_fp32``, else ``framework.bf16_main_grads``; megatron/arguments.py:
+    "bfloat16 requires gradient accumulation and all-reduce to be done in fp32"). ``framework``: the run's
+    profile, which decides; without it, the precision. DeepSpeed's BF16_Optimizer is the pipeline engine's
+    (``reduction.bf16_optimizer``)."""
+    g = state_bytes_per_param(s.training.precision, s.training.optimizer)[1]
+    if framework is None or s.training.precision != "bf16":
+        return g
+    par = s.parallelism
+    deepspeed = par.pipeline_schedule == "deepspeed" or par.zero_stage >= 2
+    if par.fsdp is not None or deepspeed or (par.zero_stage == 1 and framework.zero == "deepspeed"):
+        return g
+    fp32 = par.ddp.grad_reduce_in_fp32
+    if fp32 is None:
+        fp32 = framework.bf16_main_grads == "fp32"
+    return 4 if fp32 else g
