@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from simulator.costs.collectives import CollectiveModel, ring_bytes_per_rank, ring_steps
+from simulator.costs.traffic import hops as pattern_hops
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
 from simulator.hardware.topology import load_topology
@@ -181,7 +182,7 @@ def test_a_later_stages_collective_is_stage_zeros_moved_when_its_nodes_are():
 
 
 def reference_loads(cm: CollectiveModel, hops) -> dict:
-    """The definition ``CollectiveModel._loads`` computes per route piece with numpy: every hop adds its share to
+    """The definition ``LinkLoads.loads`` (costs/traffic.py) computes per route piece with numpy: every hop adds its share to
     every link of ``cluster.route``; a class's value is its busiest link's units over that link's bandwidth."""
     cl, load, out = cm.cluster, {}, {}
     for a, b, share in hops:
@@ -216,8 +217,8 @@ def test_vectorised_link_loads_equal_adding_every_hop_along_its_route(topology, 
             groups = cm.placement.groups(group)
             if len(groups[0]) < 2:
                 continue
-            hops = cm._hops(kind, groups)
-            got = cm._loads(hops).unit_demand_s
+            hops = pattern_hops(kind, groups, cluster.gpus_per_node, spec.node.nics)
+            got = cm.links.loads(hops)
             want = reference_loads(cm, hops)
             assert got.keys() == want.keys()
             for c, seconds in want.items():
