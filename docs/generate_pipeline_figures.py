@@ -12,7 +12,8 @@ from simulator import load_scenario, simulate
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.topology import cluster_spec, ideal_network
 from simulator.report.figures import timeline_figure
-from simulator.workload.transformer import Block, build_workload
+from simulator.workload.block import Block
+from simulator.workload.transformer import build_workload
 
 OUT = Path(__file__).parent / "images"
 MODEL = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from simulator.workload.memory import MemoryBreakdown
-from simulator.workload.transformer import Op
+from simulator.workload.ops import Op
 
 COMPUTE = "compute"
 

@@ -17,7 +17,7 @@ from simulator.hardware.gpus import get_gpu
 from simulator.tables.format import CollectiveRow, CostTable, KernelRow, SystemInfo, TableMeta
 from simulator.tables.io import read_table, write_table
 from simulator.tables.lookup import CollectiveLookup, KernelLookup, curve_cost
-from simulator.workload.transformer import gemm, memory_op
+from simulator.workload.ops import gemm, memory_op
 
 A100 = get_gpu("a100-sxm4-80gb")
 runner = CliRunner()

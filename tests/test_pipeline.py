@@ -7,7 +7,8 @@ from conftest import ideal_network_cluster, make
 
 from simulator import simulate
 from simulator.errors import ScenarioError
-from simulator.workload.transformer import Block, build_workload
+from simulator.workload.block import Block
+from simulator.workload.transformer import build_workload
 
 MODEL = {
     "num_layers": 16,

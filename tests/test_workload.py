@@ -97,7 +97,7 @@ def test_wave_quantization_one_tile_too_many_costs_a_whole_wave():
 def test_memory_bound_kernel_time_is_bytes_over_achievable_bandwidth_plus_launch():
     a100 = get_gpu("a100-sxm4-80gb")
     cm = ComputeModel(a100, "bf16")
-    from simulator.workload.transformer import memory_op
+    from simulator.workload.ops import memory_op
 
     assert cm.op_time_s(memory_op("x", 1e9)) == pytest.approx(1e9 / (2039e9 * 0.85) + 4e-6, rel=1e-12)
 

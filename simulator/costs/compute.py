@@ -24,7 +24,7 @@ from simulator.frameworks import Framework
 from simulator.hardware.gpus import GPU
 from simulator.tables.format import DTYPE_BYTES
 from simulator.tables.lookup import MODELLED, SHAPED, KernelLookup, work
-from simulator.workload.transformer import Op
+from simulator.workload.ops import Op
 
 
 def gemm_efficiency(gpu: GPU, m: int, n: int, k: int, batch: int = 1) -> float:

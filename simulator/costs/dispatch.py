@@ -21,7 +21,7 @@ from simulator.costs.compute import ComputeModel
 from simulator.engine.engine import TaskCost
 from simulator.frameworks import HostProfile
 from simulator.timeline.timeline import Part
-from simulator.workload.transformer import Op
+from simulator.workload.ops import Op
 
 
 def op_host_s(op: Op, host: HostProfile) -> float:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from simulator.tables.lookup import INTERPOLATED, MEASURED, MODELLED, SHAPED
 from simulator.timeline.timeline import Timeline
-from simulator.workload.transformer import Op
+from simulator.workload.ops import Op
 
 SOURCES = (MEASURED, INTERPOLATED, MODELLED)
 

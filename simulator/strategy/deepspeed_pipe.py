@@ -28,8 +28,9 @@ from simulator.strategy.reduction import HP_GRAD_UPDATE_BYTES_PER_PARAM, bf16_op
 from simulator.strategy.schedules import Step
 from simulator.strategy.schedules.deepspeed_train import commands
 from simulator.strategy.units import unit_tensors
-from simulator.workload.ops import Op
-from simulator.workload.transformer import GRAD_ACCUMULATION, Workload, collective_op
+from simulator.workload.framework_kernels import GRAD_ACCUMULATION
+from simulator.workload.ops import Op, collective_op
+from simulator.workload.transformer import Workload
 
 
 def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:

@@ -25,7 +25,8 @@ from simulator.strategy import ddp
 from simulator.strategy.groups import grad_group, grad_group_size
 from simulator.strategy.steps import add_optimizer
 from simulator.strategy.units import parameter_tensors
-from simulator.workload.transformer import Workload, memory_op
+from simulator.workload.ops import memory_op
+from simulator.workload.transformer import Workload
 
 OPTIMIZERS = ("onebit-adam", "zero-one-adam")  # training.optimizer values this module builds
 PHASES = ("warm-up", "compressed", "local")

@@ -16,8 +16,8 @@ from simulator.strategy.offload import add_grad_copy, add_host_step, add_param_c
 from simulator.strategy.steps import add_backward, add_forward, add_optimizer, microbatch_sync, with_setup
 from simulator.strategy.units import Unit, gather_params, parameter_tensors
 from simulator.strategy.zero3_fetch import FetchSchedule
-from simulator.workload.ops import host_op
-from simulator.workload.transformer import Workload, memory_op
+from simulator.workload.ops import host_op, memory_op
+from simulator.workload.transformer import Workload
 
 
 @dataclass(frozen=True)

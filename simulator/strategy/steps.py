@@ -6,7 +6,8 @@ from __future__ import annotations
 from simulator.program import COMPUTE, Program
 from simulator.scenario.schema import Scenario
 from simulator.strategy.units import Unit
-from simulator.workload.transformer import Op, Workload, host_op, memory_op
+from simulator.workload.ops import Op, host_op, memory_op
+from simulator.workload.transformer import Workload
 
 
 def add_forward(

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simulator.scenario.schema import Scenario
-from simulator.workload.transformer import Block, Workload, tensors_per_layer
+from simulator.workload.block import Block
+from simulator.workload.transformer import Workload, tensors_per_layer
 
 
 @dataclass(frozen=True)

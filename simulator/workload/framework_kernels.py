@@ -35,6 +35,27 @@ from simulator.workload.ops import Op
 B = "backward"
 KINDS = ("model", "megatron-legacy")
 
+# the name prefix of Megatron's main_grad accumulation kernels (strategies whose framework runs no such hooks,
+# DeepSpeed's BF16_Optimizer, drop them by it)
+GRAD_ACCUMULATION = "gradient accumulation"
+
+
+def grad_accumulation(fw, precision: str, name: str, params: int, tensors: int) -> Op | None:
+    """Megatron-LM's local DDP without gradient-accumulation fusion: a hook adds every parameter's gradient
+    into its main_grad buffer after each backward (megatron/model/distributed.py, param_hook), one kernel per
+    tensor reading the gradient and main_grad and writing main_grad (fp32 for bf16 training). None where the
+    framework runs no such hooks."""
+    if not fw.grad_accumulation_kernels:
+        return None
+    main_bytes = 2 if precision == "fp16" else 4
+    return Op(
+        f"{GRAD_ACCUMULATION} ({name})",
+        "memory",
+        bytes=params * (2 + 2 * main_bytes),
+        direction="backward",
+        launches=tensors,
+    )
+
 
 def layer_forward(
     e: int, tokens: int, h: int, qkv_out: int, heads_dim: int, sp: int, bias: bool

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from simulator.scenario.schema import Scenario
 from simulator.strategy.units import Unit
-from simulator.workload.transformer import Op, Workload, collective_op
+from simulator.workload.ops import Op, collective_op
+from simulator.workload.transformer import Workload
 
 
 def chunk_ops(

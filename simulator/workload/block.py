@@ -1,0 +1,28 @@
+"""A block of the model (a transformer layer, the embedding, the output head) as kernels for one micro-batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.workload.ops import Op
+
+
+@dataclass(frozen=True)
+class Block:
+    """Work of one block (a transformer layer, the embedding, or the output head) for one microbatch."""
+
+    name: str
+    forward: tuple[Op, ...]
+    backward: tuple[Op, ...]
+    recompute_selective: tuple[Op, ...]  # forward ops re-run by selective recompute (attention core)
+    params: int  # parameters held by one tensor-parallel rank
+    recompute_full: tuple[Op, ...] = ()  # full recompute: fetch the checkpoint, then the forward again
+
+    @property
+    def forward_model_flops(self) -> float:
+        return sum(op.model_flops for op in self.forward)
+
+
+def present(*ops: Op | None) -> tuple[Op, ...]:
+    """The ops that exist in this configuration (a collective or framework kernel may be None)."""
+    return tuple(op for op in ops if op is not None)

@@ -1,0 +1,44 @@
+"""Tensor parallelism's collectives (Narayanan et al. SC21 Sec. 3.2, Fig. 5): the column-parallel input needs
+the full activation (identity forward, all-reduce of its gradient backward), the row-parallel output is
+all-reduced forward. Sequence parallelism (Korthikanti et al. Sec. 4.2.2) turns each all-reduce into an
+all-gather before and a reduce-scatter after, so the norms and dropouts between them work on s/t tokens."""
+
+from __future__ import annotations
+
+from simulator.workload.ops import collective_op
+
+
+def tp_collectives(
+    t: int, sequence_parallel: bool, nbytes: float, overlap: bool = False, async_grad: bool = False
+):
+    """Factories for the four tensor-parallel collectives around a column- then row-parallel pair:
+    (before column-parallel forward, after row-parallel forward, column-parallel input gradient,
+    row-parallel output gradient). Each returns None where the collective does not exist. With ``overlap``
+    (Megatron-Core --tp-comm-overlap, Transformer Engine userbuffers) an all-gather runs alongside the GEMM after
+    it and a reduce-scatter alongside the GEMM before it. With ``async_grad`` the column-parallel input
+    gradient's all-reduce runs alongside the weight-gradient GEMM issued after it (Megatron's
+    async_tensor_model_parallel_allreduce: megatron/core/tensor_parallel/layers.py,
+    LinearWithGradAccumulationAndAsyncCommunication.backward)."""
+
+    def make(kind: str | None, direction: str = "forward", side: str = ""):
+        if t == 1 or kind is None:
+            return lambda name: None
+        if overlap:
+            side = "next" if kind == "all_gather" else "previous"
+        return lambda name: collective_op(
+            f"tp {kind.replace('_', '-')} ({name})", kind, "tp", nbytes, side, direction
+        )
+
+    if sequence_parallel:
+        return (
+            make("all_gather"),
+            make("reduce_scatter"),
+            make("reduce_scatter", "backward"),
+            make("all_gather", "backward"),
+        )
+    return (
+        make(None),
+        make("all_reduce"),
+        make("all_reduce", "backward", "previous" if async_grad else ""),
+        make(None),
+    )
