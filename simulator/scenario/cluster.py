@@ -1,0 +1,36 @@
+"""``cluster:``: which topology file, how many nodes, and what-if overrides of its hardware."""
+
+from __future__ import annotations
+
+from pydantic import Field, PositiveInt
+
+from simulator.scenario.section import MAX_GPUS, Section
+
+
+class ClusterConfig(Section):
+    """Which topology file, how many nodes, and what-if overrides of its hardware."""
+
+    topology: str = Field(..., description="Name of a file in topologies/ (without .yaml) or a path to one.")
+    num_nodes: PositiveInt = Field(1, le=MAX_GPUS)
+    gpus_per_node: PositiveInt | None = Field(None, description="Use only this many GPUs of each node.")
+    gpu: str | None = Field(None, description="Replace the topology's GPU with another from the catalogue.")
+    nics_per_node: PositiveInt | None = Field(None, le=64)
+    nic_bandwidth_gbps: float | None = Field(None, gt=0, le=1e5, description="Per NIC, gigabits per second.")
+    oversubscription: float | None = Field(
+        None, ge=1, le=1000, description="Leaf-to-spine oversubscription ratio."
+    )
+    pcie_bandwidth_GBps: float | None = Field(
+        None, gt=0, le=1e5, description="Per PCIe link, per direction, GB/s."
+    )
+    nvme_drives: int | None = Field(None, ge=0, le=64, description="NVMe drives per node (striped).")
+    nvme_bandwidth_GBps: float | None = Field(None, gt=0, le=1e5, description="Per NVMe drive, GB/s.")
+    cpu_optimizer_params_per_s: float | None = Field(
+        None, gt=0, le=1e13, description="CPU-Adam throughput of one host, parameters per second."
+    )
+    gpu_speed_sd: float | None = Field(
+        None,
+        ge=0,
+        le=0.5,
+        description="Spread of sustained speed across the GPUs (standard deviation, fraction of the typical GPU's): "
+        "compute-bound kernels run at the slowest GPU's speed. Default: the GPU profile's (0.015); 0 turns it off.",
+    )

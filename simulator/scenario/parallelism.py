@@ -1,0 +1,190 @@
+"""``parallelism:``: the parallel degrees and schedule, and each framework's knobs in its own names: DeepSpeed
+ZeRO (with offload and ZeRO++), PyTorch FSDP2, DDP / Megatron's gradient reduction."""
+
+from __future__ import annotations
+
+import sys
+from typing import Literal
+
+from pydantic import Field, PositiveInt
+
+from simulator.scenario.section import Section
+
+
+class OffloadOptimizerConfig(Section):
+    """DeepSpeed ``offload_optimizer``: optimizer states (and the step) on the host CPU, states in host memory
+    (``cpu``) or on NVMe (``nvme``, ZeRO-Infinity)."""
+
+    device: Literal["none", "cpu", "nvme"] = "none"
+    pin_memory: bool = Field(False, description="Page-locked host buffers (unpinned copies are staged).")
+    buffer_count: PositiveInt = Field(
+        4, description="NVMe: swap buffers (Adam swaps 4 tensors per parameter)."
+    )
+    buffer_size: float = Field(1e8, gt=0, description="NVMe: elements per swap buffer.")
+    pipeline_read: bool = Field(False, description="NVMe: read the next tile while the CPU steps this one.")
+    pipeline_write: bool = Field(False, description="NVMe: write the previous tile while the CPU steps.")
+    delayed_param_update: bool = Field(
+        False,
+        description="ZeRO-Offload DPU (Ren et al. 2021 Sec. 4.2): the CPU step and parameter upload of one "
+        "iteration overlap the next iteration's forward and backward (parameters one step stale).",
+    )
+
+
+class OffloadParamConfig(Section):
+    """DeepSpeed ``offload_param`` (ZeRO-3 only): the parameter shards live in host memory or on NVMe and are
+    fetched before every all-gather."""
+
+    device: Literal["none", "cpu", "nvme"] = "none"
+    pin_memory: bool = False
+    buffer_count: PositiveInt = Field(5, description="NVMe: prefetch buffers.")
+    buffer_size: float = Field(1e8, gt=0, description="NVMe: elements per prefetch buffer.")
+    max_in_cpu: float = Field(1e9, ge=0, description="NVMe: parameter elements also kept in host memory.")
+
+
+class AioConfig(Section):
+    """DeepSpeed ``aio`` (libaio) settings for NVMe offload. Each rank keeps ``thread_count`` x ``queue_depth``
+    requests of ``block_size`` bytes in flight."""
+
+    block_size: PositiveInt = 1048576
+    queue_depth: PositiveInt = 8
+    thread_count: PositiveInt = 1
+
+
+DEEPSPEED_VERSION = "0.16.4"  # the behaviour simulated when a scenario does not say (the newest release read)
+
+
+class ZeroConfig(Section):
+    """DeepSpeed ``zero_optimization`` knobs, DeepSpeed's names and defaults (elements, not bytes)."""
+
+    deepspeed_version: str = Field(
+        DEEPSPEED_VERSION,
+        pattern=r"^\d+\.\d+(\.\d+)?$",
+        description="The DeepSpeed release whose behaviour is simulated where releases differ (ZeRO-1/2 "
+        "gradient reduction changed in 0.12.4). Not part of a DeepSpeed JSON config.",
+    )
+    reduce_scatter: bool = Field(
+        True, description="ZeRO-1/2: reduce each rank's gradient slice; false = all-reduce every gradient."
+    )
+    use_multi_rank_bucket_allreduce: bool | None = Field(
+        None,
+        description="ZeRO-1/2 with reduce_scatter: all-reduce each gradient bucket and keep the rank's slice "
+        "(DeepSpeed >= 0.12.4, where it is the default) instead of one reduce per owning rank. Default: by "
+        "deepspeed_version.",
+    )
+    grad_accum_dtype: Literal["fp32", "fp16", "bf16"] | None = Field(
+        None,
+        description="DeepSpeed's data_types.grad_accum_dtype. With bf16 it picks the optimizer wrapper: fp32 "
+        "(the default without ZeRO) runs BF16_Optimizer, which accumulates and all-reduces gradients in fp32. "
+        "Default: as DeepSpeed (fp32 for bf16 without ZeRO, else the training precision).",
+    )
+    reduce_bucket_size: float = Field(5e8, gt=0)
+    allgather_bucket_size: float = Field(5e8, gt=0)
+    contiguous_gradients: bool = Field(
+        True, description="Copy gradients into a flat bucket of reduce_bucket_size elements (GPU memory)."
+    )
+    sub_group_size: float = Field(
+        1e9, gt=0, description="ZeRO-3: the optimizer steps this many elements of the partition at a time."
+    )
+    overlap_comm: bool | None = Field(
+        None, description="Default: False for stage 1-2, True for stage 3 (DeepSpeed)."
+    )
+    stage3_prefetch_bucket_size: float = Field(5e7, ge=0)
+    stage3_max_live_parameters: float = Field(1e9, gt=0)
+    stage3_param_persistence_threshold: float = Field(
+        1e5,
+        ge=0,
+        description="Parameters of at most this many elements stay whole on every rank (never fetched).",
+    )
+    stage3_model_persistence_threshold: float = Field(
+        float(sys.maxsize),
+        ge=0,
+        description="Cap on the elements of all persistent parameters together (DeepSpeed's default: sys.maxsize).",
+    )
+    zero_quantized_weights: bool = Field(
+        False, description="ZeRO++ qwZ: forward all-gathers in block-quantized INT8."
+    )
+    zero_hpz_partition_size: PositiveInt = Field(
+        1,
+        description="ZeRO++ hpZ: secondary weight shard in groups of this many ranks (usually GPUs per node).",
+    )
+    zero_quantized_gradients: bool = Field(
+        False,
+        description="ZeRO++ qgZ: gradient reduce-scatter as INT4 all-to-all, intra-node then inter-node.",
+    )
+    stage3_max_reuse_distance: float = Field(
+        1e9, ge=0, description="Parameters reused within this many fetched parameters are not released."
+    )
+    offload_optimizer: OffloadOptimizerConfig = OffloadOptimizerConfig()
+    offload_param: OffloadParamConfig = OffloadParamConfig()
+    aio: AioConfig = AioConfig()
+
+
+class FsdpConfig(Section):
+    """PyTorch FSDP2 ``fully_shard`` per transformer block; hybrid_shard_size makes it HSDP."""
+
+    reshard_after_forward: bool = True
+    hybrid_shard_size: PositiveInt | None = Field(
+        None, description="Shard within groups of this many ranks and replicate across them (HSDP)."
+    )
+    backward_prefetch: bool = True
+
+
+class DdpConfig(Section):
+    """Data-parallel gradient reduction without sharding (PyTorch DDP, Megatron's DDP, ZeRO stage 0). Unset
+    knobs take the framework's behaviour (``simulator/frameworks/*.yaml``, ``ddp:``)."""
+
+    bucket_cap_mb: float | None = Field(
+        None, gt=0, description="Gradient bucket size. Default: the framework's (PyTorch DDP: 25 MB)."
+    )
+    overlap_grad_reduce: bool | None = Field(
+        None,
+        description="Reduce buckets during backward. Default: the framework's (PyTorch DDP: yes; Megatron-LM's "
+        "local DDP before Megatron-Core: one all-reduce after backward).",
+    )
+    overlap_param_gather: bool = Field(
+        False,
+        description="Megatron-Core: all-gather the distributed optimizer's weights under the next forward.",
+    )
+    grad_reduce_in_fp32: bool | None = Field(
+        None,
+        description="bf16 under Megatron's DDP: keep and reduce gradients in fp32 (Megatron-LM's default for bf16, "
+        "--accumulate-allreduce-grads-in-fp32; false = --grad-reduce-in-bf16). Default: the framework's.",
+    )
+
+
+class ParallelismConfig(Section):
+    tensor_parallel: PositiveInt = 1
+    pipeline_parallel: PositiveInt = 1
+    context_parallel: PositiveInt = 1
+    data_parallel: PositiveInt | None = Field(
+        None, description="Default: GPUs / (tensor x pipeline x context)."
+    )
+    sequence_parallel: bool = False
+    tp_comm_overlap: bool = Field(
+        False,
+        description="Megatron-Core --tp-comm-overlap: TP all-gathers / reduce-scatters run alongside GEMMs.",
+    )
+    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "pipedream-2bw", "zb-h1", "deepspeed"] = (
+        Field(
+            "1f1b",
+            description="Megatron's schedules, or 'deepspeed': DeepSpeed's PipelineEngine running TrainSchedule "
+            "(lock-step stages, blocking send/recv between steps), as Megatron-DeepSpeed with --deepspeed runs.",
+        )
+    )
+    virtual_pipeline_stages: PositiveInt = 1
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    zero: ZeroConfig = ZeroConfig()
+    fsdp: FsdpConfig | None = None
+    ddp: DdpConfig = DdpConfig()
+    collective_algorithm: Literal["auto", "ring", "tree", "hierarchical"] = "auto"
+    rank_order: str = Field(
+        "tp-cp-dp-pp",
+        pattern=r"^(tp|cp|dp|pp)-(tp|cp|dp|pp)-(tp|cp|dp|pp)-(tp|cp|dp|pp)$",
+        description="Parallel axes, innermost (adjacent GPUs) first, as Megatron-Core's order.",
+    )
+    first_pipeline_stage_layers: PositiveInt | None = Field(
+        None, description="Layers on the first stage (Megatron --decoder-first-pipeline-num-layers)."
+    )
+    last_pipeline_stage_layers: PositiveInt | None = Field(
+        None, description="Layers on the last stage (Megatron --decoder-last-pipeline-num-layers)."
+    )
