@@ -1,0 +1,214 @@
+"""``clustersim sweep`` and ``clustersim plan``: many simulations, a grid of scenarios or a search of layouts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+
+from simulator.errors import ScenarioError
+from simulator.report.console import err, fail, shown_warnings
+from simulator.report.output import check_output_dir, check_output_file
+from simulator.scenario.loader import load_scenario
+
+
+def sweep(
+    base: Annotated[Path, typer.Argument(help="Base scenario YAML, or a sweep YAML (base:, vary:, zip:).")],
+    vary: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--vary",
+            help="FIELD=v1,v2,...: a dotted scenario field and its values (repeat for more fields).",
+        ),
+    ] = None,
+    zipped: Annotated[
+        bool, typer.Option("--zip", help="Pair the values in order instead of taking every combination.")
+    ] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="Directory for points.jsonl and results.")] = None,
+    workers: Annotated[
+        int | None, typer.Option("--workers", min=1, help="Processes (default: one per core; 1 = inline).")
+    ] = None,
+    dask: Annotated[
+        str | None,
+        typer.Option(
+            "--dask", help="Run on Dask: 'local' (a LocalCluster) or a scheduler address tcp://host:8786."
+        ),
+    ] = None,
+    report: Annotated[Path | None, typer.Option(help="Write an HTML report of the sweep.")] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print {points, ran, skipped, failed, ...} as JSON.")
+    ] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+) -> None:
+    """Simulate a base scenario over a grid of field values; resumable (finished points are skipped)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from simulator.study import sweep as sw
+
+    try:
+        with shown_warnings():
+            if vary:
+                base_data, base_dir = sw.load_base(base)
+                parsed = [sw.parse_vary(v) for v in vary]
+                plan = sw.Sweep(
+                    base_data, base_dir, tuple(f for f, _ in parsed), tuple(v for _, v in parsed), zipped
+                )
+                options: dict = {}
+            else:
+                plan, options = sw.load_sweep_file(base)
+                if zipped:
+                    plan = sw.Sweep(plan.base, plan.base_dir, plan.fields, plan.values, True)
+    except ScenarioError as e:
+        fail(str(e))
+    plan, dropped = sw.derived_data_parallel(plan)
+    if dropped and not json_out:
+        print(
+            "note: data_parallel is derived from the GPU count at each point (vary it to fix it)",
+            file=sys.stderr,
+        )
+    out = out or (Path(options["out"]) if "out" in options else None)
+    if out is None:
+        fail("sweep: give --out DIR (where points.jsonl and the results go)")
+    report = report or (Path(options["report"]) if "report" in options else None)
+    try:
+        check_output_dir(out, "--out")
+        if report is not None:
+            check_output_file(report, "--report")
+    except ScenarioError as e:
+        fail(str(e))
+    show = not quiet and not json_out and sys.stderr.isatty()
+    columns = (
+        TextColumn("simulating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=err, transient=True, disable=not show) as bar:
+        task = bar.add_task("points", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        try:
+            with shown_warnings():
+                outcome, rows = sw.run_sweep(plan, out, workers=workers, dask=dask, progress=progress)
+        except ScenarioError as e:
+            fail(str(e))
+    if report is not None:
+        from simulator.study.report import write_sweep_report
+
+        write_sweep_report(rows, list(plan.fields), report, f"Sweep of {plan.base.get('name', base.stem)}")
+    if json_out:
+        print(json.dumps(outcome.to_dict(), indent=2))
+    else:
+        c = Console(soft_wrap=True)
+        c.print(
+            f"{outcome.points} points: {outcome.ran} simulated, {outcome.skipped} already done, "
+            f"{outcome.failed} invalid, {outcome.oom} out of memory"
+            + (
+                " (interrupted: every finished point is saved; run again to resume)"
+                if outcome.interrupted
+                else ""
+            )
+        )
+        c.print("results: " + ", ".join(outcome.files) + (f"; report: {report}" if report else ""))
+    if outcome.interrupted:
+        raise typer.Exit(130)
+
+
+def plan(
+    model: Annotated[str, typer.Option("--model", help="A preset name or a Hugging Face config.json.")],
+    gpus: Annotated[int, typer.Option("--gpus", min=1, help="GPUs to lay the job out on.")],
+    topology: Annotated[str, typer.Option("--topology", help="A shipped topology name or a YAML file.")],
+    global_batch_size: Annotated[int, typer.Option("--global-batch-size", min=1, help="Sequences per step.")],
+    seq: Annotated[
+        int | None, typer.Option("--seq", min=1, help="Sequence length (default: the model's).")
+    ] = None,
+    precision: Annotated[str, typer.Option("--precision", help="bf16, fp16 or fp32.")] = "bf16",
+    attention: Annotated[
+        str, typer.Option("--attention", help="flash (default: every current stack has it) or standard.")
+    ] = "flash",
+    framework: Annotated[
+        str, typer.Option("--framework", help="Framework profile (default: auto).")
+    ] = "auto",
+    top: Annotated[int, typer.Option("--top", min=1, help="How many to confirm by simulation.")] = 10,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
+) -> None:
+    """Search parallel layouts (TP, PP, CP, DP, virtual stages, micro-batch, ZeRO / FSDP, recompute) for a
+    model on N GPUs: screen every one with a fast estimate, confirm the best by simulation."""
+    from simulator.hardware.topology import load_topology
+    from simulator.study.plan import plan as run_plan
+
+    model_section: dict = {"hf_config": model} if model.endswith(".json") else {"preset": model}
+    model_section["attention"] = attention
+    if seq:
+        model_section["seq_length"] = seq
+    data = {
+        "name": f"plan-{Path(model).stem}",
+        "framework": framework,
+        "model": model_section,
+        "cluster": {"topology": topology, "num_nodes": 1},
+        "training": {"global_batch_size": global_batch_size, "micro_batch_size": 1, "precision": precision},
+        "parallelism": {"data_parallel": 1},
+    }
+    try:
+        with shown_warnings():
+            gpn = load_topology(topology).node.gpus
+            nodes = max(1, gpus // gpn)
+            if gpus > gpn and gpus % gpn:
+                fail(f"--gpus ({gpus}) is not a whole number of {gpn}-GPU nodes of {topology}")
+            data["cluster"]["num_nodes"] = nodes
+            # a valid stand-in layout (every GPU data-parallel, one sequence each); the search replaces it
+            n = gpus if gpus >= gpn else gpn
+            data["parallelism"] = {}
+            data["training"] = {**data["training"], "global_batch_size": n}
+            base = load_scenario(data)
+            show = not quiet and not json_out and sys.stderr.isatty()
+            with err.status("screening layouts...") if show else nullcontext():
+                result = run_plan(base, n, top=top, batch=global_batch_size)
+    except ScenarioError as e:
+        fail(str(e))
+    if json_out:
+        print(json.dumps(result, indent=2, default=str))
+        return
+    from rich.table import Table
+
+    c = Console(soft_wrap=True)
+    c.print(
+        f"screened {result['screened']:,} layouts ({result['screened_per_s']:,.0f}/s), "
+        f"{result['fit_in_memory']:,} fit in memory by the estimate; the best {result['confirmed']} simulated:"
+    )
+    t = Table()
+    for col in ("#", "layout", "estimate s", "simulated s", "MFU", "memory GiB", "bubble", "exposed comm s"):
+        t.add_column(col, justify="left" if col == "layout" else "right", no_wrap=col == "layout")
+    for i, r in enumerate(result["top"], 1):
+        if r["status"] != "ok":
+            t.add_row(str(i), r["layout"], f"{r['estimate_s']:.3f}", r["status"], "", "", "", "")
+            continue
+        t.add_row(
+            str(i),
+            r["layout"],
+            f"{r['estimate_s']:.3f}",
+            f"{r['iteration_time_s']:.3f}",
+            f"{r['mfu']:.1%}",
+            f"{r['memory_gib']:.1f}",
+            f"{r['bubble_fraction']:.1%}",
+            f"{r['exposed_comm_s']:.3f}",
+        )
+    c.print(t)
+    c.print(result["why"])

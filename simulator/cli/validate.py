@@ -1,0 +1,134 @@
+"""``clustersim validate``: predict published measured runs and print the error, case by case and per source."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from simulator.cli.common import KERNELS_HELP
+from simulator.errors import ScenarioError
+from simulator.report.console import err, fail
+from simulator.tables.select import check_choice
+from simulator.validation.runner import CaseResult
+
+
+def validate(
+    cases: Annotated[
+        Path | None, typer.Option(help="Cases file (default: the built-in published runs).")
+    ] = None,
+    filter_text: Annotated[
+        str | None, typer.Option("--filter", help="Only cases whose id contains TEXT.")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    check: Annotated[bool, typer.Option(help="Exit 1 when the summary misses the CI gate.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    kernels: Annotated[str | None, typer.Option("--kernels", help=KERNELS_HELP)] = None,
+) -> None:
+    """Predict published measured runs and report the error, case by case and per source. Exits 1 when a case
+    fails to simulate or is simulated out of memory (or, with --check, when the summary misses the CI gate)."""
+    from simulator.validation import runner
+
+    try:
+        kernels = check_choice(kernels, "--kernels") if kernels is not None else None
+        selected = [
+            c
+            for c in runner.load_cases(cases)
+            if not filter_text or filter_text.lower() in str(c.get("id", "")).lower()
+        ]
+    except ScenarioError as e:
+        fail(str(e))
+    if not selected:
+        fail(f"--filter: no case id contains '{filter_text}'")
+    show = not quiet and not json_out and sys.stderr.isatty()
+    with Progress(console=err, transient=True, disable=not show) as bar:
+        task = bar.add_task("validating", total=len(selected))
+        results = runner.run_cases(
+            selected, lambda case_id: bar.update(task, advance=1, description=case_id), kernels=kernels
+        )
+    summary = runner.summarize(results)
+    if json_out:
+        print(
+            json.dumps(
+                {
+                    "cases": [
+                        {
+                            k: r.to_dict()[k]
+                            for k in ("id", "metric", "published", "predicted", "error_pct", "status")
+                        }
+                        for r in results
+                    ],
+                    "summary": {
+                        k: summary[k]
+                        for k in ("n", "median_abs_error_pct", "mean_abs_error_pct", "max_abs_error_pct")
+                    },
+                    "by_source": runner.summarize_by_source(results),
+                },
+                indent=2,
+            )
+        )
+    else:
+        print_validation(results, runner.summarize_by_source(results), summary)
+        print(runner.summary_line(summary))
+    if check and (missed := runner.gate_failures(summary)):
+        err.print("[bold red]validation gate missed:[/bold red] " + "; ".join(missed))
+        raise typer.Exit(1)
+    if summary["failed"] or summary["oom"]:  # a prediction that could not be made is not a pass
+        raise typer.Exit(1)
+
+
+UNITS = {
+    "iteration_time_s": "s/iter",
+    "tokens_per_s_per_gpu": "tokens/s/GPU",
+    "model_tflops_per_gpu": "TFLOP/s/GPU",
+}
+
+
+def _err(e: float | None) -> str:
+    if e is None:
+        return "-"
+    colour = "green" if abs(e) <= 5 else "yellow" if abs(e) <= 15 else "red"
+    return f"[{colour}]{e:+.1f}%[/{colour}]"
+
+
+def print_validation(
+    results: list[CaseResult], by_source: dict, overall: dict, console: Console | None = None
+) -> None:
+    console = console or Console()
+    cases = Table(title="Predicted vs published", header_style="bold")
+    for col, just in (
+        ("case", "left"),
+        ("metric", "left"),
+        ("published", "right"),
+        ("predicted", "right"),
+        ("error", "right"),
+        ("status", "left"),
+    ):
+        cases.add_column(col, justify=just)
+    for r in results:
+        predicted = f"{r.predicted:,.4g}" if r.predicted is not None else "-"
+        status = r.status if r.status == "ok" else f"[red]{r.status}[/red] {r.message[:70]}"
+        cases.add_row(r.id, UNITS[r.metric], f"{r.published:,.4g}", predicted, _err(r.error_pct), status)
+    console.print(cases)
+    summary = Table(title="Absolute error by source", header_style="bold")
+    for col in ("source", "cases", "median", "mean", "max", "failed"):
+        summary.add_column(col, justify="left" if col == "source" else "right")
+    for name, s in [*by_source.items(), ("all", overall)]:
+        if not s["n"]:
+            summary.add_row(name, "0", "-", "-", "-", str(s["failed"]))
+            continue
+        summary.add_row(
+            name,
+            str(s["n"]),
+            f"{s['median_abs_error_pct']:.1f}%",
+            f"{s['mean_abs_error_pct']:.1f}%",
+            f"{s['max_abs_error_pct']:.1f}%",
+            str(s["failed"]),
+        )
+    console.print(summary)
