@@ -8,7 +8,8 @@ from typer.testing import CliRunner
 
 from simulator import load_scenario
 from simulator.cli import app
-from simulator.study.plan import Layout, candidates, plan
+from simulator.study.layouts import Layout, candidates
+from simulator.study.plan import plan
 
 MODEL = {
     "num_layers": 8,
@@ -144,7 +145,7 @@ def test_stored_calculon_searches_load_as_scenarios_with_their_degrees():
 def _screen(nodes: int):
     from simulator.hardware.cluster import Cluster
     from simulator.hardware.topology import cluster_spec
-    from simulator.study.plan import Screen
+    from simulator.study.screen import Screen
 
     b = base(batch=nodes * 8 * 2, nodes=nodes)
     cluster = Cluster(cluster_spec(b), nodes)

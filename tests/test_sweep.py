@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from simulator.cli import app
 from simulator.errors import ScenarioError
+from simulator.study import grid as sweep_grid
 from simulator.study import sweep as sw
 
 BASE = {"name": "tiny", **copy.deepcopy(TINY), "framework": "ideal"}
@@ -24,18 +25,18 @@ def base_file(tmp_path) -> Path:
     return path
 
 
-def grid(**vary) -> sw.Sweep:
-    return sw.Sweep(BASE, None, tuple(vary), tuple(tuple(v) for v in vary.values()))
+def grid(**vary) -> sweep_grid.Sweep:
+    return sweep_grid.Sweep(BASE, None, tuple(vary), tuple(tuple(v) for v in vary.values()))
 
 
 def test_cartesian_and_zipped_grids():
     g = grid(**{"training.micro_batch_size": [1, 2], "cluster.num_nodes": [1, 2, 4]})
     assert g.size == 6 and len(list(g.assignments())) == 6
     a, b = "training.micro_batch_size", "cluster.num_nodes"
-    z = sw.Sweep(BASE, None, (a, b), ((1, 2), (3, 4)), zipped=True)
+    z = sweep_grid.Sweep(BASE, None, (a, b), ((1, 2), (3, 4)), zipped=True)
     assert list(z.assignments()) == [{a: 1, b: 3}, {a: 2, b: 4}]
     with pytest.raises(ScenarioError, match="as many"):
-        sw.Sweep(BASE, None, (a, b), ((1, 2), (3,)), zipped=True)
+        sweep_grid.Sweep(BASE, None, (a, b), ((1, 2), (3,)), zipped=True)
 
 
 def test_a_varied_field_must_be_a_scenario_field():
@@ -62,22 +63,25 @@ def test_a_varied_field_must_be_a_scenario_field():
     seen = 0
     for f in shipped.rglob("*.yaml"):
         for path in paths(yaml.safe_load(f.read_text()) or {}):
-            sw.check_field(".".join(path))
+            sweep_grid.check_field(".".join(path))
             seen += 1
     assert seen > 500
 
 
 def test_vary_values_are_read_as_yaml_and_bad_specs_name_the_problem():
-    assert sw.parse_vary("parallelism.tensor_parallel=1,2, 4") == ("parallelism.tensor_parallel", (1, 2, 4))
-    assert sw.parse_vary("cluster.topology=dgx-a100,dgx-h100")[1] == ("dgx-a100", "dgx-h100")
-    assert sw.parse_vary("training.cuda_graphs=true,false")[1] == (True, False)
+    assert sweep_grid.parse_vary("parallelism.tensor_parallel=1,2, 4") == (
+        "parallelism.tensor_parallel",
+        (1, 2, 4),
+    )
+    assert sweep_grid.parse_vary("cluster.topology=dgx-a100,dgx-h100")[1] == ("dgx-a100", "dgx-h100")
+    assert sweep_grid.parse_vary("training.cuda_graphs=true,false")[1] == (True, False)
     for bad in ("tensor_parallel", "=1,2", "a..b=1", "x.y="):
         with pytest.raises(ScenarioError, match="--vary"):
-            sw.parse_vary(bad)
+            sweep_grid.parse_vary(bad)
 
 
 def test_a_model_name_means_a_preset_and_the_same_scenario_has_the_same_key():
-    assert sw.assign(BASE, {"model": "gpt3-1.3b"})["model"] == {"preset": "gpt3-1.3b"}
+    assert sweep_grid.assign(BASE, {"model": "gpt3-1.3b"})["model"] == {"preset": "gpt3-1.3b"}
     (same,) = sw.resolve(grid(**{"training.micro_batch_size": [2]}))
     (other,) = sw.resolve(grid(**{"training.global_batch_size": [16]}))  # the base's own value, spelled out
     assert same.key == other.key
@@ -85,7 +89,7 @@ def test_a_model_name_means_a_preset_and_the_same_scenario_has_the_same_key():
 
 def test_a_rerun_simulates_nothing_and_invalid_points_are_rows_with_their_reason(tmp_path):
     g = grid(**{"parallelism.tensor_parallel": [1, 3], "training.micro_batch_size": [1, 2]})
-    g, dropped = sw.derived_data_parallel(g)
+    g, dropped = sweep_grid.derived_data_parallel(g)
     assert dropped  # tensor_parallel is varied: data_parallel is derived at each point
     first, rows = sw.run_sweep(g, tmp_path, workers=1)
     assert (first.points, first.ran, first.skipped, first.failed) == (4, 4, 0, 2)

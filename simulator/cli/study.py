@@ -55,24 +55,25 @@ def sweep(
         TimeRemainingColumn,
     )
 
+    from simulator.study import grid
     from simulator.study import sweep as sw
 
     try:
         with shown_warnings():
             if vary:
-                base_data, base_dir = sw.load_base(base)
-                parsed = [sw.parse_vary(v) for v in vary]
-                plan = sw.Sweep(
+                base_data, base_dir = grid.load_base(base)
+                parsed = [grid.parse_vary(v) for v in vary]
+                plan = grid.Sweep(
                     base_data, base_dir, tuple(f for f, _ in parsed), tuple(v for _, v in parsed), zipped
                 )
                 options: dict = {}
             else:
-                plan, options = sw.load_sweep_file(base)
+                plan, options = grid.load_sweep_file(base)
                 if zipped:
-                    plan = sw.Sweep(plan.base, plan.base_dir, plan.fields, plan.values, True)
+                    plan = grid.Sweep(plan.base, plan.base_dir, plan.fields, plan.values, True)
     except ScenarioError as e:
         fail(str(e))
-    plan, dropped = sw.derived_data_parallel(plan)
+    plan, dropped = grid.derived_data_parallel(plan)
     if dropped and not json_out:
         print(
             "note: data_parallel is derived from the GPU count at each point (vary it to fix it)",

@@ -1,0 +1,101 @@
+"""The layouts a plan searches: every way to lay a model out on N GPUs that divides (tensor, context, pipeline
+and data parallel sizes, virtual stages, micro-batch size, weight / gradient sharding, activation recompute)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from simulator.scenario.schema import Scenario
+
+SHARDINGS = ("ddp", "zero1", "zero2", "zero3", "fsdp")
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    v: int
+    mbs: int
+    sharding: str
+    recompute: str
+
+    def parallelism(self) -> dict:
+        par: dict[str, Any] = {
+            "tensor_parallel": self.tp,
+            "pipeline_parallel": self.pp,
+            "context_parallel": self.cp,
+            "data_parallel": self.dp,
+        }
+        if self.v > 1:
+            par.update(pipeline_schedule="interleaved-1f1b", virtual_pipeline_stages=self.v)
+        if self.sharding == "fsdp":
+            par["fsdp"] = {}
+        elif self.sharding != "ddp":
+            par["zero_stage"] = int(self.sharding[-1])
+        return par
+
+    def label(self) -> str:
+        parts = [f"TP{self.tp}", f"PP{self.pp}" + (f"x{self.v}" if self.v > 1 else ""), f"DP{self.dp}"]
+        if self.cp > 1:
+            parts.insert(2, f"CP{self.cp}")
+        return " ".join(parts) + f" mbs{self.mbs} {self.sharding} rc:{self.recompute}"
+
+
+def divisors(n: int, limit: int | None = None) -> list[int]:
+    return [d for d in range(1, (limit or n) + 1) if n % d == 0]
+
+
+def candidates(
+    base: Scenario, gpus: int, gpn: int, options: dict | None = None, batch: int | None = None
+) -> list[Layout]:
+    """Every layout that divides: TP within a node and dividing heads / query groups / FFN, PP dividing the
+    layers, CP (FlashAttention only) leaving at least 2,048 tokens per rank, micro-batches dividing the
+    batch, interleaving only where the microbatches are a multiple of PP, ZeRO-2/3 and FSDP only without PP."""
+    o = options or {}
+    m, batch = base.model, batch or base.training.global_batch_size
+    tps = [
+        t
+        for t in divisors(gpn)
+        if m.num_attention_heads % t == 0 and m.query_groups % t == 0 and m.ffn_size % t == 0
+    ]
+    cps = [1] + (
+        [c for c in (2, 4, 8, 16) if m.seq_length // c >= 2048 and m.seq_length % (2 * c) == 0]
+        if m.attention == "flash"
+        else []
+    )
+    pps = [p for p in divisors(m.num_layers, min(m.num_layers, o.get("max_pp", 64)))]
+    mbss = [b for b in o.get("micro_batch_sizes", (1, 2, 4, 8, 16))]
+    shardings = o.get("shardings", SHARDINGS)
+    # selective recompute re-runs the attention scores that FlashAttention never stores: the same as none
+    recomputes = o.get(
+        "recompute", tuple(r for r in RECOMPUTE if not (r == "selective" and m.attention == "flash"))
+    )
+    out = []
+    for tp in o.get("tp", tps):
+        for cp in o.get("cp", cps):
+            for pp in o.get("pp", pps):
+                if gpus % (tp * cp * pp):
+                    continue
+                dp = gpus // (tp * cp * pp)
+                for mbs in mbss:
+                    if batch % (mbs * dp):
+                        continue
+                    gas = batch // (mbs * dp)
+                    vs = [1] + [
+                        v
+                        for v in o.get("virtual", (2, 4))
+                        if pp > 1 and m.num_layers % (pp * v) == 0 and gas % pp == 0
+                    ]
+                    for v in vs:
+                        for sh in shardings:
+                            if pp > 1 and sh not in ("ddp", "zero1"):
+                                continue
+                            if dp == 1 and sh != "ddp":
+                                continue
+                            for rc in recomputes:
+                                out.append(Layout(tp, pp, cp, dp, v, mbs, sh, rc))
+    return out

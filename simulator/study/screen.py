@@ -1,0 +1,252 @@
+"""The planner's closed-form estimate of one layout (:class:`Screen`).
+
+It takes each layer's forward and backward time from the same kernel and collective costs the engine uses
+(``build_workload`` + ``task_cost``, cached per shape), the pipeline as (m + (p - 1)/v) steps of its slowest
+stage, data-parallel reductions as NCCL rings at the links' bandwidth (the simulator's protocol latencies)
+exposed where the framework does not overlap them, FSDP's per-unit calls and DeepSpeed ZeRO-3's per-module calls
+(the simulation's own replay of its coordinator) hidden under the compute of their pass up to what their count
+and size cost, and memory from the same model-state and activation formulas. It ranks; the discrete-event
+simulation of the best ``k`` decides.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from simulator.costs.collectives import CollectiveModel
+from simulator.costs.compute import ComputeModel
+from simulator.costs.dispatch import task_cost
+from simulator.costs.nccl import fastest, protocol_costs
+from simulator.costs.tables import table_lookups
+from simulator.frameworks import get_framework
+from simulator.hardware.cluster import Cluster
+from simulator.hardware.placement import Placement
+from simulator.scenario.loader import load_scenario
+from simulator.scenario.schema import Scenario
+from simulator.strategy.state_bytes import grad_bytes, weight_bytes
+from simulator.strategy.zero import fetch_schedule
+from simulator.study.layouts import Layout
+from simulator.tables.select import resolve_table
+from simulator.workload.memory import activation_bytes_per_layer, head_activation_bytes, state_bytes_per_param
+from simulator.workload.transformer import build_workload
+
+MEMORY_HEADROOM = 0.9  # screen out what needs more than 90% of the GPU (allocator, context, NCCL buffers)
+
+
+@dataclass
+class Estimate:
+    layout: Layout
+    iteration_s: float
+    memory_gib: float
+    compute_s: float
+    bubble_s: float
+    comm_s: float
+    fits: bool
+
+
+class Screen:
+    """The closed-form estimate of one layout, from the simulator's cached costs."""
+
+    def __init__(self, base: Scenario, cluster: Cluster, batch: int | None = None, gpus: int | None = None):
+        self.base = base
+        self.batch = batch or base.training.global_batch_size
+        self.cluster = cluster
+        self.framework = get_framework(base.framework)
+        # the kernel and collective tables the simulation would use (api.simulate)
+        self.kernels, self.measured_comm, _ = table_lookups(
+            resolve_table(base.kernels, cluster.gpu.name), cluster
+        )
+        # every layout uses all ``gpus``: its kernels run at the slowest one's pace (api.simulate)
+        self.compute = ComputeModel(
+            cluster.gpu,
+            base.training.precision,
+            self.framework,
+            self.kernels,
+            gpus or cluster.num_gpus,
+            base.cluster.gpu_speed_sd,
+        )
+        self._blocks: dict[tuple, tuple] = {}
+        self._tp_comm: dict[tuple, CollectiveModel] = {}
+        self._calls: dict[tuple, tuple[float, float]] = {}
+        spec = cluster.spec.node
+        gpu = cluster.gpu
+        self.nvlink = (spec.nvlink_bandwidth_GBps or gpu.nvlink_bandwidth_GBps) * 1e9
+        if spec.intra_node != "nvswitch":
+            self.nvlink = (spec.pcie_bandwidth_GBps or gpu.pcie_bandwidth_GBps) * 1e9
+        self.nic_per_gpu = spec.nics * spec.nic_bandwidth_gbps / 8 * 1e9 / spec.gpus
+        self.gpn = spec.gpus
+        self.intra = "nvlink" if spec.intra_node == "nvswitch" else "pcie"
+        self.tuning = cluster.spec.nccl.model_dump()
+        self.capacity = cluster.gpu.hbm_bytes
+
+    def scenario(self, lay: Layout) -> Scenario:
+        data = self.base.model_dump(mode="json", exclude_none=True)
+        data["parallelism"] = {
+            **{k: v for k, v in data["parallelism"].items() if k in ("rank_order",)},
+            **lay.parallelism(),
+        }
+        data["training"] = {
+            **data["training"],
+            "global_batch_size": self.batch,
+            "micro_batch_size": lay.mbs,
+            "activation_recompute": lay.recompute,
+        }
+        data["name"] = lay.label()
+        return load_scenario(data)
+
+    def _block_times(self, lay: Layout):
+        """(embedding f+b, layer f, layer b, layer recompute, head f+b) for this layout's shapes, cached."""
+        key = (lay.tp, lay.cp, lay.mbs, lay.recompute)
+        if key not in self._blocks:
+            s = self.scenario(lay)
+            w = build_workload(s, self.framework)
+            comm = self._tp_comm.get((lay.tp, lay.cp))
+            if comm is None:
+                one = Cluster(self.cluster.spec, max(1, math.ceil(lay.tp * lay.cp / self.gpn)))
+                measured = table_lookups(resolve_table(self.base.kernels, one.gpu.name), one)[1]
+                comm = CollectiveModel(one, Placement(lay.tp, lay.cp, 1, 1), "auto", measured)
+                self._tp_comm[(lay.tp, lay.cp)] = comm
+
+            def t(ops) -> float:
+                return task_cost(
+                    ops,
+                    self.compute,
+                    lambda op: comm.standalone_time_s(op.collective, op.group, op.bytes),
+                    self.framework.host,
+                    s.training.cuda_graphs,
+                )[0]
+
+            rc = (
+                w.layer.recompute_full
+                if lay.recompute == "full"
+                else (w.layer.recompute_selective if lay.recompute == "selective" else ())
+            )
+            self._blocks[key] = (
+                t(w.embedding.forward) + t(w.embedding.backward),
+                t(w.layer.forward),
+                t(w.layer.backward),
+                t(rc) if rc else 0.0,
+                t(w.head.forward) + t(w.head.backward),
+                w,
+                s,
+            )
+        return self._blocks[key]
+
+    def ring_s(self, op: str, n: int, per_node: int, nbytes: float) -> float:
+        """An NCCL ring over ``n`` ranks, ``per_node`` of them in each node, at the links' bandwidth, with the
+        simulator's protocol latencies (``costs/nccl.py``)."""
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        nodes = max(1, n // max(per_node, 1))
+        steps = 2 * (n - 1) if op == "all_reduce" else n - 1
+        volume = (2 if op == "all_reduce" else 1) * (n - 1) / n * nbytes
+        bw = self.nvlink if nodes == 1 else min(self.nvlink, per_node * self.nic_per_gpu)
+        inter = 0 if nodes == 1 else (2 * nodes if op == "all_reduce" else nodes - 1)
+        costs = protocol_costs(
+            "ring", steps - min(inter, steps), min(inter, steps), self.intra, self.tuning, bw
+        )
+        p = fastest(costs, volume / bw)
+        return p.latency_s + volume / bw / p.bandwidth_factor
+
+    def estimate(self, lay: Layout) -> Estimate:
+        emb, f, b, rc, head, w, s = self._block_times(lay)
+        m = self.base.model
+        gas = self.batch // (lay.mbs * lay.dp)
+        layers = m.num_layers // lay.pp
+        per_layer = f + b + rc
+        first, last = layers * per_layer + emb, layers * per_layer + head
+        if lay.pp == 1:
+            first = last = layers * per_layer + emb + head
+        step = max(first, last)
+        compute = gas * (layers * per_layer + (emb + head) / lay.pp)
+        bubble = (lay.pp - 1) / lay.v * step if lay.pp > 1 else 0.0
+        pipeline = gas * step + bubble
+        # data-parallel traffic per GPU: where the dp group's ranks sit (rank order tp-cp-dp-pp)
+        w_b, g_b, k_b = state_bytes_per_param(self.base.training.precision, self.base.training.optimizer)
+        # parameters of one GPU's (first or last) stage
+        if lay.pp == 1:
+            psi = w.params_per_rank
+        else:
+            psi = layers * w.layer.params + max(w.embedding.params, w.head.params)
+        inner = lay.tp * lay.cp
+        per_node = max(1, min(lay.dp, self.gpn // inner)) if inner < self.gpn else 1
+        n = lay.dp * lay.cp if lay.cp > 1 else lay.dp
+        grads = psi * g_b
+        if lay.sharding == "ddp":
+            comm = self.ring_s("all_reduce", n, per_node, grads)
+            overlapped = self.framework.ddp.overlap_grad_reduce and lay.pp == 1
+            exposed = max(0.0, comm - (b * layers if overlapped else 0.0))
+        elif lay.sharding in ("zero1", "zero2"):
+            per = (
+                self.ring_s("all_reduce", n, per_node, grads)
+                if self.framework.zero == "deepspeed"
+                else self.ring_s("reduce_scatter", n, per_node, grads)
+            )
+            gather = self.ring_s("all_gather", n, per_node, psi * w_b)
+            exposed = per * (gas if lay.sharding == "zero2" else 1) + gather
+        elif lay.sharding == "zero3":
+            # DeepSpeed's coordinator, call by call (the simulation's own replay, strategy/zero3_fetch.py): at
+            # large data-parallel degree each call pays the ring's latency, n - 1 steps, so the number of calls
+            # (one per module and prefetch, re-gathers in backward and recomputation, one per gradient bucket)
+            # matters as much as the bytes. Forward's calls hide only under forward's compute; backward's
+            # gathers and reduce-scatters, in turn (the host waits for the reduction three buckets back), under
+            # backward's and the recomputation's
+            fwd, bwd = self._zero3_calls_s(s, w, n, per_node)
+            exposed = gas * (max(0.0, fwd - layers * f) + max(0.0, bwd - layers * (b + rc)))
+        else:  # fsdp: each unit (layer, embedding, output layer) gathered in forward and again in backward (its
+            # recomputation inside), its gradients reduce-scattered: one call each, each paying the ring's latency
+            units = ((w.layer.params, layers), (w.embedding.params, 1), (w.head.params, 1))
+            ag = sum(k * self.ring_s("all_gather", n, per_node, q * w_b) for q, k in units)
+            rs = sum(k * self.ring_s("reduce_scatter", n, per_node, q * g_b) for q, k in units)
+            exposed = gas * (max(0.0, ag - layers * f) + max(0.0, max(ag, rs) - layers * (b + rc)))
+        opt_states = psi / (lay.dp if lay.sharding != "ddp" else 1)
+        optimizer = opt_states * 30 / (self.cluster.gpu.hbm_bytes_per_s * 0.8)
+        iteration = pipeline + exposed + optimizer
+        memory = self.memory(lay, psi, s)
+        return Estimate(
+            lay,
+            iteration,
+            memory / 2**30,
+            compute,
+            bubble,
+            exposed,
+            memory <= MEMORY_HEADROOM * self.capacity,
+        )
+
+    def _zero3_calls_s(self, s: Scenario, w, n: int, per_node: int) -> tuple[float, float]:
+        """(forward, backward) seconds of DeepSpeed ZeRO-3's all-gather and reduce-scatter calls for one
+        microbatch, each a ring over the ``n`` data-parallel ranks (cached per call size)."""
+        fs = fetch_schedule(s, w)
+        w_b, g_b = weight_bytes(s), grad_bytes(s, self.framework)
+        key = (id(fs), n, per_node, w_b, g_b)  # schedule_for caches fs for the process: its id names it
+        if key not in self._calls:
+            sizes = Counter(("all_gather", g.block[1], g.numel * w_b) for g in fs.gathers)
+            sizes.update(("reduce_scatter", "backward", r.numel * g_b) for r in fs.reduces)
+            self._calls[key] = tuple(
+                sum(
+                    k * self.ring_s(op, n, per_node, b)
+                    for (op, phase, b), k in sizes.items()
+                    if phase == want
+                )
+                for want in ("forward", "backward")
+            )
+        return self._calls[key]
+
+    def memory(self, lay: Layout, psi: float, s: Scenario) -> float:
+        w_b, _, k_b = state_bytes_per_param(self.base.training.precision, self.base.training.optimizer)
+        g_b = grad_bytes(s, self.framework)  # as the simulation keeps them (Megatron's fp32 main grads)
+        n = lay.dp
+        stage = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}[lay.sharding]
+        states = (
+            w_b * psi / (n if stage >= 3 else 1)
+            + g_b * psi / (n if stage >= 2 else 1)
+            + k_b * psi / (n if stage >= 1 else 1)
+        )
+        layers = self.base.model.num_layers // lay.pp
+        in_flight = lay.pp if lay.pp > 1 else 1
+        act = activation_bytes_per_layer(s) * layers * in_flight + head_activation_bytes(s)
+        if lay.recompute == "full":
+            act += activation_bytes_per_layer(s, recompute="none")
+        return states + act
