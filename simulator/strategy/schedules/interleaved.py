@@ -2,7 +2,7 @@
 interleaving``): each stage holds v model chunks; microbatches go through the chunks in groups of p, so the
 bubble shrinks to (p-1)/(v m + p - 1). Needs m to be a multiple of p."""
 
-from simulator.strategy.schedules import Step
+from simulator.strategy.schedules.step import Step
 
 
 def schedule(p: int, m: int, v: int, stage: int) -> list[Step]:

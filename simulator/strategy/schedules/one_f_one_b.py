@@ -2,7 +2,7 @@
 interleaving`` and DeepSpeed's pipeline engine): p - stage - 1 warm-up forwards, then one forward and one backward
 alternately, then the remaining backwards. At most p - stage microbatches are in flight on a stage."""
 
-from simulator.strategy.schedules import Step
+from simulator.strategy.schedules.step import Step
 
 
 def schedule(p: int, m: int, v: int, stage: int) -> list[Step]:

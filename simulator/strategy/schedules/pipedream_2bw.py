@@ -7,8 +7,8 @@ optimizer step ("O", batch) after the stage's m-th, 2m-th, ... backward; the str
 the steady-state period between two of stage 0's steps.
 """
 
-from simulator.strategy.schedules import Step
 from simulator.strategy.schedules.one_f_one_b import schedule as one_f_one_b
+from simulator.strategy.schedules.step import Step
 
 BATCHES = 3
 

@@ -9,7 +9,7 @@ peak memory is 1F1B's), else a pending W, so W steps fill what would be bubbles 
 
 from functools import cache
 
-from simulator.strategy.schedules import Step
+from simulator.strategy.schedules.step import Step
 
 
 def schedule(p: int, m: int, v: int, stage: int) -> list[Step]:
