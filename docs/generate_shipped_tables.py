@@ -1,4 +1,4 @@
-"""Build the shipped calibration tables (simulator/calibration/tables/) from Vidur's public profiling data.
+"""Build the shipped calibration tables (simulator/tables/shipped/) from Vidur's public profiling data.
 
     python docs/generate_shipped_tables.py --vidur PATH_TO_A_CHECKOUT_OF_microsoft/vidur
 

@@ -60,7 +60,7 @@ def shape_roofline_s(
     gpu: GPU, op: str, direction: str, dtype: str, m: int, n: int, k: int, batch: int
 ) -> float:
     """The roofline of a shaped kernel (GEMM, batched GEMM, FlashAttention) from its shape alone, without any
-    framework factor: the reference that measured rows are interpolated relative to (costs/lookup.py)."""
+    framework factor: the reference that measured rows are interpolated relative to (tables/lookup.py)."""
     peak = gpu.peak_tflops.get(dtype, max(gpu.peak_tflops.values())) * 1e12
     flops = work(op, direction, m, n, k, batch)
     if op == "flash_attention":

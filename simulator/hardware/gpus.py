@@ -33,7 +33,7 @@ class GemmProfile(BaseModel):
 
 class KernelBandwidth(BaseModel):
     """Achieved HBM bandwidth of one memory-bound kernel kind, as a fraction of the HBM peak, for the bytes the
-    workload counts for it (simulator/workload/transformer.py)."""
+    workload counts for it (simulator/workload/)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     forward: float

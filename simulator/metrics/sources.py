@@ -1,5 +1,5 @@
 """Where the iteration's costs came from: the share of compute and of communication time that is measured,
-interpolated or modelled (calibration tables, ``simulator/costs/lookup.py``), and the largest modelled ops,
+interpolated or modelled (calibration tables, ``simulator/tables/lookup.py``), and the largest modelled ops,
 so a user knows what to measure next."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 SHIPPED_DIR = Path(__file__).parent / "shipped"
 
-# The kernel vocabulary (what the workload's ops call themselves, simulator/workload/transformer.py)
+# The kernel vocabulary (what the workload's ops call themselves, simulator/workload/)
 KERNEL_OPS = {
     "gemm": "C[m,n] = A[m,k] B[k,n]",
     "batched_gemm": "batch x (m x k) @ (k x n), e.g. unfused attention QK^T and PV",

@@ -26,7 +26,7 @@ class Op:
     collective: str = ""  # collective ops: all_reduce, all_gather, reduce_scatter, send_recv
     group: str = ""  # collective ops: the group kind (tp, pp, ...)
     overlaps: str = ""  # collective ops: "previous" / "next" = runs alongside that neighbouring kernel
-    # what a calibration table calls this kernel (simulator/calibration/table.py: KERNEL_OPS) and its pass;
+    # what a calibration table calls this kernel (simulator/tables/format.py: KERNEL_OPS) and its pass;
     # memory-bound kernels keep their tensor's rows x columns in m x n. "" = no table row can describe it
     kernel: str = ""
     direction: str = "forward"
