@@ -24,7 +24,11 @@ from simulator.hardware.placement import Placement
 from simulator.hardware.topology import load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
-CURVES = yaml.safe_load((ROOT / "simulator/validation/nccl_tests.yaml").read_text())["curves"]
+CURVES = [
+    c
+    for c in yaml.safe_load((ROOT / "simulator/validation/nccl_tests.yaml").read_text())["curves"]
+    if c["op"] == "all_reduce"
+]
 
 
 def model_time_us(topology: str, ranks: int, size: int, spec=None) -> float:

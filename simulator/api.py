@@ -17,7 +17,7 @@ from simulator.frameworks import Framework, get_framework
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
 from simulator.hardware.topology import cluster_spec
-from simulator.metrics.metrics import Metrics, finish_metrics, measure
+from simulator.metrics.metrics import Metrics, finish_metrics, measure, moe_metrics
 from simulator.metrics.periodic import NotPeriodic, extrapolate, sample_windows
 from simulator.metrics.sources import source_seconds, summarise_sources
 from simulator.program import Program
@@ -116,7 +116,7 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     cluster = cluster or Cluster(cluster_spec(s), s.cluster.num_nodes)
     framework = framework or (workload.framework if workload else get_framework(s.framework))
-    workload = workload or build_workload(s, framework)
+    workload = workload or build_workload(s, framework, cluster.gpus_per_node)
     placement = placement_for(s)
     kernels, measured_comm, table_info = table_lookups(resolve_table(s.kernels, cluster.gpu.name), cluster)
     comm = CollectiveModel(cluster, placement, s.parallelism.collective_algorithm, measured_comm)
@@ -213,6 +213,8 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
                 sum(ph["steps"] * ph["iteration_time_s"] for ph in metrics.optimizer_phases) / steps
             )
     metrics.params_billion = workload.total_params / 1e9
+    if workload.expert_load is not None:
+        metrics.moe = moe_metrics(workload.expert_load, metrics.comm_by_collective)
     metrics.framework = compute.framework.name
     metrics.wall_s = time.perf_counter() - t0
     return Result(s, workload, program, timeline, cluster, placement, metrics, comm, host, compute)

@@ -24,6 +24,7 @@ FLOORS = [
             "simulator.scenario.memory",
             "simulator.scenario.schema",
             "simulator.scenario.presets",
+            "simulator.scenario.hf_config",
             "simulator.scenario.shipped",
             "simulator.scenario.deepspeed",
             "simulator.hardware",

@@ -211,11 +211,14 @@ def test_hugging_face_configs_are_honest(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     line = error_of(["run", scenario(tmp_path, model={"hf_config": "config.json"})])
     assert "seq_length is required with hf_config" in line and "131072" in line
-    (tmp_path / "config.json").write_text(
-        json.dumps({**cfg, "model_type": "mixtral", "num_local_experts": 8})
-    )
+    # a mixture-of-experts family this reader does not know is refused, not simulated as a dense model
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "dbrx", "num_experts": 16}))
     line = error_of(["run", scenario(tmp_path, model={"hf_config": "config.json", "seq_length": 512})])
-    assert "mixture-of-experts model (8 experts" in line
+    assert "mixture-of-experts model (16 experts) of model_type 'dbrx'" in line and "model.moe" in line
+    # a known family missing a field it cannot default: the field is named
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen2_moe", "num_experts": 8}))
+    line = error_of(["run", scenario(tmp_path, model={"hf_config": "config.json", "seq_length": 512})])
+    assert "a qwen2_moe config needs num_experts_per_tok" in line
 
 
 def test_out_of_memory_is_the_headline_with_changes_that_fit_and_exit_3(tmp_path):

@@ -410,14 +410,30 @@ def test_uneven_end_stages_with_interleaving_split_each_stage_over_its_chunks():
     order = [n for c in range(2) for st in range(4) for n in layers[(st, c)]]
     assert order == [f"layer {i}" for i in range(14)]
     assert stage_labels(simulate(s)) == uneven_labels(3, 4, 3, 4)
-    bad = s.model_copy(
+    # one chunk may hold the embedding alone (Megatron's --account-for-embedding-in-pipeline-split) ...
+    alone = s.model_copy(
         update={
             "parallelism": s.parallelism.model_copy(
                 update={"first_pipeline_stage_layers": 1, "last_pipeline_stage_layers": 5}
             )
         }
     )
-    with pytest.raises(ScenarioError, match="no layer"):
+    first = chunk_units(build_workload(alone), 4, 2)[(0, 0)]
+    assert [u.name for u in first] == ["embedding"] and stage_labels(simulate(alone))[0].endswith("embedding")
+    # ... but two chunks without a layer are refused
+    bad = make(
+        model={**MODEL, "num_layers": 20},
+        cluster={"gpus_per_node": 4},
+        training={"global_batch_size": 8, "micro_batch_size": 1},
+        parallelism={
+            "pipeline_parallel": 4,
+            "pipeline_schedule": "interleaved-1f1b",
+            "virtual_pipeline_stages": 4,
+            "first_pipeline_stage_layers": 2,
+            "last_pipeline_stage_layers": 2,
+        },
+    )
+    with pytest.raises(ScenarioError, match="more than one of the stage's virtual_pipeline_stages"):
         simulate(bad)
 
 

@@ -46,6 +46,7 @@ def gpu_times(
     run_s = 0.0
     in_run = False
     budget = 0.0  # time of the last kernel that "previous"-overlapping collectives can still hide behind
+    beside = 0.0  # time of the last collective, which an "alongside" collective runs beside
     has_collective = False
     for i, op in enumerate(ops):
         if op.kind != "collective":
@@ -67,6 +68,11 @@ def gpu_times(
         elif op.overlaps == "next":
             following = next((o for o in ops[i + 1 :] if o.kind != "collective"), None)
             hidden = min(seconds, compute.op_time_s(following)) if following else 0.0
+        elif (
+            op.overlaps == "alongside"
+        ):  # two transfers of one kernel on other links (DeepEP: RDMA and NVLink)
+            hidden = min(seconds, beside)
+        beside = seconds
         gpu.append(seconds - hidden)
         parts.append(Part(op.name, op.collective, op.group, op.bytes, seconds - hidden, hidden))
     if has_collective and in_run:

@@ -3,6 +3,11 @@
 Ranks fill GPUs in order (node-major). ``order`` names the axes innermost first, as Megatron-Core's
 ``order`` argument: the default ``tp-cp-dp-pp`` (Megatron's ``tp-cp-ep-dp-pp`` without experts) keeps TP groups
 inside a node. For HSDP the data-parallel axis splits into ``dp_replicate x dp_shard``, shard innermost.
+
+Mixture-of-experts layers fold their own grid over the same GPUs ("MoE parallel folding", Megatron-Core
+``parallel_state.initialize_model_parallel``, core_v0.13.0): inside each pipeline stage the TP x CP x DP ranks are
+renumbered as expert tensor parallel (``etp``, innermost) x expert parallel (``ep``) x expert data parallel
+(``edp``), so an EP group is ``etp`` x ``ep`` consecutive ranks of the stage whatever the attention layout.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from functools import cache
 from itertools import product
 
 DEFAULT_ORDER = "tp-cp-dp-pp"
+EXPERT_AXES = ("edp", "ep", "etp")  # the expert grid inside a pipeline stage, outermost first
 
 
 @cache
@@ -32,6 +38,13 @@ class Placement:
     pp: int = 1
     dp_shard: int | None = None  # HSDP shard-group size; None = the whole dp axis
     order: str = DEFAULT_ORDER  # innermost first
+    ep: int = 1  # expert parallel
+    etp: int = 1  # expert tensor parallel
+
+    @property
+    def edp(self) -> int:
+        """Expert data parallel: the stage's TP x CP x DP ranks left over by ETP x EP."""
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -59,6 +72,8 @@ class Placement:
         global GPU indices."""
         if kind == "embedding":  # first and last stage of each pipeline: they share tied embedding weights
             return tuple((g[0], g[-1]) for g in self.groups("pp"))
+        if set(kind.split("+")) <= set(EXPERT_AXES):
+            return self._expert_groups(kind)
         if "/" in kind or "%" in kind:
             # "dp/8": each dp group cut into consecutive sub-groups of 8 (inside a node: ZeRO++ hpZ, qgZ step 1);
             # "dp%8": the ranks at the same position of those sub-groups (across nodes: qgZ step 2)
@@ -98,6 +113,28 @@ class Placement:
                 for idx in product(*(range(sizes[a]) for a in keep))
             )
         )
+
+    def _expert_groups(self, kind: str) -> tuple[tuple[int, ...], ...]:
+        """Groups of the expert grid (``ep``, ``etp``, ``edp`` or a ``+``-joined combination): each stage's ranks in
+        increasing order, numbered etp + ETP (ep + EP edp)."""
+        names = kind.split("+")
+        sizes = {"etp": self.etp, "ep": self.ep, "edp": self.edp}
+        stride = {"etp": 1, "ep": self.etp, "edp": self.etp * self.ep}
+        keep = [a for a in EXPERT_AXES if a not in names]
+        vary = [a for a in EXPERT_AXES if a in names]
+        offsets = [
+            sum(i * stride[a] for a, i in zip(vary, idx, strict=True))
+            for idx in product(*(range(sizes[a]) for a in vary))
+        ]
+        bases = [
+            sum(i * stride[a] for a, i in zip(keep, idx, strict=True))
+            for idx in product(*(range(sizes[a]) for a in keep))
+        ]
+        stage_of, out = self.stages(), []
+        for st in range(self.pp):
+            ranks = [r for r in range(self.world_size) if stage_of[r] == st]
+            out += [tuple(ranks[b + o] for o in offsets) for b in bases]
+        return tuple(out)
 
     def coordinate(self, rank: int, axis: str) -> int:
         """The index of ``rank`` along ``axis`` (e.g. its pipeline stage for ``pp``)."""

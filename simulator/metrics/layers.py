@@ -17,7 +17,9 @@ from simulator.costs.dispatch import gpu_times, host_times
 
 @dataclass
 class BlockTime:
-    block: str  # embedding | layer (average of all layers) | output head
+    block: (
+        str  # embedding | layer (average of the dense layers) | moe layer (of the MoE layers) | output head
+    )
     phase: str  # forward | recompute | backward
     gpu_busy_s: float = 0.0
     host_bound_idle_s: float = 0.0
@@ -31,22 +33,24 @@ class BlockTime:
 
 def microbatch_view(result, comm_time: Callable | None = None) -> list[BlockTime]:
     """Per (block, pass) of one microbatch of the whole model on one rank; the layer rows are per layer (the
-    average over ``num_layers`` layers run back to back)."""
+    average over the layers of that kind run back to back: the dense, then the MoE ones)."""
     s, w, compute = result.scenario, result.workload, result.compute
     host = compute.framework.host
     comm_time = comm_time or result.op_comm_time_s
     mode = s.training.activation_recompute
-    recompute = {"full": w.layer.recompute_full, "selective": w.layer.recompute_selective}.get(mode, ())
-    layers = w.num_layers
     # (block, pass, ops, times run back to back, host waits for the GPU first); recompute ops carry their flag
-    plan = [
-        ("embedding", "forward", (*w.microbatch_setup, *w.embedding.forward), 1, host.syncs.microbatch),
-        ("layer", "forward", w.layer.forward, layers, False),
+    kinds = [(("moe layer" if b.moe else "layer"), b, sum(x is b for x in w.layers)) for b in w.kinds]
+    plan = [("embedding", "forward", (*w.microbatch_setup, *w.embedding.forward), 1, host.syncs.microbatch)]
+    plan += [(name, "forward", b.forward, n, False) for name, b, n in kinds]
+    plan += [
         ("output head", "forward", w.head.forward, 1, False),
         ("output head", "backward", w.head.backward, 1, False),
-        ("layer", "backward", (*recompute, *w.layer.backward), layers, False),
-        ("embedding", "backward", w.embedding.backward, 1, False),
     ]
+    for name, b, n in kinds:
+        recompute = {"full": b.recompute_full, "selective": b.recompute_selective}.get(mode, ())
+        plan.append((name, "backward", (*recompute, *b.backward), n, False))
+    plan.append(("embedding", "backward", w.embedding.backward, 1, False))
+    counts = {name: n for name, _, n in kinds}
     rows: dict[tuple[str, str], BlockTime] = {}
     gpu_clock = host_clock = 0.0
     for block, phase, ops, repeat, sync_first in plan:
@@ -78,8 +82,9 @@ def microbatch_view(result, comm_time: Callable | None = None) -> list[BlockTime
                     row.kernels += op.launches
     out = list(rows.values())
     for r in out:
-        if r.block == "layer":
+        if r.block in counts:
+            n = counts[r.block]
             for key in ("gpu_busy_s", "host_bound_idle_s", "exposed_comm_s", "host_issue_s"):
-                setattr(r, key, getattr(r, key) / layers)
-            r.kernels //= layers
+                setattr(r, key, getattr(r, key) / n)
+            r.kernels //= n
     return out

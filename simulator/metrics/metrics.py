@@ -69,6 +69,9 @@ class Metrics:
     # many micro-batches: the run was simulated at these micro-batch counts and extrapolated to the scenario's
     # (exact where the schedule is periodic; simulator/metrics/periodic.py); None when every one was replayed
     periodic: dict | None = None
+    # mixture-of-experts runs: the busiest expert-parallel rank's load, tokens dropped by the capacity, and the
+    # time of the expert-parallel communication (all-to-all / all-gather over ep, etp and their groups)
+    moe: dict | None = None
 
     def to_dict(self) -> dict:
         return _plain(asdict(self))
@@ -224,6 +227,21 @@ def measure(s: Scenario, timeline: Timeline, placement: Placement, cross_node_fr
 def _oom(memory_gib: dict) -> tuple[bool, bool]:
     """(GPU out of memory, host out of memory) of one rank's memory in GiB (``MemoryBreakdown.gib``)."""
     return memory_gib["device"] > memory_gib["capacity"], memory_gib["host"] > memory_gib["host_capacity"] > 0
+
+
+EXPERT_GROUPS = ("ep", "etp", "etp+ep")  # the dispatchers' groups (workload/moe.py)
+
+
+def moe_metrics(load, comm_by_collective: dict) -> dict:
+    """What a mixture-of-experts run adds: the busiest expert-parallel rank's rows over the mean rank's, the
+    fraction of routed token copies the capacity dropped, and the dispatch / combine communication's time."""
+    expert = [v for k, v in comm_by_collective.items() if k.split(":", 1)[1] in EXPERT_GROUPS]
+    return {
+        "busiest_rank_load": load.imbalance,
+        "tokens_dropped_fraction": load.dropped,
+        "expert_comm_s": sum(v["time_s"] for v in expert),
+        "expert_comm_exposed_s": sum(v["exposed_s"] for v in expert),
+    }
 
 
 def finish_metrics(s: Scenario, m: dict, peak_flops: float) -> Metrics:

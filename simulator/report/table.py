@@ -13,6 +13,10 @@ def _offloads(m: Metrics) -> bool:
     return bool(m.memory_gib["host"] or m.memory_gib["nvme"])
 
 
+def _moe(m: Metrics) -> bool:
+    return m.moe is not None
+
+
 def _phased(m: Metrics) -> bool:
     return m.amortised_iteration_time_s is not None
 
@@ -81,14 +85,36 @@ ROWS = [
     ("NVMe per node (offload)", lambda m: m.memory_gib["nvme"], "{:.1f} GiB", _offloads),
     ("Fits in host memory", lambda m: "no (OUT OF HOST MEMORY)" if m.host_oom else "yes", "{}", _offloads),
     ("Copied to/from host per GPU", lambda m: m.comm["bytes_host_per_gpu"] / 2**30, "{:.2f} GiB", _offloads),
+    (
+        "MoE: busiest expert-parallel rank / mean",
+        lambda m: f"{m.moe['busiest_rank_load']:.2f}x" if m.moe else "-",
+        "{}",
+        _moe,
+    ),
+    (
+        "MoE: tokens dropped (capacity)",
+        lambda m: f"{m.moe['tokens_dropped_fraction']:.1%}" if m.moe else "-",
+        "{}",
+        _moe,
+    ),
+    (
+        "MoE: expert-parallel comm. / exposed",
+        lambda m: f"{m.moe['expert_comm_s']:.3f} / {m.moe['expert_comm_exposed_s']:.3f} s" if m.moe else "-",
+        "{}",
+        _moe,
+    ),
     ("Cost table", lambda m: m.cost_tables.get("table") or "none (pure model)", "{}"),
     ("Compute time: measured / interp. / modelled", lambda m: m.cost_sources["compute"], _SOURCES),
     ("Comm. time: measured / interp. / modelled", lambda m: m.cost_sources["communication"], _SOURCES),
     ("Ranks simulated / tasks replayed", lambda m: (m.ranks_simulated, m.tasks), "{0[0]:,} / {0[1]:,}"),
     (
         "Micro-batches simulated (periodic)",
-        lambda m: m.periodic and (", ".join(map(str, m.periodic["simulated"])), m.periodic["microbatches"]),
-        "{0[0]} of {0[1]:,}, extrapolated",
+        lambda m: (
+            f"{', '.join(map(str, m.periodic['simulated']))} of {m.periodic['microbatches']:,}, extrapolated"
+            if m.periodic
+            else "every one"
+        ),
+        "{}",
         lambda m: m.periodic is not None,
     ),
     ("SimPy events (communication)", lambda m: m.events, "{:,}"),

@@ -11,6 +11,114 @@ from simulator.scenario.presets import expand_model_section
 from simulator.scenario.section import Section
 
 
+class MlaConfig(Section):
+    """Multi-head latent attention (DeepSeek-V2 / V3; Megatron-Core ``MLATransformerConfig``): queries and keys /
+    values pass through low-rank projections, and keys carry a rotary part shared by every head."""
+
+    q_lora_rank: PositiveInt | None = Field(
+        None,
+        le=2**16,
+        description="Query down-projection rank; none = one query projection (DeepSeek-V2-Lite).",
+    )
+    kv_lora_rank: PositiveInt = Field(512, le=2**16, description="Key / value latent width.")
+    qk_nope_head_dim: PositiveInt = Field(
+        128, le=4096, description="Per-head query / key width without rotary."
+    )
+    qk_rope_head_dim: PositiveInt = Field(
+        64, le=4096, description="Rotary query / key width (the key's is shared)."
+    )
+    v_head_dim: PositiveInt = Field(128, le=4096, description="Per-head value width.")
+
+
+class ExpertLoadConfig(Section):
+    """How routed tokens spread over the experts. Uniform by default (what Megatron's
+    ``--moe-router-force-load-balancing`` benchmarks run); ``imbalance`` is a measured ratio of the busiest
+    expert's tokens to the mean; ``skew`` draws tokens per expert from a Zipf law of that exponent (experts in a
+    random order from ``seed``). The busiest expert-parallel rank sets the pace of every MoE layer."""
+
+    imbalance: float = Field(
+        1.0, ge=1, le=1e3, description="Tokens of the busiest expert / the mean (1 = uniform)."
+    )
+    skew: float | None = Field(None, gt=0, le=8, description="Zipf exponent of tokens per expert.")
+    seed: int = Field(0, ge=0, le=2**32, description="Which experts get the most tokens under skew.")
+
+
+class MoeConfig(Section):
+    """Mixture-of-experts MLPs (Megatron-Core ``--num-experts`` ... options; Hugging Face's Mixtral, Qwen-MoE,
+    DeepSeek and OLMoE configs map onto these fields)."""
+
+    num_experts: PositiveInt = Field(le=2**14, description="Routed experts per MoE layer.")
+    top_k: PositiveInt = Field(2, le=256, description="Routed experts per token.")
+    ffn_hidden_size: PositiveInt | None = Field(
+        None, le=2**20, description="Width of one routed expert's MLP. Default: model.ffn_hidden_size."
+    )
+    shared_expert_ffn_hidden_size: int = Field(
+        0,
+        ge=0,
+        le=2**20,
+        description="Width of the shared experts together (one MLP every token runs); 0 = none.",
+    )
+    shared_expert_gate: bool = Field(False, description="A sigmoid gate on the shared expert (Qwen2-MoE).")
+    first_dense_layers: int = Field(
+        0,
+        ge=0,
+        le=4096,
+        description="Dense layers before the first MoE layer (DeepSeek first_k_dense_replace).",
+    )
+    layer_freq: PositiveInt = Field(
+        1,
+        le=4096,
+        description="Every n-th layer after the dense ones is MoE, counting from 1 (layer i is MoE when "
+        "(i - first_dense_layers + 1) % layer_freq == 0; Qwen2-MoE decoder_sparse_step, Llama 4's interleave step).",
+    )
+    score_function: Literal["softmax", "sigmoid"] = "softmax"
+    num_groups: PositiveInt | None = Field(
+        None, description="Group-limited routing: expert groups (DeepSeek n_group)."
+    )
+    group_topk: PositiveInt | None = Field(None, description="Group-limited routing: groups a token may use.")
+    expert_bias: bool = Field(
+        False, description="Aux-loss-free balancing: a per-expert bias on the scores (DeepSeek-V3)."
+    )
+    aux_loss: Literal["none", "aux_loss", "seq_aux_loss"] = Field(
+        "aux_loss", description="Load-balancing loss (Megatron moe_router_load_balancing_type)."
+    )
+    capacity_factor: float | None = Field(
+        None,
+        gt=0,
+        le=64,
+        description="Tokens an expert takes at most, x top_k x tokens / experts; none = dropless.",
+    )
+    pad_to_capacity: bool = Field(
+        False,
+        description="Every expert gets exactly its capacity (Megatron moe_pad_expert_input_to_capacity).",
+    )
+    load: ExpertLoadConfig = ExpertLoadConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> MoeConfig:
+        e, k = self.num_experts, self.top_k
+        if k > e:
+            raise ValueError(f"model.moe.top_k ({k}) exceeds num_experts ({e})")
+        g, gk = self.num_groups, self.group_topk
+        if (g is None) != (gk is None):
+            raise ValueError("model.moe: group-limited routing needs both num_groups and group_topk")
+        if g is not None and e % g:
+            raise ValueError(f"model.moe.num_experts ({e}) is not divisible by num_groups ({g})")
+        if g is not None and gk > g:
+            raise ValueError(f"model.moe.group_topk ({gk}) exceeds num_groups ({g})")
+        if self.pad_to_capacity and self.capacity_factor is None:
+            raise ValueError(
+                "model.moe.pad_to_capacity needs a capacity_factor (dropless routing has no capacity)"
+            )
+        if self.load.skew is not None and self.load.imbalance != 1.0:
+            raise ValueError(
+                f"model.moe.load: give either imbalance ({self.load.imbalance}) or skew ({self.load.skew}), not both"
+            )
+        if self.expert_bias and self.score_function != "sigmoid":
+            raise ValueError("model.moe.expert_bias needs score_function: sigmoid (as Megatron-Core)")
+        return self
+
+
 class ModelConfig(Section):
     """A decoder-only transformer, in Megatron-LM's argument names."""
 
@@ -41,6 +149,24 @@ class ModelConfig(Section):
     position_embedding: Literal["learned", "rope", "alibi"] = "learned"
     normalization: Literal["layernorm", "rmsnorm"] = "layernorm"
     add_bias_linear: bool = True
+    kv_channels: PositiveInt | None = Field(
+        None,
+        le=2**14,
+        description="Per-head width (Megatron --kv-channels, HF head_dim). Default: hidden_size / heads.",
+    )
+    qkv_bias: bool | None = Field(None, description="Biases on Q, K and V (Qwen2). Default: add_bias_linear.")
+    qk_layernorm: bool = Field(False, description="RMSNorm on each head's queries and keys (Qwen3, OLMoE).")
+    mla: MlaConfig | None = Field(
+        None, description="Multi-head latent attention instead of Q, K, V projections."
+    )
+    moe: MoeConfig | None = Field(None, description="Mixture-of-experts MLPs.")
+    mtp_layers: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="Multi-token prediction depth (DeepSeek-V3, Megatron --mtp-num-layers): each depth is one more "
+        "transformer layer and output-layer pass on the last pipeline stage; not in the parameter count.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -50,12 +176,24 @@ class ModelConfig(Section):
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
         a, g = self.num_attention_heads, self.query_groups
-        if self.hidden_size % a:
+        if self.hidden_size % a and self.kv_channels is None and self.mla is None:
             raise ValueError(
-                f"model.hidden_size ({self.hidden_size}) is not divisible by num_attention_heads ({a})"
+                f"model.hidden_size ({self.hidden_size}) is not divisible by num_attention_heads ({a}); give "
+                "kv_channels (the per-head width) if the model's heads are not hidden_size / heads wide"
             )
         if a % g:
             raise ValueError(f"model.num_attention_heads ({a}) is not divisible by num_query_groups ({g})")
+        if self.mla is not None and self.num_query_groups not in (None, a):
+            raise ValueError(
+                f"model.num_query_groups ({self.num_query_groups}): multi-head latent attention gives every head its "
+                f"own keys and values (leave num_query_groups unset or {a})"
+            )
+        moe = self.moe
+        if moe is not None and moe.first_dense_layers >= self.num_layers:
+            raise ValueError(
+                f"model.moe.first_dense_layers ({moe.first_dense_layers}) leaves no MoE layer of num_layers "
+                f"({self.num_layers})"
+            )
         return self
 
     @property
@@ -72,4 +210,32 @@ class ModelConfig(Section):
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        """Per-head query / key width (with MLA the non-rotary and rotary parts together)."""
+        if self.mla is not None:
+            return self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def v_head_dim(self) -> int:
+        """Per-head value width (the attention output is heads x this wide)."""
+        return self.mla.v_head_dim if self.mla is not None else self.head_dim
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        return self.add_bias_linear if self.qkv_bias is None else self.qkv_bias
+
+    @property
+    def expert_ffn_size(self) -> int:
+        """Width of one routed expert's MLP (the dense MLP's without MoE)."""
+        return (self.moe.ffn_hidden_size or self.ffn_size) if self.moe else self.ffn_size
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether layer ``i`` (from 0) has a mixture-of-experts MLP."""
+        m = self.moe
+        if m is None or i < m.first_dense_layers:
+            return False
+        return (i - m.first_dense_layers + 1) % m.layer_freq == 0
+
+    @property
+    def moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))

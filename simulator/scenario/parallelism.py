@@ -152,6 +152,29 @@ class DdpConfig(Section):
     )
 
 
+class MoeParallelConfig(Section):
+    """How a framework runs the MoE layers (Megatron-Core's ``--moe-*`` options; docs/moe.md)."""
+
+    dispatcher: Literal["alltoall", "allgather", "deepep"] = Field(
+        "alltoall",
+        description="Token dispatcher: all-to-all over the expert-parallel group (Megatron-Core's recommended choice "
+        "with EP), all-gather of every token over ETP x EP (its default type), or DeepEP (the flex dispatcher: each "
+        "token sent once per destination rank, across nodes once per node over RDMA and forwarded over NVLink).",
+    )
+    grouped_gemm: bool = Field(
+        True, description="The local experts' GEMMs as one grouped GEMM (--moe-grouped-gemm); false = a loop."
+    )
+    shared_expert_overlap: bool = Field(
+        False,
+        description="The shared expert on a side stream, beside the dispatch (--moe-shared-expert-overlap).",
+    )
+    overlap_a2a: bool = Field(
+        False,
+        description="Each micro-batch's dispatch and combine all-to-alls hidden behind another micro-batch's compute "
+        "(Megatron-Core 0.14 --overlap-moe-expert-parallel-comm: combined 1F1B).",
+    )
+
+
 class ParallelismConfig(Section):
     tensor_parallel: PositiveInt = 1
     pipeline_parallel: PositiveInt = 1
@@ -188,3 +211,16 @@ class ParallelismConfig(Section):
     last_pipeline_stage_layers: PositiveInt | None = Field(
         None, description="Layers on the last stage (Megatron --decoder-last-pipeline-num-layers)."
     )
+    expert_parallel: PositiveInt = Field(
+        1, le=2**14, description="Ranks the routed experts of an MoE layer are split over (EP)."
+    )
+    expert_tensor_parallel: PositiveInt | None = Field(
+        None,
+        le=1024,
+        description="Ranks each expert's MLP is split over (ETP). Default: tensor_parallel (Megatron-Core).",
+    )
+    moe: MoeParallelConfig = MoeParallelConfig()
+
+    @property
+    def etp(self) -> int:
+        return self.expert_tensor_parallel or self.tensor_parallel

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from simulator.errors import ScenarioError
-from simulator.scenario.files import check_path_value, read_json
+from simulator.scenario.files import check_path_value
+from simulator.scenario.hf_config import read_hf_config
 
 _PRESETS_FILE = Path(__file__).parent / "presets" / "models.yaml"
 # keys of the model section that expand_model_section reads and replaces before validation
@@ -52,63 +52,19 @@ def expand_model_section(data, base_dir: Path | None = None):
                 f"seq_length is required with hf_config: config.json's max_position_embeddings ({longest}) is "
                 "the longest context the model supports, not the training sequence length (e.g. seq_length: 4096)"
             )
-    return {**base, **data}
+    return merged(base, data)
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-# config.json keys that count experts (Mixtral, Qwen2-MoE, DeepSeek-MoE, DBRX-style configs)
-_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-# Hugging Face names -> ours. GPT-2 uses its own short names.
-_HF_KEYS = {
-    "num_layers": ("num_hidden_layers", "n_layer"),
-    "hidden_size": ("hidden_size", "n_embd"),
-    "num_attention_heads": ("num_attention_heads", "n_head"),
-    "num_query_groups": ("num_key_value_heads",),
-    "ffn_hidden_size": ("intermediate_size", "n_inner"),
-    "max_position_embeddings": ("max_position_embeddings", "n_positions"),
-    "vocab_size": ("vocab_size",),
-    "tied_embeddings": ("tie_word_embeddings",),
-}
-
-
-def read_hf_config(path: Path) -> dict:
-    """Read a Hugging Face ``config.json`` (Llama, Mistral, Qwen2, GPT-2 families) into the model section."""
-    try:
-        cfg = read_json(path, "hf_config")
-    except ScenarioError as e:
-        raise ValueError(str(e)) from None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"hf_config {path}: expected a JSON object, got {type(cfg).__name__}")
-    experts = next((cfg[k] for k in _MOE_KEYS if isinstance(cfg.get(k), int) and cfg[k] > 1), None)
-    if experts:
-        raise ValueError(
-            f"hf_config {path}: a mixture-of-experts model ({experts} experts, model_type "
-            f"{cfg.get('model_type', '?')!r}); expert parallelism and routing are not modelled, and simulating it "
-            "as a dense model would be wrong"
-        )
-    name = cfg.get("_name_or_path") or cfg.get("model_type") or path.stem
-    out: dict = {"name": str(name)}
-    for ours, theirs in _HF_KEYS.items():
-        for key in theirs:
-            if cfg.get(key) is not None:
-                out[ours] = cfg[key]
-                break
-    model_type = cfg.get("model_type", "")
-    act = str(cfg.get("hidden_act") or cfg.get("activation_function") or "gelu")
-    if model_type == "gpt2":
-        out.update(
-            activation="gelu", normalization="layernorm", position_embedding="learned", add_bias_linear=True
-        )
-        out.setdefault("tied_embeddings", True)
-    else:  # Llama-style decoders: gated SiLU MLP, RMSNorm, rotary positions
-        out["activation"] = "swiglu" if act in ("silu", "swish", "swiglu") else "gelu"
-        out["normalization"] = "rmsnorm" if "rms_norm_eps" in cfg else "layernorm"
-        out["position_embedding"] = "rope" if "rope_theta" in cfg or "rope_scaling" in cfg else "learned"
-        out["add_bias_linear"] = bool(cfg.get("mlp_bias", False))
-        out.setdefault("tied_embeddings", False)
-    missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size") if k not in out]
-    if missing:
-        raise ValueError(f"hf_config {path} lacks {', '.join(missing)}")
+def merged(base: dict, overrides: dict) -> dict:
+    """``base`` with ``overrides`` on top, subsections merged key by key (``moe: {capacity_factor: 1}`` over a
+    preset keeps the preset's experts)."""
+    out = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
     return out

@@ -87,6 +87,14 @@ def resolve_cluster_degrees(scenario: Scenario) -> Scenario:
             f"training: {arithmetic}, x {chunks} pipeline chunks = {micro * chunks:,} stage steps; the simulator's "
             f"limit is {MAX_STAGE_MICROBATCHES:,}"
         )
+    expert = p.etp * p.expert_parallel
+    if scenario.model.moe is not None and (p.tensor_parallel * p.context_parallel * dp) % expert:
+        raise ScenarioError(
+            f"parallelism: expert_tensor_parallel ({p.etp}) x expert_parallel ({p.expert_parallel}) = {expert} does "
+            f"not divide tensor_parallel ({p.tensor_parallel}) x context_parallel ({p.context_parallel}) x "
+            f"data_parallel ({dp}) = {p.tensor_parallel * p.context_parallel * dp}, the ranks of a pipeline stage it "
+            f"folds over{derived}"
+        )
     hs = p.fsdp.hybrid_shard_size if p.fsdp else None
     if hs and dp % hs:
         raise ScenarioError(

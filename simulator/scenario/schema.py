@@ -19,6 +19,7 @@ from simulator.scenario.parallelism import (
     AioConfig,
     DdpConfig,
     FsdpConfig,
+    MoeParallelConfig,
     OffloadOptimizerConfig,
     OffloadParamConfig,
     ParallelismConfig,
@@ -38,6 +39,7 @@ __all__ = [
     "FsdpConfig",
     "MemoryConfig",
     "ModelConfig",
+    "MoeParallelConfig",
     "OffloadOptimizerConfig",
     "OffloadParamConfig",
     "OneBitConfig",
@@ -142,12 +144,67 @@ class Scenario(Section):
                 f"and pipeline_parallel 1 (got zero_stage {p.zero_stage}, pipeline_parallel "
                 f"{p.pipeline_parallel}); DeepSpeed's 1-bit optimizers do not support ZeRO-2/3"
             )
+        self._check_moe()
+        if m.mtp_layers and (p.fsdp is not None or p.zero_stage == 3):
+            raise ValueError(
+                f"model.mtp_layers ({m.mtp_layers}) is not modelled with fsdp or zero_stage 3 (their per-module "
+                "replay does not know the multi-token prediction module)"
+            )
         if p.fsdp is not None and p.zero_stage:
             raise ValueError(
                 f"parallelism: choose either fsdp (PyTorch) or zero_stage (DeepSpeed), not both "
                 f"(zero_stage = {p.zero_stage})"
             )
         return self
+
+    def _check_moe(self) -> None:
+        """Expert parallelism against the model and the layouts the frameworks accept (Megatron-Core
+        ``parallel_state.initialize_model_parallel`` and ``moe_layer.py``, core_v0.13.0; DeepSpeed refuses ZeRO-3)."""
+        m, p = self.model, self.parallelism
+        ep, etp = p.expert_parallel, p.expert_tensor_parallel
+        if m.moe is None:
+            if ep > 1 or etp is not None:
+                raise ValueError(
+                    f"parallelism: expert_parallel ({ep}) / expert_tensor_parallel need a mixture-of-experts model "
+                    "(model.moe)"
+                )
+            return
+        e = m.moe.num_experts
+        if e % ep:
+            raise ValueError(
+                f"parallelism.expert_parallel ({ep}) does not divide model.moe.num_experts ({e})"
+            )
+        if p.tensor_parallel > 1 and not p.sequence_parallel:
+            raise ValueError(
+                f"parallelism: MoE layers with tensor_parallel ({p.tensor_parallel}) need sequence_parallel: true "
+                "(Megatron-Core refuses MoE training with TP and without SP)"
+            )
+        if (
+            (ep > 1 or p.etp != p.tensor_parallel)
+            and p.pipeline_parallel > 1
+            and not p.rank_order.endswith("pp")
+        ):
+            raise ValueError(
+                f"parallelism.rank_order ({p.rank_order}): expert parallelism folds over each pipeline stage's ranks, "
+                "so pp must be outermost (the order must end in pp)"
+            )
+        if p.fsdp is not None or p.zero_stage == 3:
+            raise ValueError(
+                "parallelism: fsdp and zero_stage 3 are not modelled with model.moe (DeepSpeed refuses ZeRO-3 with MoE; "
+                "FSDP with expert parallelism is not replayed yet): use zero_stage 0-2"
+            )
+        if self.training.optimizer in ("onebit-adam", "zero-one-adam"):
+            raise ValueError(f"training.optimizer {self.training.optimizer} is not modelled with model.moe")
+        z = p.zero
+        if z.offload_optimizer.device != "none" or z.offload_param.device != "none":
+            raise ValueError("parallelism.zero offload is not modelled with model.moe")
+        if p.pipeline_schedule == "pipedream-2bw":
+            raise ValueError("parallelism.pipeline_schedule pipedream-2bw is not modelled with model.moe")
+        if p.pipeline_schedule == "deepspeed":
+            raise ValueError(
+                "parallelism.pipeline_schedule deepspeed is not modelled with model.moe (DeepSpeed-MoE runs without "
+                "its pipeline engine here); use a Megatron schedule"
+            )
 
     @property
     def gradient_accumulation_steps(self) -> int:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from simulator.hardware.cluster import Cluster
 from simulator.program import Program, RankClass
 from simulator.scenario.schema import Scenario
-from simulator.strategy.groups import grad_group, grad_group_size, rank_label, ranks_per_stage
+from simulator.strategy.groups import grad_group_size, rank_label, ranks_per_stage
 from simulator.strategy.memory import memory_breakdown
-from simulator.strategy.reduction import buckets, ddp_settings
+from simulator.strategy.reduction import buckets, ddp_settings, gradient_sets
 from simulator.strategy.state_bytes import grad_bytes
 from simulator.strategy.steps import add_backward, add_forward, add_optimizer, microbatch_sync, with_setup
 from simulator.strategy.units import parameter_tensors, units
@@ -30,24 +30,31 @@ def build(s: Scenario, w: Workload, cluster: Cluster, reduce_gradients: bool = T
     total = sum(u.params for u in us) * gb
     reductions: list[int] = []
     setup: dict = {}
+    sets = gradient_sets(s, us, gb)
     for mb in range(gas):
         for u in us:
             first = u is us[0]
             ops = with_setup(w, u.block.forward, setup) if first else None
             add_forward(p, u, mb, ops=ops, sync=first and microbatch_sync(w))
-        last = mb == gas - 1 and dp > 1 and reduce_gradients
-        plan = buckets([(u.index, u.params * gb) for u in reversed(us)], cap or total) if last else []
-        closes = {b[0][-1]: b for b in plan}  # unit index that completes each bucket
+        last = mb == gas - 1 and reduce_gradients
+        plans = [(what, group, buckets(sizes, cap or total)) for what, group, sizes in sets] if last else []
+        closes: dict[int, list] = {}  # unit index that completes each bucket
+        for what, group, plan in plans:
+            for b in plan:
+                closes.setdefault(b[0][-1], []).append((what, group, b))
         bwd = None
         for u in reversed(us):
             bwd = add_backward(p, s, u, mb)
-            if u.index in closes and overlap:
-                reductions.append(_all_reduce(p, closes[u.index], bwd, grad_group(s)))
+            if overlap:
+                reductions += [
+                    _all_reduce(p, b, bwd, group, what) for what, group, b in closes.get(u.index, ())
+                ]
         if last and not overlap:
-            reductions += [_all_reduce(p, b, bwd, grad_group(s)) for b in plan]
+            reductions += [_all_reduce(p, b, bwd, group, what) for what, group, plan in plans for b in plan]
     if reduce_gradients:
         tensors = parameter_tensors(s, w.num_layers, True, True)
-        add_optimizer(p, s, w.params_per_rank, reductions, w=w, tensors=tensors)
+        params = w.params_per_rank + w.expert_params_per_rank
+        add_optimizer(p, s, params, reductions, w=w, tensors=tensors)
 
     buffers = 2 * min(cap or total, total) if dp > 1 else 0.0  # buckets in flight
     mem = memory_breakdown(s, w, cluster, dp, 0, buffers)
@@ -55,14 +62,16 @@ def build(s: Scenario, w: Workload, cluster: Cluster, reduce_gradients: bool = T
     return p
 
 
-def _all_reduce(p: Program, bucket: tuple[list[int], float], after: int, group: str) -> int:
+def _all_reduce(
+    p: Program, bucket: tuple[list[int], float], after: int, group: str, what: str = "grad"
+) -> int:
     idx, nbytes = bucket
     return p.add(
         0,
         "comm.dp",
         "all_reduce",
         "backward",
-        f"grad all-reduce (units {idx[-1]}..{idx[0]})",
+        f"{what} all-reduce (units {idx[-1]}..{idx[0]})",
         (after,),
         group=group,
         bytes=nbytes,

@@ -10,8 +10,16 @@ def placement_for(s: Scenario) -> Placement:
     """Where every rank's tensor, context, data and pipeline coordinates put it (``parallelism.rank_order``)."""
     p = s.parallelism
     shard = p.fsdp.hybrid_shard_size if p.fsdp and p.fsdp.hybrid_shard_size else None
+    moe = s.model.moe is not None
     return Placement(
-        p.tensor_parallel, p.context_parallel, p.data_parallel, p.pipeline_parallel, shard, p.rank_order
+        p.tensor_parallel,
+        p.context_parallel,
+        p.data_parallel,
+        p.pipeline_parallel,
+        shard,
+        p.rank_order,
+        p.expert_parallel if moe else 1,
+        p.etp if moe else 1,
     )
 
 
@@ -40,3 +48,15 @@ def grad_group(s: Scenario, base: str = "dp") -> str:
 
 def grad_group_size(s: Scenario) -> int:
     return s.parallelism.data_parallel * s.parallelism.context_parallel
+
+
+EXPERT_GROUP = "edp"  # expert gradients are reduced (and their states sharded) over expert data parallelism
+
+
+def expert_grad_group_size(s: Scenario) -> int:
+    """Ranks of an expert data-parallel group: a stage's TP x CP x DP ranks over ETP x EP (Megatron-Core folding;
+    DeepSpeed's expert-data-parallel group, world / EP, is the same without tensor parallelism)."""
+    p = s.parallelism
+    if s.model.moe is None:
+        return grad_group_size(s)
+    return p.tensor_parallel * p.context_parallel * p.data_parallel // (p.etp * p.expert_parallel)

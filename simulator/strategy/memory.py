@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from simulator.hardware.cluster import Cluster
 from simulator.scenario.schema import Scenario
+from simulator.strategy.groups import expert_grad_group_size
 from simulator.strategy.state_bytes import grad_bytes
 from simulator.workload.memory import (
     MemoryBreakdown,
@@ -20,15 +21,50 @@ from simulator.workload.memory import (
 from simulator.workload.transformer import Workload
 
 
-def activation_memory(s: Scenario, layers: int, in_flight: int = 1, has_head: bool = True) -> float:
-    """Activations held at the peak: ``layers`` layers' worth for each microbatch in flight, the output layer's
-    logits, and with full recompute the one layer being recomputed (its full activations, Korthikanti Sec. 5)."""
-    total = layers * activation_bytes_per_layer(s) * in_flight
-    if has_head:
-        total += head_activation_bytes(s)
+def activation_memory(
+    s: Scenario, layers: int, in_flight: int = 1, has_head: bool = True, moe_layers: int = 0
+) -> float:
+    """Activations held at the peak: ``layers`` layers' worth (``moe_layers`` of them mixture-of-experts) for each
+    microbatch in flight, the output layer's logits, and with full recompute the one layer being recomputed (its
+    full activations, Korthikanti Sec. 5; an MoE layer's where there is one)."""
+    dense = layers - moe_layers
+    total = dense * activation_bytes_per_layer(s) * in_flight
+    if moe_layers:
+        total += moe_layers * activation_bytes_per_layer(s, moe=True) * in_flight
+    if has_head:  # the output layer's, once more per multi-token prediction depth
+        total += head_activation_bytes(s) * (1 + s.model.mtp_layers)
     if s.training.activation_recompute == "full":
-        total += activation_bytes_per_layer(s, recompute="none")
+        total += activation_bytes_per_layer(s, recompute="none", moe=moe_layers > 0)
     return total
+
+
+def model_state_bytes(
+    s: Scenario,
+    w: Workload,
+    shards: int,
+    stage: int,
+    params: float | None = None,
+    expert_params: float | None = None,
+) -> tuple[float, float, float]:
+    """(params, grads, optimizer) bytes per GPU as ZeRO stage ``stage`` shards them: the dense parameters over
+    ``shards`` ranks, the routed experts' over the expert data-parallel group (DeepSpeed-MoE's expert param
+    groups; Megatron-Core's expert distributed optimizer). ``params`` / ``expert_params``: a stage's, default
+    the whole model's on one rank."""
+    w_b, _, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
+    g_b = grad_bytes(s, w.framework)
+    dense = zero_model_state_bytes(
+        w.params_per_rank if params is None else params, shards, stage, k_b, w_b, g_b
+    )
+    experts = w.expert_params_per_rank if expert_params is None else expert_params
+    if not experts:
+        return dense
+    ex = zero_model_state_bytes(experts, expert_grad_group_size(s), stage, k_b, w_b, g_b)
+    return dense[0] + ex[0], dense[1] + ex[1], dense[2] + ex[2]
+
+
+def moe_layer_count(units) -> int:
+    """Mixture-of-experts layers among ``units`` (a Workload's layers or a stage's units)."""
+    return sum(1 for u in units if getattr(getattr(u, "block", u), "moe", False))
 
 
 def memory_breakdown(
@@ -40,15 +76,14 @@ def memory_breakdown(
     buffers: float,
     unsharded_params: float = 0.0,
 ) -> MemoryBreakdown:
-    """Per-GPU memory: model states sharded over ``shards`` ranks as ZeRO stage ``stage`` (FSDP = 3), plus
-    ``unsharded_params`` kept whole on every rank, activations of every layer, and the strategy's buffers."""
-    w_b, _, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
-    g_b = grad_bytes(s, w.framework)
-    params, grads, opt = zero_model_state_bytes(w.params_per_rank, shards, stage, k_b, w_b, g_b)
+    """Per-GPU memory: model states sharded over ``shards`` ranks as ZeRO stage ``stage`` (FSDP = 3; experts over
+    expert data parallelism), plus ``unsharded_params`` kept whole on every rank, activations of every layer,
+    and the strategy's buffers."""
+    w_b = state_bytes_per_param(s.training.precision, s.training.optimizer)[0]
+    params, grads, opt = model_state_bytes(s, w, shards, stage)
     params += unsharded_params * w_b * (1 - 1 / shards)
-    mem = MemoryBreakdown(
-        params, grads, opt, activation_memory(s, w.num_layers), buffers, cluster.gpu.hbm_bytes
-    )
+    acts = activation_memory(s, w.num_layers, moe_layers=moe_layer_count(w.layers))
+    mem = MemoryBreakdown(params, grads, opt, acts, buffers, cluster.gpu.hbm_bytes)
     return with_host_checkpoints(s, mem, w.num_layers, cluster)
 
 

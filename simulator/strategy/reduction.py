@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from simulator.scenario.schema import Scenario
-from simulator.strategy.groups import grad_group_size
+from simulator.strategy.groups import EXPERT_GROUP, expert_grad_group_size, grad_group, grad_group_size
 from simulator.strategy.state_bytes import grad_bytes
 from simulator.workload.transformer import Workload
 
@@ -124,3 +124,17 @@ def megatron_bucket_elements(s: Scenario, w: Workload) -> float:
     if s.parallelism.ddp.bucket_cap_mb is not None:
         return s.parallelism.ddp.bucket_cap_mb * 2**20 / grad_bytes(s, w.framework)
     return max(4e7, 1e6 * grad_group_size(s)) if overlap else math.inf
+
+
+def gradient_sets(s: Scenario, us: list, per_param: float) -> list[tuple[str, str, list[tuple[int, float]]]]:
+    """(what, group, [(unit index, bytes)] in backward order) of each set of gradients reduced together: the dense
+    parameters over data parallelism, and in a mixture-of-experts model the routed experts' over expert data
+    parallelism (Megatron-Core's separate expert gradient buffers, DeepSpeed's expert param groups). A set whose
+    group has one rank needs no reduction and is left out."""
+    out = []
+    if grad_group_size(s) > 1:
+        out.append(("grad", grad_group(s), [(u.index, u.params * per_param) for u in reversed(us)]))
+    experts = [(u.index, u.expert_params * per_param) for u in reversed(us) if u.expert_params]
+    if experts and expert_grad_group_size(s) > 1:
+        out.append(("expert grad", EXPERT_GROUP, experts))
+    return out

@@ -17,8 +17,9 @@ class Unit:
     index: int
     name: str
     block: Block
-    params: int
+    params: int  # reduced over data parallelism
     is_layer: bool
+    expert_params: int = 0  # routed experts, reduced over expert data parallelism
 
 
 def units(w: Workload) -> list[Unit]:
@@ -27,8 +28,10 @@ def units(w: Workload) -> list[Unit]:
     m, t = w.scenario.model, w.scenario.parallelism.tensor_parallel
     head_params = w.head.params - (m.vocab_size * m.hidden_size // t if m.tied_embeddings else 0)
     out = [Unit(0, "embedding", w.embedding, w.embedding.params, False)]
-    out += [Unit(i + 1, f"layer {i}", w.layer, w.layer.params, True) for i in range(w.num_layers)]
-    out.append(Unit(w.num_layers + 1, "head", w.head, head_params, False))
+    out += [Unit(i + 1, f"layer {i}", b, b.params, True, b.expert_params) for i, b in enumerate(w.layers)]
+    n = len(out)
+    out += [Unit(n + i, f"mtp {i}", b, b.params, True, b.expert_params) for i, b in enumerate(w.mtp)]
+    out.append(Unit(len(out), "head", w.head, head_params, False))
     return out
 
 

@@ -22,6 +22,8 @@ from simulator.program import Program, RankClass
 from simulator.scenario.schema import Scenario
 from simulator.strategy import zeropp
 from simulator.strategy.groups import (
+    EXPERT_GROUP,
+    expert_grad_group_size,
     grad_group,
     grad_group_size,
     rank_label,
@@ -36,7 +38,7 @@ from simulator.strategy.offload import (
     optimizer_device,
     param_device,
 )
-from simulator.strategy.reduction import buckets, gradient_reduction, megatron_bucket_elements
+from simulator.strategy.reduction import buckets, gradient_reduction, gradient_sets, megatron_bucket_elements
 from simulator.strategy.sharded import ShardingPlan, add_sharded_iteration
 from simulator.strategy.state_bytes import grad_bytes, weight_bytes
 from simulator.strategy.steps import add_backward, add_forward, add_optimizer, microbatch_sync, with_setup
@@ -175,77 +177,96 @@ def _iteration_1_2(
     reduce_elements, gather_elements = cfg.reduce_bucket_size, cfg.allgather_bucket_size
     if w.framework.zero == "megatron":
         reduce_elements = gather_elements = megatron_bucket_elements(s, w)
-    gathers = buckets([(u.index, u.params * wb) for u in us], gather_elements * wb) if dp > 1 else []
+    # dense parameters over data parallelism; a mixture-of-experts model's routed experts over expert data
+    # parallelism (DeepSpeed's expert param groups, Megatron-Core's expert distributed optimizer)
+    sets = gradient_sets(s, us, 1.0)
+    sizes = {g: (dp if g == grad_group(s) else expert_grad_group_size(s)) for _, g, _ in sets}
+    gathers = [
+        (group, bucket)
+        for _, group, params in sets
+        for bucket in buckets([(i, n * wb) for i, n in reversed(params)], gather_elements * wb)
+    ]
     # Megatron-Core --overlap-param-gather: the previous step's updated weights are all-gathered under this
     # iteration's forward (steady state), each unit's first forward waiting only for its own bucket
-    ahead = {}
+    ahead: dict[int, list[int]] = {}
     if s.parallelism.ddp.overlap_param_gather:
-        for idx, nbytes in gathers:
+        for group, (idx, nbytes) in gathers:
             gid = p.add(
                 0,
                 "comm.dp",
                 "all_gather",
                 "forward",
-                f"param all-gather (units {idx[0]}..{idx[-1]})",
+                f"{_what(s, group)}param all-gather (units {idx[0]}..{idx[-1]})",
                 (),
-                group=grad_group(s),
+                group=group,
                 bytes=nbytes,
             )
-            ahead.update(dict.fromkeys(idx, gid))
+            for i in idx:
+                ahead.setdefault(i, []).append(gid)
     bwd = -1
     setup: dict = {}
     for mb in range(gas):
         for i, u in enumerate(us):
             first = ready if mb == 0 and i == 0 else None
             ops = with_setup(w, u.block.forward, setup) if i == 0 else None
-            deps = (ahead.get(u.index) if mb == 0 else None, first)
+            deps = (*(ahead.get(u.index, ()) if mb == 0 else ()), first)
             add_forward(p, u, mb, deps, ops=ops, sync=i == 0 and microbatch_sync(w))
         reduce = (dp > 1 or offload) and (stage == 2 or mb == gas - 1)
-        plan = (
-            buckets([(u.index, u.params * gb) for u in reversed(us)], reduce_elements * gb) if reduce else []
-        )
-        closes = {b[0][-1]: b for b in plan}
+        if offload and reduce and not sets:  # ZeRO-Offload on one rank: the gradients still go to the host
+            sets_now = [("grad", grad_group(s), [(u.index, u.params) for u in reversed(us)])]
+        else:
+            sets_now = sets if reduce else []
+        closes: dict[int, list] = {}
+        for _, group, params in sets_now:
+            for b in buckets([(i, n * gb) for i, n in params], reduce_elements * gb):
+                closes.setdefault(b[0][-1], []).append((group, b))
         blocking = None
         for u in reversed(us):
             bwd = add_backward(p, s, u, mb, (blocking,))
             blocking = None
-            if u.index in closes:
-                idx, nbytes = closes[u.index]
+            for group, (idx, nbytes) in closes.get(u.index, ()):
                 name = f"(units {idx[-1]}..{idx[0]})"
                 rid = bwd
-                if dp > 1:
-                    kind, calls = gradient_reduction(cfg, dp, w.framework.zero)
+                n = sizes.get(group, dp)
+                if n > 1:
+                    kind, calls = gradient_reduction(cfg, n, w.framework.zero)
                     for _ in range(calls):  # one reduce per owning rank (DeepSpeed < 0.12.4), in turn
                         rid = p.add(
                             0,
                             "comm.dp",
                             kind,
                             "backward",
-                            f"grad {kind.replace('_', '-')} {name}",
+                            f"{_what(s, group)}grad {kind.replace('_', '-')} {name}",
                             (rid,),
-                            group=grad_group(s),
+                            group=group,
                             bytes=nbytes / calls,
                         )
                     blocking = None if overlap else rid
                 # ZeRO-Offload: the rank's reduced partition goes to host memory (accumulated there)
                 reductions.append(add_grad_copy(p, name, rid, nbytes / dp) if offload else rid)
+    params = w.params_per_rank / dp + w.expert_params_per_rank / expert_grad_group_size(s)
     if offload:
         step = add_host_step(p, s, w.params_per_rank / dp, reductions)
         opt = add_param_copy(p, "updated weights to GPU", w.params_per_rank / dp * wb, (step,), "optimizer")
     else:
         tensors = parameter_tensors(s, w.num_layers, True, True)
-        opt = add_optimizer(p, s, w.params_per_rank / dp, reductions, w=w, tensors=tensors)
+        opt = add_optimizer(p, s, params, reductions, w=w, tensors=tensors)
     last = opt
     if not ahead:
-        for idx, nbytes in gathers:
+        for group, (idx, nbytes) in gathers:
             last = p.add(
                 0,
                 gather_stream,
                 "all_gather",
                 "optimizer",
-                f"param all-gather (units {idx[0]}..{idx[-1]})",
+                f"{_what(s, group)}param all-gather (units {idx[0]}..{idx[-1]})",
                 (opt,),
-                group=grad_group(s),
+                group=group,
                 bytes=nbytes,
             )
     return bwd, last
+
+
+def _what(s: Scenario, group: str) -> str:
+    """How a task names the parameters it moves: "" for the dense ones, "expert " for the routed experts'."""
+    return "expert " if group == EXPERT_GROUP else ""

@@ -101,7 +101,7 @@ class Screen:
         key = (lay.tp, lay.cp, lay.mbs, lay.recompute)
         if key not in self._blocks:
             s = self.scenario(lay)
-            w = build_workload(s, self.framework)
+            w = build_workload(s, self.framework, self.gpn)
             comm = self._tp_comm.get((lay.tp, lay.cp))
             if comm is None:
                 one = Cluster(self.cluster.spec, max(1, math.ceil(lay.tp * lay.cp / self.gpn)))

@@ -16,6 +16,7 @@ from pathlib import Path
 from simulator.api import simulate
 from simulator.errors import ScenarioError
 from simulator.frameworks import Framework
+from simulator.metrics.flops import megatron_flops
 from simulator.metrics.metrics import Metrics
 from simulator.scenario.files import read_yaml
 from simulator.scenario.loader import load_scenario
@@ -46,7 +47,7 @@ class CaseResult:
         return asdict(self)
 
 
-FLOP_CONVENTIONS = ("megatron-model", "narayanan-eq3-96", "mosaic-model")
+FLOP_CONVENTIONS = ("megatron-model", "narayanan-eq3-96", "mosaic-model", "megatron-causal")
 
 
 def load_cases(path: str | Path | None = None) -> list[dict]:
@@ -85,11 +86,13 @@ def source_group(case: dict) -> str:
     return case.get("group") or str(case.get("id", "case")).split("-")[0]
 
 
-def predicted_value(m: Metrics, published: dict, params: float) -> float:
+def predicted_value(m: Metrics, published: dict, params: float, s=None) -> float:
     metric = published["metric"]
     if metric != "model_tflops_per_gpu":
         return getattr(m, metric)
     convention = published.get("flop_convention", "megatron-model")
+    if convention == "megatron-causal":  # Megatron-LM's own count since 2025-03 (metrics/flops.py)
+        return megatron_flops(s) / m.iteration_time_s / m.gpus / 1e12
     if convention == "narayanan-eq3-96":
         return m.tflops_per_gpu_narayanan_eq3
     if convention == "mosaic-model":  # (6 N + 12 l h s) FLOPs per token
@@ -132,7 +135,7 @@ def run_case(case: dict, framework: Framework | None = None, kernels: str | None
     m = r.metrics
     model = s.model
     mosaic_params = 6 * r.workload.total_params + 12 * model.num_layers * model.hidden_size * model.seq_length
-    predicted = predicted_value(m, pub, mosaic_params)
+    predicted = predicted_value(m, pub, mosaic_params, s)
     error = 100.0 * (predicted / base["published"] - 1.0)
     status, message = (
         ("oom", f"simulated peak {m.memory_gib['peak']:.1f} GiB > {m.memory_gib['capacity']:.0f}")

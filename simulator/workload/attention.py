@@ -1,11 +1,77 @@
-"""Attention's kernels for one micro-batch on one rank: FlashAttention as one fused kernel (with context
-parallelism, ring attention's K/V exchange beside it), or the unfused layer (QK^T, softmax, dropout, PV)."""
+"""Attention's kernels for one micro-batch on one rank: the projections into queries, keys and values (one
+fused QKV GEMM, or multi-head latent attention's low-rank ones), and the core: FlashAttention as one fused kernel
+(with context parallelism, ring attention's K/V exchange beside it), or the unfused layer (QK^T, softmax,
+dropout, PV)."""
 
 from __future__ import annotations
 
 from simulator.scenario.schema import Scenario
 from simulator.workload.ops import Op, collective_op, gemm, gemm_backward, memory_op
+from simulator.workload.params import norm_params
 from simulator.workload.shape import LayerShape
+
+
+def projection_ops(s: Scenario, sh: LayerShape) -> tuple[tuple[Op, ...], tuple[Op, ...], int]:
+    """(forward, backward, parameters per rank) of the projections from the layer's (gathered) input to the
+    queries, keys and values; the output projection is the caller's."""
+    m = s.model
+    e, tokens, h = sh.e, sh.tokens, sh.h
+    heads, kv_heads, d, dv = sh.heads, sh.kv_heads, sh.d, sh.dv
+    if m.mla is None:
+        qkv = gemm("qkv projection", tokens, (heads + 2 * kv_heads) * d, h)
+        fwd: tuple[Op, ...] = (qkv,)
+        bwd: tuple[Op, ...] = gemm_backward(qkv)
+        params = h * (heads + 2 * kv_heads) * d + ((heads + 2 * kv_heads) * d if m.has_qkv_bias else 0)
+        if m.qk_layernorm:  # an RMSNorm over each head's queries and keys (Qwen3, OLMoE)
+            rows = tokens * (heads + kv_heads)
+            fwd += (memory_op("q / k layernorm", 2 * e * rows * d + 4 * rows, sh.norm_kind, rows, d),)
+            bwd = (
+                memory_op("q / k layernorm backward", 3 * e * rows * d, sh.norm_kind, rows, d, "backward"),
+                *bwd,
+            )
+            params += 2 * norm_params(m, d)
+        return fwd, bwd, params
+    # Multi-head latent attention (Megatron-Core multi_latent_attention.py, core_v0.14.0): the down-projections
+    # are replicated on every tensor-parallel rank (TELinear, parallel_mode "duplicated"), the up-projections
+    # column-parallel; the rotary key part is shared by every head.
+    c = m.mla
+    rope = c.qk_rope_head_dim
+    ops_f: list[Op] = []
+    ops_b: list[Op] = []
+    params = 0
+
+    def lowrank(name: str, rank: int, down_out: int, up_out: int) -> None:
+        nonlocal params
+        down = gemm(f"{name} down-projection", tokens, down_out, h)
+        norm = memory_op(
+            f"{name} latent norm", 2 * e * tokens * rank + 4 * tokens, sh.norm_kind, tokens, rank
+        )
+        norm_bwd = memory_op(
+            f"{name} latent norm backward", 3 * e * tokens * rank, sh.norm_kind, tokens, rank, "backward"
+        )
+        up = gemm(f"{name} up-projection", tokens, up_out, rank)
+        ops_f.extend((down, norm, up))
+        ops_b[:0] = [*gemm_backward(up), norm_bwd, *gemm_backward(down)]
+        params += h * down_out + norm_params(m, rank) + rank * up_out
+
+    if c.q_lora_rank is None:
+        q = gemm("mla q projection", tokens, heads * d, h)
+        ops_f.append(q)
+        ops_b[:0] = list(gemm_backward(q))
+        params += h * heads * d
+    else:
+        lowrank("mla q", c.q_lora_rank, c.q_lora_rank, heads * d)
+    lowrank("mla kv", c.kv_lora_rank, c.kv_lora_rank + rope, heads * (c.qk_nope_head_dim + dv))
+    # rotary on the query and key parts, keys assembled from the per-head part and the shared rotary part
+    assemble = 4 * e * tokens * heads * d
+    ops_f.append(memory_op("mla rotary and key assembly", assemble, "elementwise", tokens, heads * d))
+    ops_b.insert(
+        0,
+        memory_op(
+            "mla rotary and key assembly backward", assemble, "elementwise", tokens, heads * d, "backward"
+        ),
+    )
+    return tuple(ops_f), tuple(ops_b), params
 
 
 def attention_ops(s: Scenario, sh: LayerShape) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
@@ -17,18 +83,28 @@ def attention_ops(s: Scenario, sh: LayerShape) -> tuple[tuple[Op, ...], tuple[Op
 
 def _flash(s: Scenario, sh: LayerShape) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
     """FlashAttention (Dao 2023): one kernel forward and one backward (2.5x the forward's matmul work)."""
-    b, e, d, seq, heads, kv_heads, tokens = sh.b, sh.e, sh.d, sh.seq, sh.heads, sh.kv_heads, sh.tokens
+    b, e, d, dv, seq, heads, kv_heads, tokens = (
+        sh.b,
+        sh.e,
+        sh.d,
+        sh.dv,
+        sh.seq,
+        sh.heads,
+        sh.kv_heads,
+        sh.tokens,
+    )
     full_seq = s.model.seq_length
     # with context parallelism each rank's s/cp queries attend to all s keys (ring attention, causal load
-    # balancing gives every rank the same share); QK^T and PV, causal masking skips half
-    full = 4.0 * b * heads * seq * full_seq * d
+    # balancing gives every rank the same share); QK^T (head width d) and PV (dv), causal masking skips half
+    full = 2.0 * b * heads * seq * full_seq * (d + dv)
     attn_shape = (seq, full_seq, d, b * heads)  # queries x keys x head dim, per (sample, head)
+    moved = e * tokens * (heads * d + kv_heads * d + kv_heads * dv + heads * dv)  # Q, K, V, output
     fwd: tuple[Op, ...] = (
         Op(
             "flash attention",
             "flash_attention",
             full / 2,
-            e * tokens * (heads + 2 * kv_heads + heads) * d,
+            moved,
             *attn_shape,
             model_flops=full,
             kernel="flash_attention",
@@ -39,7 +115,7 @@ def _flash(s: Scenario, sh: LayerShape) -> tuple[tuple[Op, ...], tuple[Op, ...]]
             "flash attention backward",
             "flash_attention",
             2.5 * full / 2,
-            e * tokens * 2 * (heads + 2 * kv_heads + heads) * d,
+            2 * moved,
             *attn_shape,
             model_flops=2 * full,
             kernel="flash_attention",
@@ -50,7 +126,7 @@ def _flash(s: Scenario, sh: LayerShape) -> tuple[tuple[Op, ...], tuple[Op, ...]]
         # K and V blocks go round the CP ring while the kernel works on the block it has (Liu et al. 2023,
         # Ring Attention; Megatron-Core context parallelism): an all-gather of K,V forward; K,V again and
         # their gradients (a reduce-scatter) backward
-        kv = e * b * full_seq * 2 * kv_heads * d  # all of K and V, this rank's heads
+        kv = e * b * full_seq * kv_heads * (d + dv)  # all of K and V, this rank's heads
         fwd = (*fwd, collective_op("cp ring K/V exchange", "all_gather", "cp", kv, overlaps="previous"))
         bwd = (
             bwd[0],
@@ -65,7 +141,7 @@ def _standard(sh: LayerShape) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
     b, e, d, seq, heads = sh.b, sh.e, sh.d, sh.seq, sh.heads
     probs = b * heads * seq * seq
     scores = gemm("attention scores QK^T", seq, seq, d, batch=b * heads)
-    context = gemm("attention context PV", seq, d, seq, batch=b * heads)
+    context = gemm("attention context PV", seq, sh.dv, seq, batch=b * heads)
     softmax = memory_op("scaled masked softmax", 2 * e * probs, "softmax", b * heads * seq, seq)
     dropout = memory_op("attention dropout", (2 * e + 1) * probs, "dropout", b * heads * seq, seq)
     fwd = (scores, softmax, dropout, context)

@@ -15,12 +15,26 @@ class Block:
     forward: tuple[Op, ...]
     backward: tuple[Op, ...]
     recompute_selective: tuple[Op, ...]  # forward ops re-run by selective recompute (attention core)
-    params: int  # parameters held by one tensor-parallel rank
+    params: (
+        int  # parameters held by one rank and reduced over data parallelism (for MoE: all but the experts)
+    )
     recompute_full: tuple[Op, ...] = ()  # full recompute: fetch the checkpoint, then the forward again
+    expert_params: int = 0  # routed experts' parameters on one rank, reduced over expert data parallelism
+    moe: bool = False  # a mixture-of-experts layer
 
     @property
     def forward_model_flops(self) -> float:
         return sum(op.model_flops for op in self.forward)
+
+
+@dataclass(frozen=True)
+class Part:
+    """A piece of a block (attention, an MLP): its ops and the parameters it holds on one rank."""
+
+    forward: tuple[Op, ...]
+    backward: tuple[Op, ...]
+    params: int = 0  # reduced over data parallelism
+    expert_params: int = 0  # reduced over expert data parallelism
 
 
 def present(*ops: Op | None) -> tuple[Op, ...]:

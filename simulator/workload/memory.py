@@ -108,11 +108,13 @@ def zero_model_state_bytes(
     )
 
 
-def activation_bytes_per_layer(s: Scenario, recompute: str | None = None) -> float:
-    """Activations one transformer layer stores for one microbatch on one GPU.
+def activation_bytes_per_layer(s: Scenario, recompute: str | None = None, moe: bool = False) -> float:
+    """Activations one transformer layer stores for one microbatch on one GPU (``moe``: a mixture-of-experts
+    layer: attention as in a dense layer, then the MoE MLP's tensors, ``moe_mlp_activation_bytes``).
 
     Korthikanti et al. 2022 Sec. 4 (16-bit activations, 1-byte dropout masks), generalised to grouped-query
-    attention, gated MLPs and FlashAttention. For a standard GPT layer it reduces exactly to:
+    attention, heads of their own width, gated MLPs, FlashAttention and multi-head latent attention. For a
+    standard GPT layer it reduces exactly to:
       no parallelism            s b h (34 + 5 a s / h)
       tensor parallel           s b h (10 + 24/t + 5 a s / (h t))
       tensor + sequence par.    s b h / t (34 + 5 a s / h)
@@ -132,20 +134,60 @@ def activation_bytes_per_layer(s: Scenario, recompute: str | None = None) -> flo
     mode = recompute or tr.activation_recompute
     if mode == "full":
         return 0.0 if tr.cpu_checkpointing else checkpoint_bytes_per_layer(s)
+    q = a * m.head_dim / h  # query width relative to h (1 unless heads have a width of their own)
     kv = m.query_groups * m.head_dim / h  # K and V width relative to h (1 without GQA)
+    v = m.query_groups * m.v_head_dim / h
+    out = a * m.v_head_dim / h  # the attention output, the projection's input
     f_up = (2 if m.activation == "swiglu" else 1) * m.ffn_size / h
     f = m.ffn_size / h
     replicated = sbh * (
         2 + 1 + 2 + 1 + 4
     )  # QKV input, attention dropout mask, MLP input, MLP dropout mask, 2 norms
-    sharded = sbh * (
-        2 + 2 * kv + 2 * kv + 2 + 2 * f_up + 2 * f
-    )  # Q, K, V, projection input, MLP up out, act out
+    mlp = 0.0 if moe else 2 * f_up + 2 * f  # MLP up out, act out (an MoE MLP's are its own)
+    sharded = sbh * (2 * q + 2 * kv + 2 * v + 2 * out + mlp)  # Q, K, V, projection input, MLP
     if m.attention == "standard" and mode != "selective":
         sharded += 5 * a * sq * sq * b  # softmax output, dropout mask, dropout output
     if m.attention == "flash":
-        sharded += 2 * sbh + 4 * sq * b * a  # attention output kept by the kernel + fp32 log-sum-exp
-    return replicated / sp + sharded / t
+        sharded += 2 * sbh * out + 4 * sq * b * a  # attention output kept by the kernel + fp32 log-sum-exp
+    total = replicated / sp + sharded / t
+    if m.mla is not None:
+        # the latents of the replicated down-projections, every token on every TP rank (0.14): the down outputs
+        # (norm inputs) and the norm outputs (up-projection inputs), 16-bit
+        c = m.mla
+        q_rank = c.q_lora_rank or 0
+        total += 2 * sq * b * (2 * q_rank + 2 * c.kv_lora_rank + c.qk_rope_head_dim)
+    if moe:
+        total += moe_mlp_activation_bytes(s)
+    return total
+
+
+def moe_mlp_activation_bytes(s: Scenario) -> float:
+    """What an MoE MLP keeps for backward on the busiest expert-parallel rank (Megatron-Core core_v0.13.0, what
+    the router, ``moe_utils.permute`` and the experts save): the router's fp32 logits and probabilities with the
+    routing map, the permutation's row map, and for each of the ``N`` rows the experts compute, the fc1 input
+    (the gathered tokens), fc1's output, the activation's output and the routing probability; the shared
+    expert's like a dense MLP's."""
+    from simulator.workload.expert_load import expert_load
+
+    m, p = s.model, s.parallelism
+    moe = m.moe
+    t = p.tensor_parallel
+    sp = t if p.sequence_parallel else 1
+    e = 4 if s.training.precision == "fp32" else 2
+    tokens = s.training.micro_batch_size * (m.seq_length // p.context_parallel)
+    T = tokens // sp  # the rank's tokens at the MoE input
+    n = expert_load(moe, T, p.expert_parallel, p.etp).total_rows
+    f = m.expert_ffn_size // p.etp
+    f_up = (2 if m.activation == "swiglu" else 1) * f
+    experts = moe.num_experts
+    router = T * experts * (4 + 4 + 1) + T * experts * 4  # logits, probabilities, map; the row map (int32)
+    routed = n * (e * m.hidden_size + e * f_up + e * f + 4)
+    shared = 0.0
+    if moe.shared_expert_ffn_hidden_size:
+        fs = moe.shared_expert_ffn_hidden_size
+        fs_up = (2 if m.activation == "swiglu" else 1) * fs
+        shared = tokens * e * (fs_up + fs) / t
+    return router + routed + shared
 
 
 def checkpoint_bytes_per_layer(s: Scenario) -> float:

@@ -25,7 +25,9 @@ class Op:
     model_flops: float = 0.0
     collective: str = ""  # collective ops: all_reduce, all_gather, reduce_scatter, send_recv
     group: str = ""  # collective ops: the group kind (tp, pp, ...)
-    overlaps: str = ""  # collective ops: "previous" / "next" = runs alongside that neighbouring kernel
+    # collective ops: "previous" / "next" = runs alongside that neighbouring kernel; "alongside" = beside the
+    # collective before it (one kernel moving data over two kinds of links at once)
+    overlaps: str = ""
     # what a calibration table calls this kernel (simulator/tables/format.py: KERNEL_OPS) and its pass;
     # memory-bound kernels keep their tensor's rows x columns in m x n. "" = no table row can describe it
     kernel: str = ""

@@ -19,7 +19,8 @@ class LayerShape:
     sp: int  # t with sequence parallelism (norms and dropouts split by it), else 1
     e: int  # bytes per activation element
     h: int  # hidden size
-    d: int  # head dimension
+    d: int  # per-head query / key width
+    dv: int  # per-head value width (d, except with multi-head latent attention)
     f: int  # MLP width (whole model)
     f_up: int  # MLP up-projection output width: 2f for SwiGLU's gate and up, else f
     v: int  # vocabulary
@@ -51,6 +52,7 @@ def layer_shape(s: Scenario) -> LayerShape:
         e=4 if tr.precision == "fp32" else 2,
         h=m.hidden_size,
         d=m.head_dim,
+        dv=m.v_head_dim,
         f=f,
         f_up=2 * f if m.activation == "swiglu" else f,
         v=m.vocab_size,
@@ -81,3 +83,17 @@ def residual(sh: LayerShape, name: str) -> Op:
 
 def residual_backward(sh: LayerShape, name: str) -> Op:
     return memory_op(name, 2 * sh.e * sh.tokens * sh.h / sh.sp, sh.residual_kind, sh.rows, sh.h, "backward")
+
+
+def activation(m, name: str, e: int, rows: int, cols: int, extra: float = 0.0) -> tuple[Op, Op]:
+    """(forward, backward) of an MLP's activation over ``rows x cols`` outputs: SwiGLU reads the gate and up
+    halves and writes one (3 elements moved forward, 5 backward), others read one and write one (2 / 3);
+    ``extra`` bytes more each way (a routing probability read, its gradient written)."""
+    swiglu = m.activation == "swiglu"
+    kind = m.activation.replace("-", "_")  # gelu | swiglu | relu | squared_relu
+    elems = rows * cols
+    fwd = memory_op(name, e * elems * (3 if swiglu else 2) + extra, kind, rows, cols)
+    bwd = memory_op(
+        f"{name} backward", e * elems * (5 if swiglu else 3) + 2 * extra, kind, rows, cols, "backward"
+    )
+    return fwd, bwd

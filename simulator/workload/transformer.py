@@ -4,9 +4,11 @@ Shapes follow Megatron-LM's GPT layer (Narayanan et al. SC21 Sec. 3.2; Korthikan
 layernorm -> QKV projection -> attention (QK^T, softmax, dropout, context; or one FlashAttention kernel) ->
 output projection -> bias-dropout-add -> layernorm -> MLP up -> activation -> MLP down -> bias-dropout-add.
 With tensor parallelism ``t`` the projections are column/row parallel (heads and MLP width split by t); with
-sequence parallelism the layernorm / dropout work is split by t too. The pieces: sizes in ``shape.py``,
-attention's core in ``attention.py``, tensor parallelism's collectives in ``tensor_parallel.py``, the embedding
-and output head in ``embedding.py``, the framework's own kernels in ``framework_kernels.py``.
+sequence parallelism the layernorm / dropout work is split by t too. A mixture-of-experts layer has the same
+attention and an MoE MLP instead of the dense one (``moe.py``). The pieces: sizes in ``shape.py``, attention's
+projections and core in ``attention.py``, tensor parallelism's collectives in ``tensor_parallel.py``, the
+embedding and output head in ``embedding.py``, the framework's own kernels in ``framework_kernels.py``,
+parameter counts in ``params.py``.
 """
 
 from __future__ import annotations
@@ -17,44 +19,75 @@ from functools import cached_property
 from simulator.frameworks import Framework, get_framework
 from simulator.scenario.schema import Scenario
 from simulator.workload import framework_kernels
-from simulator.workload.attention import attention_ops
-from simulator.workload.block import Block, present
+from simulator.workload.attention import attention_ops, projection_ops
+from simulator.workload.block import Block, Part, present
 from simulator.workload.embedding import embedding_block, head_block
+from simulator.workload.expert_load import ExpertLoad
 from simulator.workload.memory import checkpoint_bytes_per_layer
+from simulator.workload.moe import moe_load, moe_part
 from simulator.workload.ops import (
     Op,
     collective_op,
     gemm,
     gemm_backward,
     host_op,
-    memory_op,
     recomputed,
     sync_op,
 )
-from simulator.workload.shape import LayerShape, layer_shape, norm, norm_backward, residual, residual_backward
+from simulator.workload.params import parameter_count
+from simulator.workload.shape import (
+    LayerShape,
+    activation,
+    layer_shape,
+    norm,
+    norm_backward,
+    residual,
+    residual_backward,
+)
 from simulator.workload.tensor_parallel import tp_collectives
 
 
 @dataclass(frozen=True)
 class Workload:
     scenario: Scenario
-    layer: Block  # all transformer layers are alike
+    layers: tuple[Block, ...]  # every transformer layer in order (identical layers share one Block)
     embedding: Block
     head: Block  # final norm, logits, cross-entropy loss
     framework: Framework  # the software that runs it: its extra kernels, host costs and syncs
     # host work at the start of every microbatch's forward (data, masks; one op, or () without a host model)
     microbatch_setup: tuple[Op, ...] = ()
+    expert_load: ExpertLoad | None = None  # the busiest expert-parallel rank of the MoE layers
+    mtp: tuple[Block, ...] = ()  # multi-token prediction depths, after the layers on the last stage
 
     @property
     def num_layers(self) -> int:
-        return self.scenario.model.num_layers
+        return len(self.layers)
+
+    @property
+    def layer(self) -> Block:
+        """The first transformer layer (every layer of a dense model; ``layers`` for an MoE one)."""
+        return self.layers[0]
+
+    @cached_property
+    def kinds(self) -> tuple[Block, ...]:
+        """The distinct layer blocks (one for a dense model; dense and MoE layers for an MoE one)."""
+        out: dict[int, Block] = {}
+        for b in self.layers:
+            out.setdefault(id(b), b)
+        return tuple(out.values())
 
     @cached_property
     def params_per_rank(self) -> int:
-        """Parameters on one tensor-parallel rank (whole model, all pipeline stages)."""
+        """Dense parameters on one rank (every layer, the embedding and the head of all pipeline stages); for an MoE
+        model the routed experts are ``expert_params_per_rank``."""
         m, t = self.scenario.model, self.scenario.parallelism.tensor_parallel
         head = self.head.params - (m.vocab_size * m.hidden_size // t if m.tied_embeddings else 0)
-        return self.num_layers * self.layer.params + self.embedding.params + head
+        return sum(b.params for b in (*self.layers, *self.mtp)) + self.embedding.params + head
+
+    @cached_property
+    def expert_params_per_rank(self) -> int:
+        """The routed experts' parameters on one rank (every MoE layer), reduced over expert data parallelism."""
+        return sum(b.expert_params for b in (*self.layers, *self.mtp))
 
     @cached_property
     def total_params(self) -> int:
@@ -64,7 +97,7 @@ class Workload:
     def model_flops_per_microbatch(self) -> float:
         """Forward + backward model FLOPs of one microbatch on the whole model (all TP ranks): 3 x forward."""
         t = self.scenario.parallelism.tensor_parallel
-        fwd = self.num_layers * self.layer.forward_model_flops + self.head.forward_model_flops
+        fwd = sum(b.forward_model_flops for b in (*self.layers, *self.mtp)) + self.head.forward_model_flops
         return 3.0 * fwd * t
 
 
@@ -75,62 +108,51 @@ def tensors_per_layer(m) -> int:
     return 4 + (4 if m.add_bias_linear else 0) + 2 * norm_tensors
 
 
-def parameter_count(s: Scenario) -> int:
-    """Exact parameter count of the model described by the scenario (whole model)."""
+def dense_mlp_part(s: Scenario, sh: LayerShape, tp, mlp_bias: Op | None) -> Part:
+    """The dense MLP: up projection (with the gate for SwiGLU), activation, down projection, between the
+    tensor-parallel collectives of its input and output."""
     m = s.model
-    h, f, g, d, v = m.hidden_size, m.ffn_size, m.query_groups, m.head_dim, m.vocab_size
-    bias = 1 if m.add_bias_linear else 0
-    norm_params = 2 * h if m.normalization == "layernorm" else h
-    f_up = 2 * f if m.activation == "swiglu" else f
-    qkv_out = h + 2 * g * d
-    layer = h * qkv_out + h * h + h * f_up + f * h + bias * (qkv_out + h + f_up + h) + 2 * norm_params
-    embed = v * h + (m.seq_length * h if m.position_embedding == "learned" else 0)
-    head = 0 if m.tied_embeddings else v * h
-    return m.num_layers * layer + embed + head + norm_params
-
-
-def layer_params(s: Scenario, sh: LayerShape) -> int:
-    """Parameters of one transformer layer on one tensor-parallel rank."""
-    h, d, heads, kv_heads, t = sh.h, sh.d, sh.heads, sh.kv_heads, sh.t
-    bias = 1 if s.model.add_bias_linear else 0
-    return (
-        h * (heads + 2 * kv_heads) * d
-        + heads * d * h
-        + h * sh.f_up // t
-        + sh.f // t * h
-        + bias * ((heads + 2 * kv_heads) * d + h + sh.f_up // t + h)
-        + 2 * sh.norm_params
+    gather_in, scatter_out, grad_in, grad_out = tp
+    e, tokens, h, f, t = sh.e, sh.tokens, sh.h, sh.f, sh.t
+    up = gemm("mlp up projection", tokens, sh.f_up // t, h)
+    down = gemm("mlp down projection", tokens, h, f // t)
+    act, act_bwd = activation(m, f"{m.activation}", e, tokens, f // t)
+    forward = present(gather_in("mlp input"), up, act, down, scatter_out("mlp output"), mlp_bias)
+    backward = present(
+        grad_out("mlp output gradient"),
+        *gemm_backward(down),
+        act_bwd,
+        *gemm_backward(up),
+        grad_in("mlp input gradient"),
     )
+    bias = (sh.f_up // t + h) if m.add_bias_linear else 0
+    return Part(forward, backward, h * sh.f_up // t + f // t * h + bias)
 
 
-def build_workload(s: Scenario, framework: Framework | None = None) -> Workload:
+def build_workload(
+    s: Scenario, framework: Framework | None = None, gpus_per_node: int | None = None
+) -> Workload:
     """The model's kernels for one microbatch on one tensor-parallel rank, as ``framework`` (default: the
-    scenario's) launches them."""
+    scenario's) launches them. ``gpus_per_node``: the cluster's, where a kernel's traffic depends on which ranks
+    share a node (DeepEP's dispatch; without it an expert-parallel group is taken to fit in a node)."""
     fw = framework or get_framework(s.framework)
     m, p, tr = s.model, s.parallelism, s.training
     sh = layer_shape(s)
-    e, tokens, h, d, f, t, sp = sh.e, sh.tokens, sh.h, sh.d, sh.f, sh.t, sh.sp
-    heads, kv_heads = sh.heads, sh.kv_heads
+    e, tokens, h, t, sp = sh.e, sh.tokens, sh.h, sh.t, sh.sp
+    heads = sh.heads
 
-    qkv = gemm("qkv projection", tokens, (heads + 2 * kv_heads) * d, h)
-    proj = gemm("attention output projection", tokens, h, heads * d)
-    up = gemm("mlp up projection", tokens, sh.f_up // t, h)
-    down = gemm("mlp down projection", tokens, h, f // t)
-    act_elems = tokens * f // t
-    act_kind = m.activation.replace("-", "_")  # gelu | swiglu | relu | squared_relu
-    act = memory_op(
-        f"{m.activation}", e * act_elems * (3 if m.activation == "swiglu" else 2), act_kind, tokens, f // t
-    )
-    attn_fwd, attn_bwd = attention_ops(s, sh)
-
-    gather_in, scatter_out, grad_in, grad_out = tp_collectives(
+    tp = tp_collectives(
         t, p.sequence_parallel, e * tokens * h, p.tp_comm_overlap, fw.overlap_tp_grad_allreduce
     )
-    params = layer_params(s, sh)
+    gather_in, scatter_out, grad_in, grad_out = tp
+    proj_fwd, proj_bwd, proj_params = projection_ops(s, sh)
+    proj = gemm("attention output projection", tokens, h, heads * sh.dv)
+    attn_fwd, attn_bwd = attention_ops(s, sh)
+    attention_params = proj_params + heads * sh.dv * h + (h if m.add_bias_linear else 0) + 2 * sh.norm_params
     # the framework's own small kernels beyond the model's (bias adds, layout copies, bias-gradient reductions)
     legacy = fw.kernels == "megatron-legacy"
     bias = 1 if m.add_bias_linear else 0
-    qkv_out, heads_dim = (heads + 2 * kv_heads) * d, heads * d
+    qkv_out, heads_dim = (heads + 2 * sh.kv_heads) * sh.d, heads * sh.d
     qkv_bias, context_copy, mlp_bias = (
         framework_kernels.layer_forward(e, tokens, h, qkv_out, heads_dim, sp, bias) if legacy else (None,) * 3
     )
@@ -139,7 +161,6 @@ def build_workload(s: Scenario, framework: Framework | None = None) -> Workload:
         if legacy
         else ()
     )
-
     # synchronising calls inside the layer's forward, between attention and MLP (Megatron-DeepSpeed's
     # ParallelTransformerLayer.forward builds moe_loss and mlp_bias with torch.tensor(0.0, device=...): a
     # pageable host-to-device copy, which PyTorch follows with cudaStreamSynchronize)
@@ -147,75 +168,74 @@ def build_workload(s: Scenario, framework: Framework | None = None) -> Workload:
         sync_op("host sync (device tensor from a host scalar)", fw.host.sync_s)
         for _ in range(fw.host.syncs.layer_forward)
     )
-
-    fwd = present(
-        norm(sh, "input layernorm"),
-        gather_in("attention input"),
-        qkv,
-        qkv_bias,
-        *attn_fwd,
-        context_copy,
-        proj,
-        scatter_out("attention output"),
-        residual(sh, "attention bias-dropout-add"),
-        norm(sh, "post-attention layernorm"),
-        *layer_syncs,
-        gather_in("mlp input"),
-        up,
-        act,
-        down,
-        scatter_out("mlp output"),
-        mlp_bias,
-        residual(sh, "mlp bias-dropout-add"),
-    )
-    bwd = present(
-        residual_backward(sh, "mlp bias-dropout-add backward"),
-        grad_out("mlp output gradient"),
-        *gemm_backward(down),
-        memory_op(
-            f"{m.activation} backward",
-            e * act_elems * (5 if m.activation == "swiglu" else 3),
-            act_kind,
-            tokens,
-            f // t,
-            "backward",
-        ),
-        *gemm_backward(up),
-        grad_in("mlp input gradient"),
-        norm_backward(sh, "post-attention layernorm backward"),
-        residual_backward(sh, "attention bias-dropout-add backward"),
-        grad_out("attention output gradient"),
-        *gemm_backward(proj),
-        *attn_bwd,
-        *gemm_backward(qkv),
-        grad_in("attention input gradient"),
-        norm_backward(sh, "input layernorm backward"),
-        *extra_bwd,
-        framework_kernels.grad_accumulation(fw, tr.precision, "layer", params, tensors_per_layer(m)),
-    )
-    # DeepSpeed activation checkpointing: the checkpoint (layer input) split over the TP ranks
-    # (partition_activations) and kept in host memory (cpu_checkpointing); backward fetches and re-gathers it.
-    # Both copies are synchronous and go through pageable memory (DeepSpeed v0.6.2 to v0.16.4,
-    # runtime/activation_checkpointing/checkpointing.py: CheckpointFunction.forward runs partition_activations,
-    # ``partition.cpu()``, before the layer; backward's gather_partitioned_activations copies it back with
-    # ``part_i.copy_(item)`` into a fresh device buffer before the recomputation), so neither hides under a kernel.
     ckpt = checkpoint_bytes_per_layer(s)
-    fetch: list[Op] = []
-    recompute = recomputed(fwd)
-    if tr.cpu_checkpointing:
-        fwd = (collective_op("checkpoint to host", "d2h_pageable", "host", ckpt), *fwd)
-        fetch.append(collective_op("checkpoint from host", "h2d_pageable", "host", ckpt))
-    if tr.partition_activations and t > 1:
-        fetch.append(
-            collective_op("checkpoint all-gather (partition_activations)", "all_gather", "tp", ckpt * t)
+
+    def layer(name: str, mlp: Part, moe: bool) -> Block:
+        params = attention_params + mlp.params
+        fwd = present(
+            norm(sh, "input layernorm"),
+            gather_in("attention input"),
+            *proj_fwd,
+            qkv_bias,
+            *attn_fwd,
+            context_copy,
+            proj,
+            scatter_out("attention output"),
+            residual(sh, "attention bias-dropout-add"),
+            norm(sh, "post-attention layernorm"),
+            *layer_syncs,
+            *mlp.forward,
+            residual(sh, "mlp bias-dropout-add"),
         )
-    layer = Block(
-        "transformer layer",
-        fwd,
-        bwd,
-        recomputed(attn_fwd) if m.attention == "standard" else (),
-        params,
-        (*fetch, *recompute),
+        bwd = present(
+            residual_backward(sh, "mlp bias-dropout-add backward"),
+            *mlp.backward,
+            norm_backward(sh, "post-attention layernorm backward"),
+            residual_backward(sh, "attention bias-dropout-add backward"),
+            grad_out("attention output gradient"),
+            *gemm_backward(proj),
+            *attn_bwd,
+            *proj_bwd,
+            grad_in("attention input gradient"),
+            norm_backward(sh, "input layernorm backward"),
+            *extra_bwd,
+            framework_kernels.grad_accumulation(
+                fw, tr.precision, "layer", params + mlp.expert_params, tensors_per_layer(m)
+            ),
+        )
+        # DeepSpeed activation checkpointing: the checkpoint (layer input) split over the TP ranks
+        # (partition_activations) and kept in host memory (cpu_checkpointing); backward fetches and re-gathers it.
+        # Both copies are synchronous and go through pageable memory (DeepSpeed v0.6.2 to v0.16.4,
+        # runtime/activation_checkpointing/checkpointing.py: CheckpointFunction.forward runs partition_activations,
+        # ``partition.cpu()``, before the layer; backward's gather_partitioned_activations copies it back with
+        # ``part_i.copy_(item)`` into a fresh device buffer before the recomputation), so neither hides under a
+        # kernel.
+        fetch: list[Op] = []
+        recompute = recomputed(fwd)
+        if tr.cpu_checkpointing:
+            fwd = (collective_op("checkpoint to host", "d2h_pageable", "host", ckpt), *fwd)
+            fetch.append(collective_op("checkpoint from host", "h2d_pageable", "host", ckpt))
+        if tr.partition_activations and t > 1:
+            fetch.append(
+                collective_op("checkpoint all-gather (partition_activations)", "all_gather", "tp", ckpt * t)
+            )
+        return Block(
+            name,
+            fwd,
+            bwd,
+            recomputed(attn_fwd) if m.attention == "standard" else (),
+            params,
+            (*fetch, *recompute),
+            mlp.expert_params,
+            moe,
+        )
+
+    pattern = [m.is_moe_layer(i) for i in range(m.num_layers)]
+    dense = (
+        layer("transformer layer", dense_mlp_part(s, sh, tp, mlp_bias), False) if not all(pattern) else None
+    )
+    moe = (
+        layer("moe transformer layer", moe_part(s, sh, fw, tp, gpus_per_node), True) if any(pattern) else None
     )
     setup = (
         (host_op("microbatch setup (data, masks, loss bookkeeping)", fw.host.microbatch_s),)
@@ -224,4 +244,45 @@ def build_workload(s: Scenario, framework: Framework | None = None) -> Workload:
     )
     embedding = embedding_block(s, sh, fw, scatter_out)
     head = head_block(s, sh, fw, gather_in, grad_in)
-    return Workload(s, layer, embedding, head, fw, setup)
+    layers = tuple(moe if is_moe else dense for is_moe in pattern)
+    mtp = ()
+    if m.mtp_layers:
+        last = layers[-1]  # each depth is a layer like the model's last (DeepSeek-V3: an MoE layer)
+        mtp = (mtp_block(s, sh, fw, last, embedding, head, tp),) * m.mtp_layers
+    return Workload(s, layers, embedding, head, fw, setup, moe_load(s, sh) if moe is not None else None, mtp)
+
+
+def mtp_block(
+    s: Scenario, sh: LayerShape, fw: Framework, layer: Block, embedding: Block, head: Block, tp
+) -> Block:
+    """One multi-token prediction depth (Megatron-Core transformer/multi_token_prediction.py, core_v0.13.0; DeepSeek-V3
+    Sec. 2.2): the next tokens' embedding (the shared table) and the previous depth's hidden states, each normed,
+    concatenated and projected back to ``h`` (eh_proj), one transformer layer, and the shared output layer's norm,
+    logits and loss."""
+    tokens, h, t = sh.tokens, sh.h, sh.t
+    scatter_out = tp[1]
+    proj = gemm("mtp projection (eh_proj)", tokens, h, 2 * h // t)
+    lookup = embedding.forward[0]
+    fwd = present(
+        lookup,
+        norm(sh, "mtp embedding norm"),
+        norm(sh, "mtp hidden norm"),
+        proj,
+        scatter_out("mtp projection output"),
+        *layer.forward,
+        *head.forward,
+    )
+    bwd = present(
+        *head.backward,
+        *layer.backward,
+        *gemm_backward(proj),
+        norm_backward(sh, "mtp hidden norm backward"),
+        norm_backward(sh, "mtp embedding norm backward"),
+        embedding.backward[0],
+    )
+    params = (
+        2 * h * h // t + 2 * sh.norm_params + layer.params
+    )  # the embedding and the output layer are shared
+    return Block(
+        "multi-token prediction", fwd, bwd, (), params, layer.recompute_full, layer.expert_params, layer.moe
+    )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from simulator.program import Program
 from simulator.scenario.schema import Scenario
-from simulator.strategy.groups import grad_group, grad_group_size
+from simulator.strategy.groups import EXPERT_GROUP, expert_grad_group_size, grad_group, grad_group_size
 from simulator.strategy.reduction import bf16_optimizer, ddp_settings, pipeline_grad_reduction
 from simulator.strategy.state_bytes import grad_bytes, weight_bytes
 from simulator.strategy.steps import add_optimizer
@@ -32,6 +32,7 @@ def flush_and_step(
     embedding's gradient, every stage agrees on the gradient norm, and each steps its optimizer."""
     par = s.parallelism
     pp, v, dp = par.pipeline_parallel, par.virtual_pipeline_stages, grad_group_size(s)
+    edp = expert_grad_group_size(s)
     wb, gb = weight_bytes(s), grad_bytes(s, w.framework)
     fsdp = par.fsdp is not None  # FSDP2 under torch.distributed.pipelining (module docstring)
     deepspeed = par.pipeline_schedule == "deepspeed"  # DeepSpeed's PipelineEngine reduces as DeepSpeed does
@@ -89,13 +90,35 @@ def flush_and_step(
                         bytes=params * gb,
                     )
                 )
+        experts = sum(u.expert_params for c in range(v) for u in chunks[(st, c)])
+        if experts and edp > 1 and not deepspeed:
+            # a mixture-of-experts model's routed experts: their own buffers, reduced over expert data
+            # parallelism (Megatron-Core distributed_data_parallel.py expert_parallel_buffers)
+            for c in range(v):
+                params = sum(u.expert_params for u in chunks[(st, c)])
+                if not params:
+                    continue
+                last_b = max(i for x, i in ids.pos[st].items() if x.chunk == c and x.kind != "F")
+                kind = "reduce_scatter" if distributed else "all_reduce"
+                reductions.append(
+                    prog.add(
+                        st,
+                        "comm.dp",
+                        kind,
+                        "backward",
+                        f"chunk {c} expert grad {kind.replace('_', '-')}",
+                        (last_b if overlap else last_compute[st],),
+                        group=EXPERT_GROUP,
+                        bytes=params * gb,
+                    )
+                )
         if tied is not None and st in (0, pp - 1):
             reductions.append(tied)
         # gradient clipping all-reduces the norm over every stage: a global sync before the step
         opt = add_optimizer(
             prog,
             s,
-            stage_params[st] / (dp if distributed else 1),
+            stage_params[st] / (dp if distributed else 1) + experts / (edp if distributed else 1),
             (*reductions, *last_compute),
             rank=st,
             w=w,
@@ -126,6 +149,17 @@ def flush_and_step(
                 (opt,),
                 group=grad_group(s),
                 bytes=stage_params[st] * wb,
+            )
+        if experts and distributed and edp > 1:
+            prog.add(
+                st,
+                "comm.dp",
+                "all_gather",
+                "optimizer",
+                "expert param all-gather",
+                (opt,),
+                group=EXPERT_GROUP,
+                bytes=experts * wb,
             )
 
 

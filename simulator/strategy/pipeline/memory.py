@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from simulator.hardware.cluster import Cluster
 from simulator.scenario.schema import Scenario
-from simulator.strategy.groups import grad_group_size
+from simulator.strategy.groups import expert_grad_group_size, grad_group_size
 from simulator.strategy.memory import with_host_checkpoints
 from simulator.strategy.reduction import bf16_optimizer
 from simulator.strategy.schedules import SPLITS_BACKWARD, Step
@@ -44,7 +44,14 @@ def stage_memory(
         # on each rank; the fp32 weights and Adam states of the rank's 1/N (bf16_optimizer.py, v0.16.5)
         g_b, stage = g_b + 4, 1
     p_bytes, g_bytes, o_bytes = zero_model_state_bytes(params, grad_group_size(s), stage, k_b, w_b, g_b)
+    experts = sum(u.expert_params for c in range(v) for u in chunks[(st, c)])
+    if experts:  # a mixture-of-experts model's routed experts, sharded over expert data parallelism
+        ep_bytes, eg_bytes, eo_bytes = zero_model_state_bytes(
+            experts, expert_grad_group_size(s), stage, k_b, w_b, g_b
+        )
+        p_bytes, g_bytes, o_bytes = p_bytes + ep_bytes, g_bytes + eg_bytes, o_bytes + eo_bytes
     layers = {c: sum(1 for u in chunks[(st, c)] if u.is_layer) for c in range(v)}
+    moe = {c: sum(1 for u in chunks[(st, c)] if u.is_layer and u.block.moe) for c in range(v)}
     heads = {c: chunks[(st, c)][-1].name == "head" for c in range(v)}
 
     change = {"F": 1.0, "B": -0.5 if par.pipeline_schedule in SPLITS_BACKWARD else -1.0, "W": -0.5, "O": 0.0}
@@ -58,9 +65,17 @@ def stage_memory(
         return peak
 
     per_layer = activation_bytes_per_layer(s)
-    peak = in_flight_peak({c: layers[c] * per_layer + heads[c] * head_activation_bytes(s) for c in range(v)})
+    per_moe_layer = activation_bytes_per_layer(s, moe=True) if any(moe.values()) else 0.0
+    peak = in_flight_peak(
+        {
+            c: (layers[c] - moe[c]) * per_layer
+            + moe[c] * per_moe_layer
+            + heads[c] * head_activation_bytes(s) * (1 + s.model.mtp_layers)
+            for c in range(v)
+        }
+    )
     if s.training.activation_recompute == "full":
-        peak += activation_bytes_per_layer(s, recompute="none")
+        peak += activation_bytes_per_layer(s, recompute="none", moe=any(moe.values()))
     mem = MemoryBreakdown(
         p_bytes, g_bytes, o_bytes, peak, (versions - 1) * params * w_b, cluster.gpu.hbm_bytes
     )

@@ -39,11 +39,13 @@ def check(s: Scenario) -> None:
                 f"parallelism: the middle stages' {per_middle} layers each do not split into "
                 f"virtual_pipeline_stages ({v}) equal chunks"
             )
-        for name, n in (("first", first), ("last", last)):
-            if v > 1 and n is not None and n < v:
+        # one chunk of the first (last) stage may hold the embedding (output layer) alone: Megatron-Core's split
+        # with --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split
+        for name, n, alone in (("first", first, "embedding"), ("last", last, "output layer")):
+            if v > 1 and n is not None and n < v - 1:
                 raise ScenarioError(
-                    f"parallelism: {name}_pipeline_stage_layers ({n}) gives some of the stage's "
-                    f"virtual_pipeline_stages ({v}) chunks no layer"
+                    f"parallelism: {name}_pipeline_stage_layers ({n}) gives more than one of the stage's "
+                    f"virtual_pipeline_stages ({v}) chunks no layer (one may hold the {alone} alone)"
                 )
     elif m.num_layers % (pp * v):
         raise ScenarioError(
@@ -110,6 +112,8 @@ def chunk_units(w: Workload, pp: int, v: int) -> dict[tuple[int, int], list[Unit
             g = c * pp + st
             out[(st, c)] = us[1 + starts[g] : 1 + starts[g] + counts[g]]
     out[(0, 0)].insert(0, us[0])
+    # multi-token prediction runs on the last stage, after its layers (Megatron-Core mtp_on_last_stage)
+    out[(pp - 1, v - 1)] += [u for u in us if u.name.startswith("mtp ")]
     # with tied embeddings Megatron keeps a copy of the word embedding on the last stage for the logits
     out[(pp - 1, v - 1)].append(replace(us[-1], params=w.head.params))
     return out

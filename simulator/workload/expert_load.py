@@ -1,0 +1,89 @@
+"""How many tokens each expert computes, and which expert-parallel rank is busiest.
+
+Every rank routes its ``T`` tokens to ``top_k`` experts each. Expert ``e`` receives a share ``p_e`` of the routed
+copies (``model.moe.load``: uniform; a measured ratio of the busiest expert to the mean; or a Zipf skew with
+the experts in a seeded random order), from every rank of its expert-tensor x expert-parallel group. With a
+capacity factor ``c`` an expert keeps at most ``ceil(c T k / E)`` copies from each source rank (Megatron-Core
+``moe_utils.get_capacity``, core_v0.13.0; DeepSpeed ``sharded_moe._capacity``), the rest are dropped, and with
+``pad_to_capacity`` it computes exactly that many rows. Rank ``r`` holds experts ``[r E/EP, (r+1) E/EP)``
+(Megatron's ``local_expert_indices``); the busiest rank sets the pace of every all-to-all and of the layer.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from simulator.scenario.model import ExpertLoadConfig, MoeConfig
+
+
+@dataclass(frozen=True)
+class ExpertLoad:
+    rows: tuple[float, ...]  # rows each local expert of the busiest rank computes (after the ETP gather)
+    real_rows: tuple[float, ...]  # of which routed tokens (the rest is capacity padding)
+    received: (
+        float  # rows the busiest rank receives over the all-to-all, over a balanced rank's (>= 1 mostly)
+    )
+    dropped: float  # fraction of the routed token copies the capacity drops
+    imbalance: float  # the busiest rank's rows over the mean rank's
+
+    @property
+    def total_rows(self) -> float:
+        return sum(self.rows)
+
+
+def expert_shares(load: ExpertLoadConfig, experts: int) -> list[float]:
+    """Fraction of the routed token copies each expert receives (sums to 1)."""
+    if load.skew is not None:
+        weights = [1.0 / (i + 1) ** load.skew for i in range(experts)]
+        random.Random(load.seed).shuffle(weights)
+    elif load.imbalance > 1.0:
+        hot = min(load.imbalance, float(experts))  # one expert at ``imbalance`` x the mean, the others equal
+        weights = [hot] + [(experts - hot) / max(experts - 1, 1)] * (experts - 1)
+    else:
+        weights = [1.0] * experts
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def capacity(moe: MoeConfig, tokens: float) -> int | None:
+    """Copies one expert takes from one source rank: ``ceil(c x tokens x top_k / experts)``; None = dropless."""
+    if moe.capacity_factor is None:
+        return None
+    return math.ceil(moe.capacity_factor * tokens * moe.top_k / moe.num_experts)
+
+
+def expert_load(moe: MoeConfig, tokens: float, ep: int, etp: int) -> ExpertLoad:
+    """The busiest expert-parallel rank of a layer whose ranks each route ``tokens`` tokens."""
+    e, k = moe.num_experts, moe.top_k
+    per_source = [tokens * k * p for p in expert_shares(moe.load, e)]  # copies from one source rank
+    cap = capacity(moe, tokens)
+    kept = per_source if cap is None else [min(c, cap) for c in per_source]
+    computed = [cap] * e if moe.pad_to_capacity and cap is not None else kept
+    dropped = 1.0 - sum(kept) / (tokens * k) if tokens else 0.0
+    sources = ep * etp  # an expert gathers rows from every rank of its ETP x EP group
+    local = e // ep
+    by_rank = [range(r * local, (r + 1) * local) for r in range(ep)]
+    busiest = max(by_rank, key=lambda experts: sum(computed[i] for i in experts))
+    rows = tuple(computed[i] * sources for i in busiest)
+    mean = sum(computed) * sources / ep
+    balanced = tokens * k * etp
+    return ExpertLoad(
+        rows=rows,
+        real_rows=tuple(kept[i] * sources for i in busiest),
+        received=sum(rows) / balanced if balanced else 0.0,
+        dropped=max(dropped, 0.0),
+        imbalance=sum(rows) / mean if mean else 1.0,
+    )
+
+
+def distinct_groups(experts: int, top_k: int, groups: int) -> float:
+    """Expected number of distinct groups (ranks, nodes) a token's ``top_k`` experts fall in, the experts split
+    evenly over ``groups`` and chosen uniformly without replacement: ``groups (1 - C(E - E/groups, k) / C(E, k))``
+    (what DeepEP sends a token to: once per destination rank, across nodes once per node)."""
+    if groups <= 1:
+        return 1.0
+    per = experts // groups
+    miss = math.comb(experts - per, top_k) / math.comb(experts, top_k) if experts - per >= top_k else 0.0
+    return groups * (1.0 - miss)

@@ -1,0 +1,174 @@
+"""A mixture-of-experts MLP as Megatron-Core runs it, for one micro-batch on one rank (core_v0.13.0,
+megatron/core/transformer/moe/: router.py, token_dispatcher.py, experts.py, shared_experts.py; docs/moe.md).
+
+The rank holds ``T`` tokens at the MoE input (``b s / (TP CP)``: sequence parallelism is required with TP).
+Router: one GEMM ``[T, h] x [h, E]``, then top-k, softmax / sigmoid and scatters over ``[T, E]`` (and the aux
+loss's second pass). ``alltoall`` dispatcher (``MoEAlltoAllTokenDispatcher``): an all-gather of the token counts
+over ETP x EP, the host waits for them (``_maybe_dtoh_and_synchronize`` before the EP all-to-all), the tokens
+are permuted into ``T k`` rows, all-to-all over EP (tokens and their probabilities), all-gathered over ETP,
+sorted by local expert, run through the experts (fc1, the probability-weighted activation, fc2), and the
+reverse: sorted back, reduce-scattered over ETP, all-to-all over EP, unpermuted (a k-way gather-sum).
+``allgather`` dispatcher (``MoEAllGatherTokenDispatcher``): every token all-gathered over ETP x EP, the local
+experts' rows picked, the outputs reduce-scattered back. The shared expert (``SharedExpertMLP``) is a dense MLP
+on the attention's tensor-parallel group, run after the dispatch (or beside it with ``shared_expert_overlap``).
+The busiest expert-parallel rank (``expert_load.py``) is the one simulated: its experts' rows, its all-to-all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from simulator.frameworks import Framework
+from simulator.scenario.schema import Scenario
+from simulator.workload.block import Part, present
+from simulator.workload.dispatchers import INDEX_BYTES, PROB_BYTES, allgather, alltoall, deepep, overlapping
+from simulator.workload.expert_load import ExpertLoad, expert_load
+from simulator.workload.ops import Op, collective_op, gemm, gemm_backward, memory_op
+from simulator.workload.params import mlp_params, router_params
+from simulator.workload.shape import LayerShape, activation
+
+
+def moe_load(s: Scenario, sh: LayerShape) -> ExpertLoad:
+    p = s.parallelism
+    return expert_load(s.model.moe, sh.rows, p.expert_parallel, p.etp)
+
+
+def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int | None = None) -> Part:
+    """The MoE MLP's ops (router, dispatch, experts, combine, shared expert) and its parameters per rank: dense
+    (router, shared expert) and expert (this rank's routed experts)."""
+    m, p = s.model, s.parallelism
+    moe = m.moe
+    gather_in, scatter_out, grad_in, grad_out = tp
+    e, h, t = sh.e, sh.h, sh.t
+    ep, etp = p.expert_parallel, p.etp
+    experts, k = moe.num_experts, moe.top_k
+    local = experts // ep
+    T = sh.rows  # tokens at the MoE input on this rank (the sequence-parallel shard)
+    load = moe_load(s, sh)
+    f = m.expert_ffn_size
+    swiglu = m.activation == "swiglu"
+    f_up = (2 if swiglu else 1) * f // etp
+    f_rank = f // etp
+
+    # -- router -------------------------------------------------------------------------------------------------
+    router = gemm("router", T, experts, h)
+    route = memory_op(
+        "router top-k, softmax and scatter",
+        T * experts * (PROB_BYTES + PROB_BYTES + 2),
+        "softmax",
+        T,
+        experts,
+    )
+    route_bwd = memory_op(
+        "router top-k, softmax and scatter backward",
+        T * experts * (2 * PROB_BYTES + e),
+        "softmax",
+        T,
+        experts,
+        "backward",
+    )
+    aux: list[Op | None] = []
+    if moe.aux_loss != "none":
+        model_group = (
+            "tp+cp" if t > 1 and p.context_parallel > 1 else ("cp" if p.context_parallel > 1 else "tp")
+        )
+        size = t * p.context_parallel
+        if moe.aux_loss == "seq_aux_loss" and size > 1:  # the scores of the whole sequence (router.py, 0.13)
+            aux.append(
+                collective_op(
+                    "seq aux-loss scores all-gather",
+                    "all_gather",
+                    model_group,
+                    T * experts * PROB_BYTES * size,
+                )
+            )
+        aux.append(
+            memory_op(
+                "aux-loss scores (second softmax, top-k)",
+                T * experts * (3 * PROB_BYTES + 1),
+                "softmax",
+                T,
+                experts,
+            )
+        )
+        if size > 1:
+            aux.append(
+                collective_op(
+                    "aux-loss token counts all-reduce", "all_reduce", model_group, experts * INDEX_BYTES
+                )
+            )
+
+    # -- dispatch ----------------------------------------------------------------------------------------------
+    sent = (
+        T * k * (1.0 - load.dropped)
+    )  # rows this rank sends (the busiest rank receives ``received`` x T k ETP)
+    rows = load.total_rows  # rows the busiest rank's experts compute (after the ETP gather)
+    recv = rows / etp  # rows it receives over the EP all-to-all
+    a2a_rows = max(sent, recv)  # an all-to-all lasts as long as its busiest rank's send or receive
+    if p.moe.dispatcher == "alltoall":
+        dispatch, combine, dispatch_bwd, combine_bwd = alltoall(s, sh, fw, load, T, a2a_rows, rows)
+    elif p.moe.dispatcher == "deepep":
+        dispatch, combine, dispatch_bwd, combine_bwd = deepep(s, sh, fw, load, T, rows, gpus_per_node)
+    else:
+        dispatch, combine, dispatch_bwd, combine_bwd = allgather(s, sh, fw, T, rows)
+
+    # -- experts -----------------------------------------------------------------------------------------------
+    fwd_experts: list[Op] = []
+    bwd_experts: list[Op] = []
+    groups = (
+        [(sum(load.rows), sum(load.real_rows))]
+        if p.moe.grouped_gemm
+        else list(zip(load.rows, load.real_rows, strict=True))
+    )
+    for i, (n, real) in enumerate(groups):
+        n_int = max(round(n), 1)
+        name = "experts" if p.moe.grouped_gemm else f"expert {i}"
+        share = real / n if n else 0.0
+        fc1 = _scaled(gemm(f"{name} fc1", n_int, f_up, h), share)
+        fc2 = _scaled(gemm(f"{name} fc2", n_int, h, f_rank), share)
+        act, act_bwd = activation(
+            m, f"{name} {m.activation} (probability-weighted)", e, n_int, f_rank, n * PROB_BYTES
+        )
+        fwd_experts += [fc1, act, fc2]
+        bwd_experts = [*gemm_backward(fc2), act_bwd, *gemm_backward(fc1), *bwd_experts]
+
+    # -- shared expert -----------------------------------------------------------------------------------------
+    shared_fwd: tuple[Op, ...] = ()
+    shared_bwd: tuple[Op, ...] = ()
+    shared_params = 0
+    if moe.shared_expert_ffn_hidden_size:
+        fs = moe.shared_expert_ffn_hidden_size
+        fs_up = (2 if swiglu else 1) * fs // t
+        tokens = sh.tokens  # the sequence-parallel shard gathered over TP, as a dense MLP's input
+        up = gemm("shared expert fc1", tokens, fs_up, h)
+        down = gemm("shared expert fc2", tokens, h, fs // t)
+        act, act_bwd = activation(m, f"shared expert {m.activation}", e, tokens, fs // t)
+        gate = gemm("shared expert gate", tokens, 1, h) if moe.shared_expert_gate else None
+        shared_fwd = present(
+            gather_in("shared expert input"), up, act, down, gate, scatter_out("shared expert output")
+        )
+        shared_bwd = present(
+            grad_out("shared expert output gradient"),
+            *gemm_backward(down),
+            act_bwd,
+            *gemm_backward(up),
+            *(gemm_backward(gate) if gate else ()),
+            grad_in("shared expert input gradient"),
+        )
+        shared_params = mlp_params(m, fs) // t + (h if moe.shared_expert_gate else 0)
+
+    if p.moe.shared_expert_overlap and shared_fwd and p.moe.dispatcher != "allgather":
+        # the shared expert runs on its own stream beside the dispatch: the all-to-alls hide behind its GEMMs
+        dispatch = tuple(overlapping(op, "next") for op in dispatch)
+        combine_bwd = tuple(overlapping(op, "next") for op in combine_bwd)
+    forward = present(router, route, *aux, *dispatch, *shared_fwd, *fwd_experts, *combine)
+    backward = present(
+        *combine_bwd, *bwd_experts, *shared_bwd, *dispatch_bwd, route_bwd, *gemm_backward(router)
+    )
+    expert_params = local * mlp_params(m, f) // etp
+    return Part(forward, backward, router_params(m) + shared_params, expert_params)
+
+
+def _scaled(op: Op, share: float) -> Op:
+    """A GEMM over padded rows counts only its routed tokens as model FLOPs."""
+    return op if share >= 1.0 else replace(op, model_flops=op.model_flops * share)

@@ -1,0 +1,293 @@
+"""Mixture-of-experts training: the MoE layer's kernels and collectives, expert parallelism folded over the
+attention's ranks, the busiest rank under imbalance and capacity, memory, and the all-to-all on the graph
+against published nccl-tests."""
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from simulator import load_scenario, simulate
+from simulator.costs.collectives import CollectiveModel, ring_bytes_per_rank
+from simulator.errors import ScenarioError
+from simulator.hardware.cluster import Cluster
+from simulator.hardware.placement import Placement
+from simulator.hardware.topology import load_topology
+from simulator.scenario.model import ExpertLoadConfig, MoeConfig
+from simulator.workload.expert_load import expert_load, expert_shares
+from simulator.workload.params import mlp_params
+from simulator.workload.transformer import build_workload
+
+VALIDATION = Path(__file__).parents[1] / "simulator" / "validation"
+SMALL_MOE = {
+    "num_layers": 2,
+    "hidden_size": 1024,
+    "num_attention_heads": 8,
+    "ffn_hidden_size": 2816,
+    "seq_length": 2048,
+    "vocab_size": 32000,
+    "activation": "swiglu",
+    "normalization": "rmsnorm",
+    "position_embedding": "rope",
+    "add_bias_linear": False,
+    "tied_embeddings": False,
+    "moe": {"num_experts": 8, "top_k": 2},
+}
+
+
+def scenario(model=None, nodes=1, framework="ideal", training=None, gpus=8, **par):
+    return load_scenario(
+        {
+            "model": model or SMALL_MOE,
+            "cluster": {"topology": "dgx-h100", "num_nodes": nodes, "gpus_per_node": gpus},
+            "framework": framework,
+            "kernels": "none",
+            "training": {"global_batch_size": 2 * gpus * nodes, "micro_batch_size": 2, **(training or {})},
+            "parallelism": par,
+        }
+    )
+
+
+def op(block_ops, name):
+    return next(o for o in block_ops if o.name == name)
+
+
+def test_dispatch_all_to_all_moves_tokens_x_top_k_x_hidden_bytes_and_each_rank_sends_ep_minus_1_over_ep():
+    s = scenario(expert_parallel=8)
+    w = build_workload(s)
+    layer = w.layers[0]
+    a2a = op(layer.forward, "ep all-to-all (dispatch tokens)")
+    tokens, k, h, e = 2 * 2048, 2, 1024, 2  # micro-batch x sequence on one rank, top-k, hidden, bf16
+    assert a2a.bytes == tokens * k * h * e
+    assert ring_bytes_per_rank("all_to_all", 8, a2a.bytes) == tokens * k * h * e * 7 / 8
+    # and the run reports that per GPU: 4 token all-to-alls per layer and micro-batch (dispatch and combine,
+    # forward and backward), each sending (EP - 1) / EP of its buffer
+    m = simulate(s).metrics
+    sent = m.comm_by_collective["all_to_all:ep"]["bytes_sent_per_gpu"]
+    probs = tokens * k * 4  # the routing probabilities go along (fp32), forward and backward
+    per_layer = 4 * tokens * k * h * e + 2 * probs
+    micro = s.gradient_accumulation_steps  # 16 sequences / (2 per micro-batch x 8 data-parallel ranks) = 1
+    assert sent == pytest.approx(micro * 2 * per_layer * 7 / 8, rel=1e-12)  # 2 layers
+
+
+def test_one_expert_top_1_is_the_dense_mlp_plus_the_routing_kernels():
+    """EP = 1, one expert, top-1: the experts' GEMMs are exactly the dense MLP's; the MoE layer adds only the
+    router and the token permutation, so the iteration time is the dense model's plus those kernels' time (on one
+    GPU: nothing to overlap them with; the activation's reading of the routing probability and the router's
+    optimizer step are the 0.1% left)."""
+    one = {**SMALL_MOE, "moe": {"num_experts": 1, "top_k": 1, "aux_loss": "none"}}
+    dense = {k: v for k, v in SMALL_MOE.items() if k != "moe"}
+    moe_run, dense_run = simulate(scenario(one, gpus=1)), simulate(scenario(dense, gpus=1))
+    moe_layer, dense_layer = moe_run.workload.layers[0], dense_run.workload.layers[0]
+    gemms = sorted((o.m, o.n, o.k) for o in moe_layer.forward if o.kind == "gemm" and o.name != "router")
+    assert gemms == sorted((o.m, o.n, o.k) for o in dense_layer.forward if o.kind == "gemm")
+    dense_names = {o.name for o in (*dense_layer.forward, *dense_layer.backward)}
+    shared_fwd = {"mlp up projection": "experts fc1", "mlp down projection": "experts fc2"}
+    extra = [
+        o
+        for o in (*moe_layer.forward, *moe_layer.backward)
+        if o.name not in dense_names
+        and not o.name.startswith("experts")  # the experts' kernels match the dense MLP's one for one
+    ]
+    assert {o.name for o in extra} >= {"router", "permute tokens", "unpermute tokens (k-way sum)"}
+    compute = moe_run.compute
+    extra_s = sum(compute.op_cost(o)[0] for o in extra)
+    same = [(moe, dense) for dense, moe in shared_fwd.items()]
+    for moe_name, dense_name in same:
+        assert compute.op_cost(op(moe_layer.forward, moe_name))[0] == pytest.approx(
+            dense_run.compute.op_cost(op(dense_layer.forward, dense_name))[0], rel=1e-12
+        )
+    micro, layers = moe_run.scenario.gradient_accumulation_steps, 2
+    assert moe_run.metrics.iteration_time_s - dense_run.metrics.iteration_time_s == pytest.approx(
+        micro * layers * extra_s, rel=1e-3
+    )
+    # memory: the router's weights (and their states), the routing tensors and the permuted copy of the tokens
+    assert moe_run.metrics.memory_gib["params"] > dense_run.metrics.memory_gib["params"]
+
+
+def test_dropless_with_uniform_load_equals_capacity_factor_1():
+    base = scenario(expert_parallel=8).model.moe
+    dropless = expert_load(base, 4096, 8, 1)
+    capped = expert_load(base.model_copy(update={"capacity_factor": 1.0}), 4096, 8, 1)
+    assert dropless == capped and capped.dropped == 0.0
+    a = simulate(scenario(expert_parallel=8)).metrics
+    b = simulate(
+        scenario({**SMALL_MOE, "moe": {**SMALL_MOE["moe"], "capacity_factor": 1.0}}, expert_parallel=8)
+    ).metrics
+    assert a.iteration_time_s == b.iteration_time_s and b.moe["tokens_dropped_fraction"] == 0.0
+
+
+def test_expert_parameter_memory_divides_by_ep_x_etp():
+    def experts(ep, etp, tp):
+        s = scenario(
+            tensor_parallel=tp, sequence_parallel=tp > 1, expert_parallel=ep, expert_tensor_parallel=etp
+        )
+        return build_workload(s).expert_params_per_rank
+
+    whole = experts(1, 1, 1)
+    assert whole == 2 * 8 * mlp_params(scenario().model, 2816)  # two layers of 8 experts
+    for ep, etp, tp in ((2, 1, 1), (8, 1, 1), (4, 2, 2), (2, 4, 4), (1, 8, 8)):
+        assert experts(ep, etp, tp) * ep * etp == whole, (ep, etp)
+
+
+def test_expert_groups_fold_over_the_attention_ranks():
+    """Megatron-Core's example: 64 GPUs, TP 2, CP 2, DP 16, EP 8: an EP group is 8 consecutive ranks spanning
+    TP, CP and two DP replicas; EDP = 64 / 8 = 8, strided by 8."""
+    p = Placement(tp=2, cp=2, dp=16, ep=8, etp=1)
+    assert p.groups("ep")[0] == tuple(range(8)) and p.edp == 8
+    assert p.groups("edp")[1] == tuple(range(1, 64, 8))
+    pp = Placement(tp=2, dp=4, pp=2, ep=4, etp=2)
+    assert pp.groups("etp")[0] == (0, 1) and pp.groups("ep")[0] == (0, 2, 4, 6)
+    assert pp.groups("ep")[-1] == (9, 11, 13, 15)  # the second stage's ranks
+
+
+def test_capacity_drops_what_exceeds_c_x_the_mean_and_no_rank_computes_more():
+    hot = MoeConfig(num_experts=8, top_k=2, load=ExpertLoadConfig(imbalance=3.0))
+    free = expert_load(hot, 1024, 8, 1)
+    assert free.imbalance == pytest.approx(3.0) and free.dropped == 0.0
+    capped = expert_load(hot.model_copy(update={"capacity_factor": 1.25}), 1024, 8, 1)
+    mean = 1024 * 2 / 8 * 8  # rows per expert from all 8 sources
+    assert max(capped.rows) <= 1.25 * mean + 8  # ceil per source
+    # the hot expert keeps 1.25 / 3 of its 3x share: (3 - 1.25) / 8 of the copies are dropped
+    assert capped.dropped == pytest.approx((3 - math.ceil(1.25 * 256) / 256) / 8, rel=1e-9)
+
+
+def test_skewed_load_is_seeded_and_sums_to_one():
+    cfg = ExpertLoadConfig(skew=1.0, seed=3)
+    a, b = expert_shares(cfg, 64), expert_shares(cfg, 64)
+    assert a == b and sum(a) == pytest.approx(1.0) and max(a) / min(a) == pytest.approx(64.0)
+    other = expert_shares(ExpertLoadConfig(skew=1.0, seed=4), 64)
+    assert other != a and sorted(other) == pytest.approx(sorted(a), rel=1e-12)
+
+
+def test_the_busiest_rank_sets_the_pace():
+    even = simulate(scenario(expert_parallel=8)).metrics
+    skewed_model = {**SMALL_MOE, "moe": {**SMALL_MOE["moe"], "load": {"imbalance": 2.0}}}
+    skewed = simulate(scenario(skewed_model, expert_parallel=8)).metrics
+    assert skewed.moe["busiest_rank_load"] == pytest.approx(2.0)
+    assert skewed.iteration_time_s > even.iteration_time_s
+
+
+ALLTOALL = {
+    c["id"]: c
+    for c in yaml.safe_load((VALIDATION / "nccl_tests.yaml").read_text())["curves"]
+    if c["op"] == "all_to_all"
+}
+
+
+@pytest.mark.parametrize("curve", sorted(ALLTOALL))
+def test_all_to_all_on_the_graph_is_within_15_percent_of_published_nccl_tests(curve):
+    c = ALLTOALL[curve]
+    cm = CollectiveModel(Cluster(load_topology(c["topology"]), c["nodes"]), Placement(dp=c["ranks"]))
+    for size, us in c["times_us"].items():
+        assert cm.standalone_time_s("all_to_all", "dp", size) * 1e6 == pytest.approx(us, rel=0.15), size
+
+
+def test_expert_all_to_all_stays_on_nvlink_inside_a_node_and_crosses_nics_beyond():
+    sixteen = {**SMALL_MOE, "moe": {"num_experts": 16, "top_k": 2}}
+    inside = simulate(scenario(sixteen, expert_parallel=8, nodes=2)).metrics.comm_by_collective[
+        "all_to_all:ep"
+    ]
+    assert inside["bytes_cross_node_per_gpu"] == 0.0
+    across = simulate(scenario(sixteen, expert_parallel=16, nodes=2)).metrics.comm_by_collective[
+        "all_to_all:ep"
+    ]
+    assert across["bytes_cross_node_per_gpu"] == pytest.approx(
+        across["bytes_sent_per_gpu"] * 8 / 15, rel=1e-9
+    )
+
+
+@pytest.mark.parametrize(
+    "model, par, text",
+    [
+        (
+            {**SMALL_MOE, "moe": {"num_experts": 8, "top_k": 9}},
+            {},
+            "model.moe.top_k (9) exceeds num_experts (8)",
+        ),
+        (SMALL_MOE, {"expert_parallel": 3}, "expert_parallel (3) does not divide model.moe.num_experts (8)"),
+        (
+            SMALL_MOE,
+            {"expert_parallel": 8, "expert_tensor_parallel": 2},
+            "= 16 does not divide tensor_parallel (1)",
+        ),
+        ({**SMALL_MOE, "moe": {"num_experts": 8, "capacity_factor": 0}}, {}, "capacity_factor"),
+        (SMALL_MOE, {"tensor_parallel": 2}, "need sequence_parallel: true"),
+        (
+            {k: v for k, v in SMALL_MOE.items() if k != "moe"},
+            {"expert_parallel": 2},
+            "need a mixture-of-experts",
+        ),
+        (SMALL_MOE, {"fsdp": {}}, "not modelled with model.moe"),
+    ],
+)
+def test_bad_moe_input_is_one_line_naming_the_field(model, par, text):
+    with pytest.raises(ScenarioError) as e:
+        scenario(model, **par)
+    assert text in str(e.value) and "\n" not in str(e.value)
+
+
+def test_moe_metrics_and_active_flops():
+    r = simulate(scenario(expert_parallel=8))
+    w = r.workload
+    # model FLOPs count the top-k experts a token uses, not all of them: 3 x forward
+    layer = w.layers[0]
+    routed = sum(o.model_flops for o in layer.forward if o.name.startswith("experts") and o.kind == "gemm")
+    tokens = 2 * 2048
+    assert routed == pytest.approx(2 * tokens * 2 * (2 * 2816 * 1024 + 2816 * 1024), rel=1e-12)
+    assert r.metrics.moe["tokens_dropped_fraction"] == 0.0 and r.metrics.moe["expert_comm_s"] > 0
+    assert dataclasses.asdict(w.expert_load)["imbalance"] == 1.0
+
+
+def test_megatron_flop_count_reproduces_nemos_deepseek_v3_figure():
+    """NVIDIA's DGX Cloud DeepSeek-V3 benchmark: 163.7 TFLOP/s per GPU at 52.04 s per step on 1,024 H100 (NeMo's
+    count, which Megatron-LM's since 2025-03 equals): MLA, 3 dense + 58 MoE layers of 8 + 1 experts, one MTP layer."""
+    from simulator.metrics.flops import megatron_flops
+
+    s = load_scenario(Path(__file__).parents[1] / "scenarios" / "moe" / "deepseek-v3-ep64-1024xh100.yaml")
+    assert megatron_flops(s) / 52.04 / 1024 / 1e12 == pytest.approx(163.7, abs=0.05)
+
+
+def test_deepep_sends_a_token_once_per_destination_rank_and_across_nodes_once_per_node():
+    from simulator.workload.expert_load import distinct_groups
+
+    # 8 experts on 8 ranks, top-2: every token goes to 2 distinct ranks
+    assert distinct_groups(8, 2, 8) == pytest.approx(2.0)
+    # 128 experts over 32 ranks on 4 nodes, top-8 (Qwen3-235B, EP 32): 7.2 ranks and 3.6 nodes, not 8 copies
+    assert distinct_groups(128, 8, 32) == pytest.approx(32 * (1 - math.comb(124, 8) / math.comb(128, 8)))
+    assert 3.5 < distinct_groups(128, 8, 4) < 3.7
+    sixteen = {**SMALL_MOE, "moe": {"num_experts": 16, "top_k": 4}}
+    s = scenario(sixteen, nodes=2, expert_parallel=16, moe={"dispatcher": "deepep"})
+    layer = build_workload(s, gpus_per_node=8).layers[0]
+    rdma = op(layer.forward, "deepep rdma (dispatch)")
+    nvlink = op(layer.forward, "deepep nvlink forward (dispatch)")
+    tokens, h, e = 2 * 2048, 1024, 2
+    assert rdma.group == "ep%8" and rdma.bytes == pytest.approx(tokens * h * e * distinct_groups(16, 4, 2))
+    assert nvlink.group == "ep/8" and nvlink.overlaps == "alongside"
+    assert nvlink.bytes == pytest.approx(tokens * h * e * distinct_groups(16, 4, 16))
+    # the RDMA leg carries fewer bytes than the all-to-all dispatcher's top-k copies
+    assert rdma.bytes < tokens * 4 * h * e
+
+
+@pytest.mark.parametrize(
+    "name", ["mixtral-8x7b", "qwen2-57b-a14b", "qwen3-30b-a3b", "deepseek-v2-lite", "olmoe-1b-7b"]
+)
+def test_hugging_face_moe_configs_run(name):
+    hf = Path(__file__).parent / "data" / "hf"
+    s = load_scenario(
+        {
+            "model": {"hf_config": str(hf / f"{name}.json"), "seq_length": 2048},
+            "cluster": {"topology": "dgx-h100", "num_nodes": 2},
+            "training": {"global_batch_size": 32, "micro_batch_size": 1},
+            "parallelism": {
+                "expert_parallel": 8,
+                "tensor_parallel": 2,
+                "sequence_parallel": True,
+                "zero_stage": 1,
+            },
+        }
+    )
+    m = simulate(s).metrics
+    assert m.iteration_time_s > 0 and m.moe["expert_comm_s"] > 0 and 0 < m.mfu < 1
