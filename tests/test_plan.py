@@ -197,3 +197,35 @@ def test_fsdp_estimate_pays_one_ring_latency_per_unit():
     _, f, b, rc, _, w, s = screen._block_times(lay)
     whole = screen.ring_s("all_gather", 128, 8, w.params_per_rank * 2)
     assert e.compute_s + 2 * max(0.0, 2 * whole - 8 * (f + b)) < 0.6 * m.iteration_time_s
+
+
+MOE = {
+    **MODEL,
+    "activation": "swiglu",
+    "normalization": "rmsnorm",
+    "position_embedding": "rope",
+    "add_bias_linear": False,
+    "tied_embeddings": False,
+    "moe": {"num_experts": 16, "top_k": 2, "ffn_hidden_size": 4096},
+}
+
+
+def test_mixture_of_experts_layouts_fold_expert_parallelism_over_the_ranks():
+    """Every MoE layout's ETP x EP divides its TP x CP x DP, EP divides the 16 experts, ETP is 1 or TP, and the
+    sharding is one the MoE frameworks run (no ZeRO-3 or FSDP)."""
+    layouts = candidates(base(MOE), 8, 8, {"recompute": ("none",), "micro_batch_sizes": (1,)})
+    assert layouts and {lay.ep for lay in layouts} == {1, 2, 4, 8}
+    for lay in layouts:
+        assert (lay.tp * lay.cp * lay.dp) % (lay.ep * lay.etp) == 0 and 16 % lay.ep == 0
+        assert lay.etp in (1, lay.tp) and lay.sharding in ("ddp", "zero1", "zero2")
+    assert "EP8" in Layout(1, 1, 1, 8, 1, 1, "zero1", "none", 8, 1).label()
+
+
+def test_plan_confirms_expert_parallel_layouts_by_simulation():
+    """16 experts of 3 x 1024 x 4096 each on 8 layers: a whole copy's states (16 B per parameter) on every GPU
+    wastes memory and time; the best confirmed layouts split the experts (EP > 1) and each simulates with its
+    expert-parallel all-to-all."""
+    r = plan(base(MOE, batch=32), 8, top=4, options={"recompute": ("none",), "micro_batch_sizes": (1,)})
+    ok = [t for t in r["top"] if t["status"] == "ok"]
+    assert ok and ok[0]["ep"] > 1
+    assert all(t["iteration_time_s"] > 0 for t in ok)

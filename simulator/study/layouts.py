@@ -1,5 +1,6 @@
 """The layouts a plan searches: every way to lay a model out on N GPUs that divides (tensor, context, pipeline
-and data parallel sizes, virtual stages, micro-batch size, weight / gradient sharding, activation recompute)."""
+and data parallel sizes, virtual stages, micro-batch size, weight / gradient sharding, activation recompute; for
+a mixture-of-experts model expert parallel and expert tensor parallel sizes too)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ class Layout:
     mbs: int
     sharding: str
     recompute: str
+    ep: int = 1  # expert parallel (MoE models)
+    etp: int = 1  # expert tensor parallel (MoE models)
 
     def parallelism(self) -> dict:
         par: dict[str, Any] = {
@@ -42,6 +45,8 @@ class Layout:
         parts = [f"TP{self.tp}", f"PP{self.pp}" + (f"x{self.v}" if self.v > 1 else ""), f"DP{self.dp}"]
         if self.cp > 1:
             parts.insert(2, f"CP{self.cp}")
+        if self.ep > 1 or self.etp > 1:
+            parts.append(f"EP{self.ep}" + (f" ETP{self.etp}" if self.etp > 1 else ""))
         return " ".join(parts) + f" mbs{self.mbs} {self.sharding} rc:{self.recompute}"
 
 
@@ -54,7 +59,9 @@ def candidates(
 ) -> list[Layout]:
     """Every layout that divides: TP within a node and dividing heads / query groups / FFN, PP dividing the
     layers, CP (FlashAttention only) leaving at least 2,048 tokens per rank, micro-batches dividing the
-    batch, interleaving only where the microbatches are a multiple of PP, ZeRO-2/3 and FSDP only without PP."""
+    batch, interleaving only where the microbatches are a multiple of PP, ZeRO-2/3 and FSDP only without PP; for
+    a mixture-of-experts model EP dividing the experts and ETP (1 or TP) with ETP x EP dividing TP x CP x DP,
+    sharding by DDP or ZeRO-1/2 (what the MoE frameworks run)."""
     o = options or {}
     m, batch = base.model, batch or base.training.global_batch_size
     tps = [
@@ -69,7 +76,8 @@ def candidates(
     )
     pps = [p for p in divisors(m.num_layers, min(m.num_layers, o.get("max_pp", 64)))]
     mbss = [b for b in o.get("micro_batch_sizes", (1, 2, 4, 8, 16))]
-    shardings = o.get("shardings", SHARDINGS)
+    moe = m.moe
+    shardings = o.get("shardings", SHARDINGS if moe is None else ("ddp", "zero1", "zero2"))
     # selective recompute re-runs the attention scores that FlashAttention never stores: the same as none
     recomputes = o.get(
         "recompute", tuple(r for r in RECOMPUTE if not (r == "selective" and m.attention == "flash"))
@@ -96,6 +104,17 @@ def candidates(
                                 continue
                             if dp == 1 and sh != "ddp":
                                 continue
-                            for rc in recomputes:
-                                out.append(Layout(tp, pp, cp, dp, v, mbs, sh, rc))
+                            for ep, etp in _expert_layouts(moe, tp, cp, dp, o):
+                                for rc in recomputes:
+                                    out.append(Layout(tp, pp, cp, dp, v, mbs, sh, rc, ep, etp))
     return out
+
+
+def _expert_layouts(moe, tp: int, cp: int, dp: int, o: dict) -> list[tuple[int, int]]:
+    """(EP, ETP) pairs a layout's ranks can fold the experts over (Megatron-Core: ETP x EP divides TP x CP x DP)."""
+    if moe is None:
+        return [(1, 1)]
+    ranks = tp * cp * dp
+    eps = o.get("ep", divisors(moe.num_experts))
+    etps = o.get("etp", sorted({1, tp}))
+    return [(ep, etp) for ep in eps for etp in etps if ranks % (ep * etp) == 0]

@@ -84,9 +84,13 @@ class Screen:
     def scenario(self, lay: Layout) -> Scenario:
         data = self.base.model_dump(mode="json", exclude_none=True)
         data["parallelism"] = {
-            **{k: v for k, v in data["parallelism"].items() if k in ("rank_order",)},
+            **{k: v for k, v in data["parallelism"].items() if k in ("rank_order", "moe")},
             **lay.parallelism(),
         }
+        if self.base.model.moe is not None:  # Megatron-Core's MoE needs sequence parallelism with TP
+            data["parallelism"].update(
+                expert_parallel=lay.ep, expert_tensor_parallel=lay.etp, sequence_parallel=lay.tp > 1
+            )
         data["training"] = {
             **data["training"],
             "global_batch_size": self.batch,
@@ -97,17 +101,13 @@ class Screen:
         return load_scenario(data)
 
     def _block_times(self, lay: Layout):
-        """(embedding f+b, layer f, layer b, layer recompute, head f+b) for this layout's shapes, cached."""
-        key = (lay.tp, lay.cp, lay.mbs, lay.recompute)
+        """(embedding f+b, layer f, layer b, layer recompute, head f+b) for this layout's shapes, cached; the layer
+        times are the mean over the model's layers (dense and mixture-of-experts ones)."""
+        key = (lay.tp, lay.cp, lay.mbs, lay.recompute, lay.ep, lay.etp)
         if key not in self._blocks:
             s = self.scenario(lay)
             w = build_workload(s, self.framework, self.gpn)
-            comm = self._tp_comm.get((lay.tp, lay.cp))
-            if comm is None:
-                one = Cluster(self.cluster.spec, max(1, math.ceil(lay.tp * lay.cp / self.gpn)))
-                measured = table_lookups(resolve_table(self.base.kernels, one.gpu.name), one)[1]
-                comm = CollectiveModel(one, Placement(lay.tp, lay.cp, 1, 1), "auto", measured)
-                self._tp_comm[(lay.tp, lay.cp)] = comm
+            comm = self._comm(lay)
 
             def t(ops) -> float:
                 return task_cost(
@@ -118,21 +118,42 @@ class Screen:
                     s.training.cuda_graphs,
                 )[0]
 
-            rc = (
-                w.layer.recompute_full
-                if lay.recompute == "full"
-                else (w.layer.recompute_selective if lay.recompute == "selective" else ())
-            )
+            f = b = rc = 0.0
+            for block in w.kinds:
+                share = sum(x is block for x in w.layers) / w.num_layers
+                again = (
+                    block.recompute_full
+                    if lay.recompute == "full"
+                    else (block.recompute_selective if lay.recompute == "selective" else ())
+                )
+                f += share * t(block.forward)
+                b += share * t(block.backward)
+                rc += share * (t(again) if again else 0.0)
             self._blocks[key] = (
                 t(w.embedding.forward) + t(w.embedding.backward),
-                t(w.layer.forward),
-                t(w.layer.backward),
-                t(rc) if rc else 0.0,
+                f,
+                b,
+                rc,
                 t(w.head.forward) + t(w.head.backward),
                 w,
                 s,
             )
         return self._blocks[key]
+
+    def _comm(self, lay: Layout) -> CollectiveModel:
+        """The collectives inside a layer (TP, CP, and the experts' EP / ETP), on as many nodes as their groups
+        span."""
+        key = (lay.tp, lay.cp, lay.ep, lay.etp)
+        if key not in self._tp_comm:
+            inner = lay.tp * lay.cp
+            dp = max(1, math.ceil(lay.ep * lay.etp / inner))
+            while (inner * dp) % (lay.ep * lay.etp):
+                dp += 1
+            one = Cluster(self.cluster.spec, max(1, math.ceil(inner * dp / self.gpn)))
+            measured = table_lookups(resolve_table(self.base.kernels, one.gpu.name), one)[1]
+            placement = Placement(lay.tp, lay.cp, dp, 1, ep=lay.ep, etp=lay.etp)
+            self._tp_comm[key] = CollectiveModel(one, placement, "auto", measured)
+        return self._tp_comm[key]
 
     def ring_s(self, op: str, n: int, per_node: int, nbytes: float) -> float:
         """An NCCL ring over ``n`` ranks, ``per_node`` of them in each node, at the links' bandwidth, with the
@@ -166,25 +187,31 @@ class Screen:
         # data-parallel traffic per GPU: where the dp group's ranks sit (rank order tp-cp-dp-pp)
         w_b, g_b, k_b = state_bytes_per_param(self.base.training.precision, self.base.training.optimizer)
         # parameters of one GPU's (first or last) stage
+        mean_layer = sum(x.params for x in w.layers) / w.num_layers
         if lay.pp == 1:
             psi = w.params_per_rank
         else:
-            psi = layers * w.layer.params + max(w.embedding.params, w.head.params)
+            psi = layers * mean_layer + max(w.embedding.params, w.head.params)
+        # a mixture-of-experts model's routed experts: reduced over expert data parallelism, states sharded there
+        experts = w.expert_params_per_rank / lay.pp
+        edp = lay.tp * lay.cp * lay.dp // (lay.ep * lay.etp)
+        per_node_e = max(1, min(edp, self.gpn // (lay.ep * lay.etp))) if lay.ep * lay.etp < self.gpn else 1
         inner = lay.tp * lay.cp
         per_node = max(1, min(lay.dp, self.gpn // inner)) if inner < self.gpn else 1
         n = lay.dp * lay.cp if lay.cp > 1 else lay.dp
         grads = psi * g_b
         if lay.sharding == "ddp":
             comm = self.ring_s("all_reduce", n, per_node, grads)
+            comm += self.ring_s("all_reduce", edp, per_node_e, experts * g_b) if experts else 0.0
             overlapped = self.framework.ddp.overlap_grad_reduce and lay.pp == 1
             exposed = max(0.0, comm - (b * layers if overlapped else 0.0))
         elif lay.sharding in ("zero1", "zero2"):
-            per = (
-                self.ring_s("all_reduce", n, per_node, grads)
-                if self.framework.zero == "deepspeed"
-                else self.ring_s("reduce_scatter", n, per_node, grads)
-            )
+            reduce = "all_reduce" if self.framework.zero == "deepspeed" else "reduce_scatter"
+            per = self.ring_s(reduce, n, per_node, grads)
             gather = self.ring_s("all_gather", n, per_node, psi * w_b)
+            if experts:
+                per += self.ring_s(reduce, edp, per_node_e, experts * g_b)
+                gather += self.ring_s("all_gather", edp, per_node_e, experts * w_b)
             exposed = per * (gas if lay.sharding == "zero2" else 1) + gather
         elif lay.sharding == "zero3":
             # DeepSpeed's coordinator, call by call (the simulation's own replay, strategy/zero3_fetch.py): at
@@ -201,10 +228,11 @@ class Screen:
             ag = sum(k * self.ring_s("all_gather", n, per_node, q * w_b) for q, k in units)
             rs = sum(k * self.ring_s("reduce_scatter", n, per_node, q * g_b) for q, k in units)
             exposed = gas * (max(0.0, ag - layers * f) + max(0.0, max(ag, rs) - layers * (b + rc)))
-        opt_states = psi / (lay.dp if lay.sharding != "ddp" else 1)
+        sharded = lay.sharding != "ddp"
+        opt_states = psi / (lay.dp if sharded else 1) + experts / (edp if sharded else 1)
         optimizer = opt_states * 30 / (self.cluster.gpu.hbm_bytes_per_s * 0.8)
         iteration = pipeline + exposed + optimizer
-        memory = self.memory(lay, psi, s)
+        memory = self.memory(lay, psi, s, experts, edp)
         return Estimate(
             lay,
             iteration,
@@ -234,19 +262,25 @@ class Screen:
             )
         return self._calls[key]
 
-    def memory(self, lay: Layout, psi: float, s: Scenario) -> float:
+    def memory(self, lay: Layout, psi: float, s: Scenario, experts: float = 0.0, edp: int = 1) -> float:
         w_b, _, k_b = state_bytes_per_param(self.base.training.precision, self.base.training.optimizer)
         g_b = grad_bytes(s, self.framework)  # as the simulation keeps them (Megatron's fp32 main grads)
-        n = lay.dp
         stage = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}[lay.sharding]
-        states = (
-            w_b * psi / (n if stage >= 3 else 1)
-            + g_b * psi / (n if stage >= 2 else 1)
-            + k_b * psi / (n if stage >= 1 else 1)
-        )
-        layers = self.base.model.num_layers // lay.pp
+        states = 0.0
+        for params, n in ((psi, lay.dp), (experts, edp)):
+            states += (
+                w_b * params / (n if stage >= 3 else 1)
+                + g_b * params / (n if stage >= 2 else 1)
+                + k_b * params / (n if stage >= 1 else 1)
+            )
+        m = self.base.model
+        layers = m.num_layers // lay.pp
         in_flight = lay.pp if lay.pp > 1 else 1
-        act = activation_bytes_per_layer(s) * layers * in_flight + head_activation_bytes(s)
+        moe_share = m.moe_layers / m.num_layers if m.moe is not None else 0.0
+        per_layer = (1 - moe_share) * activation_bytes_per_layer(s) + (
+            moe_share * activation_bytes_per_layer(s, moe=True) if moe_share else 0.0
+        )
+        act = per_layer * layers * in_flight + head_activation_bytes(s)
         if lay.recompute == "full":
             act += activation_bytes_per_layer(s, recompute="none")
         return states + act
