@@ -38,9 +38,9 @@ class CaseResult:
     published: float
     predicted: float | None
     error_pct: float | None
-    status: (
-        str  # ok | oom (simulated out of memory where the source ran) | failed (invalid or crashed config)
-    )
+    # ok | off (simulated, |error| over the per-case gate) | oom (simulated out of memory where the source ran) |
+    # failed (invalid or crashed config)
+    status: str
     message: str = ""
 
     def to_dict(self) -> dict:
@@ -137,11 +137,15 @@ def run_case(case: dict, framework: Framework | None = None, kernels: str | None
     mosaic_params = 6 * r.workload.total_params + 12 * model.num_layers * model.hidden_size * model.seq_length
     predicted = predicted_value(m, pub, mosaic_params, s)
     error = 100.0 * (predicted / base["published"] - 1.0)
-    status, message = (
-        ("oom", f"simulated peak {m.memory_gib['peak']:.1f} GiB > {m.memory_gib['capacity']:.0f}")
-        if m.oom
-        else ("ok", "")
-    )
+    if m.oom:
+        status, message = (
+            "oom",
+            f"simulated peak {m.memory_gib['peak']:.1f} GiB > {m.memory_gib['capacity']:.0f}",
+        )
+    elif abs(error) > GATE_MAX_ABS_ERROR_PCT:  # simulated, but further off than any case may be
+        status, message = "off", f"over {GATE_MAX_ABS_ERROR_PCT:g}%"
+    else:
+        status, message = "ok", ""
     return CaseResult(**base, predicted=predicted, error_pct=error, status=status, message=message)
 
 

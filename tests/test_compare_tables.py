@@ -1,0 +1,40 @@
+"""Every table row formats for every shipped scenario beside every other one (`clustersim compare`): a row that
+only some runs have (pipeline stages, periodic replay, offload, MoE, 1-bit phases) shows a dash or a value for
+the others, never a traceback."""
+
+import io
+import itertools
+import warnings
+
+import pytest
+from rich.console import Console
+
+from simulator import simulate
+from simulator.report.table import ROWS, metrics_table, print_table
+from simulator.scenario.shipped import shipped_scenarios
+
+
+@pytest.fixture(scope="module")
+def runs():
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, path in shipped_scenarios().items():
+            out.append((name, simulate(str(path)).metrics))
+    return out
+
+
+def test_every_pair_of_shipped_scenarios_compares(runs):
+    console = Console(file=io.StringIO(), width=160)
+    for pair in itertools.combinations(runs, 2):
+        console.print(metrics_table(list(pair)))
+    text = console.file.getvalue()
+    assert text.count("┃ Metric") == len(runs) * (len(runs) - 1) // 2
+
+
+def test_every_row_shows_for_some_shipped_scenario_and_each_run_prints_alone(runs):
+    shown = set()
+    for name, m in runs:
+        print_table([(name, m)], Console(file=io.StringIO(), width=120))
+        shown |= {label for label, get, fmt, *cond in ROWS if not cond or cond[0](m)}
+    assert shown == {label for label, *_ in ROWS}
