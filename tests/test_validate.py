@@ -155,3 +155,40 @@ def test_the_held_out_multi_node_runs_simulate_and_name_their_rows():
     assert {c["cluster"]["num_nodes"] * 8 for c in cases} == {64, 256, 512}
     assert all(c["published"]["value"] > 0 for c in cases)
     assert {r.status for r in run_cases(cases)} <= {"ok", "off"}
+
+
+def test_cross_validation_refits_each_profile_without_the_source_it_predicts(monkeypatch):
+    """Leave one source out: a profile fitted on the source is refitted on its other fit cases, else on other
+    sources' cases that run it, else falls back to the reference (its fitted factors at 1); a profile never fitted
+    on the source is left as it is."""
+    from simulator.frameworks import get_framework
+    from simulator.validation import crossval
+
+    cases = load_cases()
+    calls = []
+
+    def fake_fit(keep, start, params, **kw):
+        calls.append(([c["id"] for c in keep], start, params))
+        return start.model_copy(update={"gemm_efficiency": 0.5})
+
+    monkeypatch.setattr(crossval, "fit", fake_fit)
+    mcore = get_framework("megatron-core-2024")
+    mcore_ids = {c["id"] for c in cases if c["id"].startswith("MCORE")}
+    # its fit cases are all MCORE: nothing else runs it in published.yaml, so the reference
+    ref, how = crossval.without(mcore, mcore_ids, cases, "megatron-core-2024")
+    assert how == "reference" and ref.gemm_efficiency == 1.0 and ref.memory_efficiency == 1.0 and not calls
+    # Megatron-LM 2021 was fitted on NAR21: without NAR21 it is refitted on MEG20's runs
+    nar = {c["id"] for c in cases if c["id"].startswith("NAR21")}
+    refit, how = crossval.without(get_framework("megatron-2021"), nar, cases, "megatron-2021")
+    ids, start, params = calls[-1]
+    assert how == "refitted on 8 other cases" and all(i.startswith("MEG20") for i in ids) and len(ids) == 8
+    assert start.gemm_efficiency == 1.0 and params == ["gemm_efficiency", "memory_efficiency"]
+    assert refit.gemm_efficiency == 0.5
+    # a source the profile never saw: unchanged
+    same, how = crossval.without(
+        get_framework("megatron-2021"), {"MEG20-A100-TP1-1B"}, cases, "megatron-2021"
+    )
+    assert how == "unchanged" and same == get_framework("megatron-2021")
+    # the per-GPU factor fitted on an MPT run goes with the source
+    foundry = crossval.reference(get_framework("llm-foundry-2023"))
+    assert "h100-sxm5-80gb" not in foundry.gpus and foundry.gemm_efficiency == 1.0

@@ -30,10 +30,32 @@ def validate(
     check: Annotated[bool, typer.Option(help="Exit 1 when the summary misses the CI gate.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
     kernels: Annotated[str | None, typer.Option("--kernels", help=KERNELS_HELP)] = None,
+    cross_validate: Annotated[
+        bool,
+        typer.Option(
+            "--cross-validate",
+            help="Also predict every source with the framework profiles refitted without it (leave one source "
+            "out): in-sample and out-of-sample errors side by side.",
+        ),
+    ] = False,
+    pool: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--pool",
+            help="With --cross-validate: more cases files whose cases a profile may be refitted on (default with the "
+            "built-in cases: the MoE runs, simulator/validation/moe.yaml).",
+        ),
+    ] = None,
 ) -> None:
     """Predict published measured runs and report the error, case by case and per source. Exits 1 when a case
     fails to simulate or is simulated out of memory (or, with --check, when the summary misses the CI gate)."""
     from simulator.validation import runner
+
+    if cross_validate:
+        if kernels is not None:
+            fail("--cross-validate: refits use the shipped tables; leave --kernels out")
+        _cross_validate(cases, filter_text, json_out, check, quiet, pool)
+        return
 
     try:
         kernels = check_choice(kernels, "--kernels") if kernels is not None else None
@@ -132,3 +154,79 @@ def print_validation(
             str(s["failed"]),
         )
     console.print(summary)
+
+
+def _cross_validate(
+    cases: Path | None,
+    filter_text: str | None,
+    json_out: bool,
+    check: bool,
+    quiet: bool,
+    pool: list[Path] | None,
+) -> None:
+    """In-sample and leave-one-source-out errors, case by case and summarised (validation/crossval.py)."""
+    from simulator.validation import runner
+    from simulator.validation.crossval import cross_validate
+
+    try:
+        selected = [
+            c
+            for c in runner.load_cases(cases)
+            if not filter_text or filter_text.lower() in str(c.get("id", "")).lower()
+        ]
+        if pool is None and cases is None:
+            pool = [runner.DEFAULT_CASES.with_name("moe.yaml")]
+        extra = [c for path in pool or () for c in runner.load_cases(path)]
+    except ScenarioError as e:
+        fail(str(e))
+    if not selected:
+        fail(f"--filter: no case id contains '{filter_text}'")
+    show = not quiet and not json_out and sys.stderr.isatty()
+    with Progress(console=err, transient=True, disable=not show) as bar:
+        task = bar.add_task("cross-validating", total=len(selected))
+        results = cross_validate(selected, lambda text: bar.update(task, advance=1, description=text), extra)
+    inside = runner.summarize([r.case for r in results])
+    outside = runner.summarize([r.out_of_sample for r in results])
+    if json_out:
+        print(
+            json.dumps(
+                {
+                    "cases": [
+                        {
+                            "id": r.case.id,
+                            "source": r.case.source,
+                            "published": r.case.published,
+                            "in_sample_error_pct": r.case.error_pct,
+                            "out_of_sample_error_pct": r.out_of_sample.error_pct,
+                            "out_of_sample_profile": r.how,
+                        }
+                        for r in results
+                    ],
+                    "in_sample": inside,
+                    "out_of_sample": outside,
+                },
+                indent=2,
+            )
+        )
+    else:
+        table = Table(title="In sample and out of sample (leave one source out)", header_style="bold")
+        for col in ("case", "published", "in sample", "out of sample", "profile out of sample"):
+            table.add_column(col, justify="left" if col in ("case", "profile out of sample") else "right")
+        for r in results:
+            table.add_row(
+                r.case.id,
+                f"{r.case.published:,.4g}",
+                _err(r.case.error_pct),
+                _err(r.out_of_sample.error_pct),
+                r.how,
+            )
+        Console().print(table)
+    print(
+        runner.summary_line(outside).replace(
+            "validation:", "validation (out of sample, leave one source out):"
+        )
+    )
+    print(runner.summary_line(inside).replace("validation:", "validation (in sample):"))
+    if check and (missed := runner.gate_failures(inside)):
+        err.print("[bold red]validation gate missed:[/bold red] " + "; ".join(missed))
+        raise typer.Exit(1)

@@ -31,6 +31,8 @@ class GpuFactors(BaseModel):
     memory_efficiency: float | None = Field(None, gt=0, le=1.5)
     kernel_overhead_s: float | None = Field(None, ge=0)
     fitted: str = ""
+    fit_params: tuple[str, ...] = Field((), description="The factors fitted (cross-validation refits them).")
+    fit_cases: tuple[str, ...] = Field((), description="The published.yaml cases they were fitted on.")
 
 
 class Syncs(BaseModel):
@@ -147,6 +149,13 @@ class Framework(BaseModel):
         "(pytorch/pytorch#86509: 274 vs 636 MiB for one small tensor; #109888).",
     )
     fitted: str = Field("", description="How the numbers were obtained: cases, command, date.")
+    fit_params: tuple[str, ...] = Field(
+        (),
+        description="The parameters fitted on published.yaml cases (clustersim validate --cross-validate refits them).",
+    )
+    fit_cases: tuple[str, ...] = Field(
+        (), description="The published.yaml cases those parameters were fitted on."
+    )
     overlap_tp_grad_allreduce: bool = Field(
         False,
         description="The column-parallel input gradient's TP all-reduce runs alongside the weight-gradient GEMM "
