@@ -59,11 +59,7 @@ def validate(
 
     try:
         kernels = check_choice(kernels, "--kernels") if kernels is not None else None
-        selected = [
-            c
-            for c in runner.load_cases(cases)
-            if not filter_text or filter_text.lower() in str(c.get("id", "")).lower()
-        ]
+        selected = _select(cases, filter_text)
     except ScenarioError as e:
         fail(str(e))
     if not selected:
@@ -156,6 +152,14 @@ def print_validation(
     console.print(summary)
 
 
+def _select(cases, filter_text: str | None) -> list[dict]:
+    """The cases of ``cases`` (default: the published suite) whose id contains ``filter_text``."""
+    from simulator.validation import runner
+
+    needle = (filter_text or "").lower()
+    return [c for c in runner.load_cases(cases) if needle in str(c.get("id", "")).lower()]
+
+
 def _cross_validate(
     cases: Path | None,
     filter_text: str | None,
@@ -169,11 +173,7 @@ def _cross_validate(
     from simulator.validation.crossval import cross_validate
 
     try:
-        selected = [
-            c
-            for c in runner.load_cases(cases)
-            if not filter_text or filter_text.lower() in str(c.get("id", "")).lower()
-        ]
+        selected = _select(cases, filter_text)
         if pool is None and cases is None:
             pool = [runner.DEFAULT_CASES.with_name("moe.yaml")]
         extra = [c for path in pool or () for c in runner.load_cases(path)]
