@@ -116,16 +116,22 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     cluster = cluster or Cluster(cluster_spec(s), s.cluster.num_nodes)
     framework = framework or (workload.framework if workload else get_framework(s.framework))
-    workload = workload or build_workload(s, framework, cluster.gpus_per_node)
+    workload = workload or build_workload(s, framework, cluster.gpus_per_node, cluster.gpu)
     placement = placement_for(s)
     kernels, measured_comm, table_info = table_lookups(resolve_table(s.kernels, cluster.gpu.name), cluster)
     comm = CollectiveModel(cluster, placement, s.parallelism.collective_algorithm, measured_comm)
     compute = ComputeModel(
-        cluster.gpu, s.training.precision, framework, kernels, placement.world_size, s.cluster.gpu_speed_sd
+        cluster.gpu,
+        s.training.dtype,
+        framework,
+        kernels,
+        placement.world_size,
+        s.cluster.gpu_speed_sd,
+        workload.fp8.gemm_scale if workload.fp8 else 1.0,
     )
     dispatch = compute.framework.host  # the profile as it applies on this GPU
     host = HostModel(comm, s)
-    peak = cluster.gpu.peak_flops(s.training.precision)
+    peak = cluster.gpu.peak_flops(s.training.dtype)  # MFU against the 16-bit dense peak, as NVIDIA states it
 
     def comm_time(op) -> float:
         return op_comm_time_s(comm, host, op)

@@ -36,6 +36,16 @@ def scenario(tmp_path: Path, **sections) -> str:
     return str(path)
 
 
+def gpu_file(tmp_path: Path, drop: str = "", **fields) -> str:
+    """The shipped A100 80 GB's GPU file with ``fields`` changed (and ``drop`` removed), as a path."""
+    gpu = yaml.safe_load((ROOT / "simulator" / "hardware" / "gpus" / "a100-sxm4-80gb.yaml").read_text())
+    gpu.update(fields)
+    gpu.pop(drop, None)
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(gpu))
+    return str(path)
+
+
 def topology(tmp_path: Path, **node) -> str:
     topo = yaml.safe_load((ROOT / "topologies" / "dgx-a100.yaml").read_text())
     topo["node"].update(node)
@@ -109,7 +119,47 @@ CASES = {
         lambda t: scenario(t, model={"hf_config": "meta-llama/Llama-3.1-8B"}),
         "looks like a Hugging Face hub id",
     ),
-    "fp8": (lambda t: scenario(t, training={"precision": "fp8"}), "fp8 is not modelled"),
+    "fp8 on A100": (
+        lambda t: scenario(t, training={"precision": "fp8"}),
+        "training.precision: fp8 needs FP8 tensor cores; a100-sxm4-80gb (ampere) has none",
+    ),
+    "unknown fp8 recipe": (
+        lambda t: scenario(t, training={"precision": "fp8", "fp8": {"recipe": "fp8-magic"}}),
+        "training.fp8.recipe",
+    ),
+    "mxfp8 on Hopper": (
+        lambda t: scenario(
+            t,
+            cluster={"topology": "dgx-h100", "num_nodes": 1},
+            training={"precision": "fp8", "fp8": {"recipe": "mxfp8"}},
+        ),
+        "training.fp8.recipe: mxfp8 needs block-scaled tensor cores (Blackwell); h100-sxm5-80gb is hopper",
+    ),
+    "fp8 param gather without sharding": (
+        lambda t: scenario(
+            t,
+            cluster={"topology": "dgx-h100", "num_nodes": 1},
+            training={"precision": "fp8", "fp8": {"param_gather": True}},
+        ),
+        "training.fp8.param_gather: weights are all-gathered only when they are sharded",
+    ),
+    "gpu file with fp8 below bf16": (
+        lambda t: scenario(t, cluster={"gpu": gpu_file(t, peak_tflops={"bf16": 989, "fp8": 500})}),
+        "peak_tflops.fp8: 500.0 is below the 989.0 of the wider type",
+    ),
+    "gpu file with tiny hbm": (
+        lambda t: scenario(t, cluster={"gpu": gpu_file(t, hbm_gib=0.5)}),
+        "hbm_gib: Input should be greater than or equal to 1",
+    ),
+    "gpu file with nan": (
+        lambda t: scenario(t, cluster={"gpu": gpu_file(t, hbm_bandwidth_GBps=float("nan"))}),
+        "hbm_bandwidth_GBps: Input should be a finite number",
+    ),
+    "gpu file missing a field": (
+        lambda t: scenario(t, cluster={"gpu": gpu_file(t, drop="sm_count")}),
+        "sm_count: Field required",
+    ),
+    "unknown gpu": (lambda t: scenario(t, cluster={"gpu": "h900"}), "cluster.gpu: unknown GPU 'h900'"),
 }
 
 

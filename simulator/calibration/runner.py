@@ -243,7 +243,7 @@ def calibrate_kernels(
             if error:
                 summary.skipped.append(f"{sh.op} on {sh.ranks} ranks: {error}")
                 return
-            dtype = s.training.precision if device == "cuda" else "fp32"
+            dtype = s.training.dtype if device == "cuda" else "fp32"
             colls.append(
                 CollectiveRow(
                     sh.op,

@@ -23,7 +23,7 @@ from simulator.costs.variability import slowest_gpu_factor
 from simulator.frameworks import Framework
 from simulator.hardware.gpus import GPU
 from simulator.tables.format import DTYPE_BYTES
-from simulator.tables.lookup import MODELLED, SHAPED, KernelLookup, work
+from simulator.tables.lookup import INTERPOLATED, MODELLED, SHAPED, KernelLookup, work
 from simulator.workload.ops import Op
 
 
@@ -51,22 +51,30 @@ COMPUTE_BOUND = ("gemm", "flash_attention")
 MAX_MEMORY_FRACTION = 0.92
 
 
-def gemm_floor_s(gpu: GPU, flops: float, peak: float) -> float:
-    """No GEMM runs faster than the best measured large matmul of the GPU (MAMF)."""
-    return flops / (peak * gpu.gemm.best_efficiency)
+def gemm_floor_s(gpu: GPU, flops: float, peak: float, dtype: str = "bf16") -> float:
+    """No GEMM runs faster than the best measured large matmul of its type on the GPU (MAMF)."""
+    return flops / (peak * gpu.best_efficiency(dtype))
+
+
+def gemm_bytes(dtype: str, m: int, n: int, k: int, batch: int) -> float:
+    """HBM bytes of a GEMM: both inputs in ``dtype``, the output at least 16-bit (an FP8 GEMM writes bf16)."""
+    width = DTYPE_BYTES.get(dtype, 2)
+    return batch * (width * (m * k + k * n) + max(width, 2) * m * n)
 
 
 def shape_roofline_s(
     gpu: GPU, op: str, direction: str, dtype: str, m: int, n: int, k: int, batch: int
 ) -> float:
     """The roofline of a shaped kernel (GEMM, batched GEMM, FlashAttention) from its shape alone, without any
-    framework factor: the reference that measured rows are interpolated relative to (tables/lookup.py)."""
+    framework factor: the reference that measured rows are interpolated relative to (tables/lookup.py). A GEMM of
+    another tensor-core type (FP8) runs at that type's peak x the shape's efficiency x the ratio of the two types'
+    best measured matmuls (``GPU.dtype_efficiency``)."""
     peak = gpu.peak_tflops.get(dtype, max(gpu.peak_tflops.values())) * 1e12
     flops = work(op, direction, m, n, k, batch)
     if op == "flash_attention":
         return flops / (peak * gpu.flash_attention_efficiency)
-    nbytes = DTYPE_BYTES.get(dtype, 2) * batch * (m * k + k * n + m * n)
-    return max(flops / (peak * gemm_efficiency(gpu, m, n, k, batch)), memory_time_s(gpu, nbytes))
+    eff = gemm_efficiency(gpu, m, n, k, batch) * gpu.dtype_efficiency(dtype)
+    return max(flops / (peak * eff), memory_time_s(gpu, gemm_bytes(dtype, m, n, k, batch)))
 
 
 class ComputeModel:
@@ -76,7 +84,13 @@ class ComputeModel:
 
     ``gpus`` is the job's GPU count: its compute-bound kernels run at the pace of the slowest of them, whose
     speed is ``speed_sd`` (default: the GPU profile's) standard deviations times E[max of ``gpus`` normals]
-    below the typical GPU's (``costs/variability.py``). One GPU, or ``speed_sd`` 0, gives the typical GPU."""
+    below the typical GPU's (``costs/variability.py``). One GPU, or ``speed_sd`` 0, gives the typical GPU; a
+    power-capped part (``GPU.clock_scale``) runs them slower still.
+
+    A GEMM whose ``dtype`` is not ``precision`` (FP8 linear layers) runs at its type's peak; where the table has
+    no row of that type it takes the 16-bit row of its shape scaled by the two rooflines' ratio (the measured
+    shape's efficiency carried over), and ``low_precision_scale`` (the recipe's block-scaled kernels relative to
+    per-tensor FP8, ``workload/fp8.py``) on top."""
 
     def __init__(
         self,
@@ -86,13 +100,16 @@ class ComputeModel:
         kernels: KernelLookup | None = None,
         gpus: int = 1,
         speed_sd: float | None = None,
+        low_precision_scale: float = 1.0,
     ):
         self.gpu = gpu
         self.precision = precision
         self.peak = gpu.peak_flops(precision)
         self.framework = (framework or Framework(name="ideal")).on_gpu(gpu.name)
         self.kernels = kernels
-        self.slowest = slowest_gpu_factor(gpu.speed_sd if speed_sd is None else speed_sd, gpus)
+        sd = gpu.speed_sd if speed_sd is None else speed_sd
+        self.slowest = slowest_gpu_factor(sd, gpus) / gpu.clock_scale
+        self.low_precision_scale = low_precision_scale
         self.op_cost = lru_cache(maxsize=None)(self._op_cost)
 
     def op_time_s(self, op: Op) -> float:
@@ -104,17 +121,39 @@ class ComputeModel:
         if op.kind in ("host", "sync"):  # host work: no GPU time
             return 0.0, MODELLED
         if self.kernels is not None and op.kernel:
-            shape = (op.kernel, op.direction, self.precision, op.m, op.n, op.k, op.batch)
-            roof = shape_roofline_s(g, *shape) if op.kernel in SHAPED else 0.0
-            hit = self.kernels.cost(*shape, roof)
+            hit = self._table_s(op)
             if hit is not None:
                 seconds = hit[0] / self._factor(op.kernel)
                 if op.kind == "gemm":
-                    seconds = max(seconds, gemm_floor_s(g, op.flops, self.peak))
+                    dtype = op.dtype or self.precision
+                    seconds = max(seconds, gemm_floor_s(g, op.flops, self._peak(dtype), dtype))
                 if op.kind in COMPUTE_BOUND:
                     seconds *= self.slowest
                 return seconds + g.kernel_launch_s + f.kernel_overhead_s, hit[1]
         return self._modelled_s(op), MODELLED
+
+    def _peak(self, dtype: str) -> float:
+        """Dense peak FLOP/s of ``dtype`` GEMMs (a low-precision type at its recipe's share)."""
+        if dtype == self.precision:
+            return self.peak
+        return self.gpu.peak_flops(dtype) * self.low_precision_scale
+
+    def _table_s(self, op: Op) -> tuple[float, str] | None:
+        """The table's time for ``op`` (None where it has none); a GEMM of a type the table lacks from its
+        16-bit row, scaled by the rooflines' ratio."""
+        g = self.gpu
+        dtype = op.dtype or self.precision
+        shape = (op.kernel, op.direction, dtype, op.m, op.n, op.k, op.batch)
+        roof = shape_roofline_s(g, *shape) if op.kernel in SHAPED else 0.0
+        hit = self.kernels.cost(*shape, roof)
+        if hit is not None or dtype == self.precision or op.kernel not in SHAPED:
+            return hit
+        base = (op.kernel, op.direction, self.precision, op.m, op.n, op.k, op.batch)
+        base_roof = shape_roofline_s(g, *base)
+        hit = self.kernels.cost(*base, base_roof)
+        if hit is None:
+            return None
+        return hit[0] * roof / base_roof / self.low_precision_scale, INTERPOLATED
 
     def _factor(self, kernel: str) -> float:
         f = self.framework
@@ -127,8 +166,11 @@ class ComputeModel:
         fraction = min(g.memory_fraction(op.kernel, op.direction) * f.memory_efficiency, MAX_MEMORY_FRACTION)
         mem = op.bytes / (g.hbm_bytes_per_s * fraction)
         if op.kind == "gemm":
-            comp = op.flops / (self.peak * gemm_efficiency(g, op.m, op.n, op.k, op.batch) * f.gemm_efficiency)
-            comp = max(comp, gemm_floor_s(g, op.flops, self.peak))
+            dtype = op.dtype or self.precision
+            peak = self._peak(dtype)
+            eff = gemm_efficiency(g, op.m, op.n, op.k, op.batch) * g.dtype_efficiency(dtype)
+            comp = op.flops / (peak * eff * f.gemm_efficiency)
+            comp = max(comp, gemm_floor_s(g, op.flops, peak, dtype))
         elif op.kind == "flash_attention":
             comp = op.flops / (self.peak * g.flash_attention_efficiency * f.attention_efficiency)
         else:

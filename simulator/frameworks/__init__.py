@@ -224,7 +224,10 @@ def default_framework(scenario, gpu: str) -> str:
     before; PyTorch FSDP: llm-foundry's; data parallelism alone (PyTorch DDP, DeepSpeed ZeRO): eager PyTorch."""
     p = scenario.parallelism
     if p.tensor_parallel > 1 or p.pipeline_parallel > 1 or p.context_parallel > 1:
-        return "megatron-core-2024" if gpu.startswith(("h100", "h200")) else "megatron-2022"
+        from simulator.hardware.gpus import get_gpu
+
+        recent = get_gpu(gpu).architecture in ("hopper", "blackwell", "cdna3", "cdna4")
+        return "megatron-core-2024" if recent else "megatron-2022"
     if p.fsdp is not None:
         return "llm-foundry-2023"
     return "pytorch-2024"

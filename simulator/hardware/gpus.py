@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from functools import cache
 from pathlib import Path
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from simulator.errors import ScenarioError
+from simulator.scenario.files import load_named
 
 _GPU_DIR = Path(__file__).parent / "gpus"
 
@@ -21,46 +23,132 @@ _GPU_DIR = Path(__file__).parent / "gpus"
 DEFAULT_SPEED_SD = 0.015
 
 
-class GemmProfile(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    max_efficiency: float
-    k_half: float
-    tiles: tuple[tuple[int, int, float], ...]  # (tile_m, tile_n, relative efficiency of that tile shape)
+class _Data(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class GemmProfile(_Data):
+    max_efficiency: float = Field(gt=0, le=1)
+    k_half: float = Field(ge=0, le=1e5)
+    tiles: tuple[tuple[int, int, float], ...] = Field(
+        min_length=1
+    )  # (tile_m, tile_n, relative efficiency of that tile shape)
     # the fastest any GEMM runs, as a fraction of peak: the best shape-searched large matmul measured on this
     # GPU (MAMF); no table row or framework factor makes a GEMM faster
-    best_efficiency: float = 1.0
+    best_efficiency: float = Field(1.0, gt=0, le=1)
+    # the same for other tensor-core types, as a fraction of that type's dense peak (MAMF of an FP8 matmul); a
+    # GEMM of that type runs at its shape's efficiency x this / best_efficiency (the bf16 shape model, scaled)
+    best_efficiency_by_dtype: dict[str, float] = {}
+
+    @model_validator(mode="after")
+    def _check(self) -> GemmProfile:
+        for tm, tn, eff in self.tiles:
+            if tm < 1 or tn < 1 or not 0 < eff <= 1:
+                raise ValueError(f"tiles: ({tm}, {tn}, {eff}): sizes must be >= 1 and efficiency in (0, 1]")
+        for dtype, eff in self.best_efficiency_by_dtype.items():
+            if not 0 < eff <= 1:
+                raise ValueError(f"best_efficiency_by_dtype.{dtype}: {eff} is not a fraction in (0, 1]")
+        return self
 
 
 class KernelBandwidth(BaseModel):
     """Achieved HBM bandwidth of one memory-bound kernel kind, as a fraction of the HBM peak, for the bytes the
     workload counts for it (simulator/workload/)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    forward: float
-    backward: float
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    forward: float = Field(gt=0, le=1)
+    backward: float = Field(gt=0, le=1)
 
 
-class GPU(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    name: str
-    display_name: str
-    peak_tflops: dict[str, float]
-    hbm_gib: float
-    hbm_bandwidth_GBps: float
-    sm_count: int
-    nvlink_bandwidth_GBps: float
-    pcie_bandwidth_GBps: float
+# Tensor-core generations: which low-precision formats the GPU runs (Transformer Engine v2.18
+# pytorch/quantization.py: FP8 needs SM 8.9+, MXFP8 and NVFP4 SM 10.0+; FP8 block scaling SM 9.0+) and whether an
+# FP8 GEMM takes either operand layout (common/transformer_engine.cpp nvte_is_non_tn_fp8_gemm_supported: SM 10.x;
+# Hopper is TN-only, so per-tensor FP8 keeps a transposed copy of every operand used column-wise)
+Architecture = Literal["volta", "ampere", "hopper", "blackwell", "cdna3", "cdna4"]
+FP8_ARCHITECTURES = ("hopper", "blackwell", "cdna3", "cdna4")
+BLOCK_SCALED_ARCHITECTURES = ("blackwell", "cdna4")  # MXFP8 / NVFP4 (MX formats) in hardware
+NON_TN_FP8_ARCHITECTURES = ("blackwell",)
+
+
+class GPU(_Data):
+    """One GPU model: what the silicon can do (dense peaks per tensor-core type, memory, links) and the measured
+    efficiencies the roofline uses where no cost table has the kernel."""
+
+    name: str = Field(min_length=1)
+    display_name: str = Field(min_length=1)
+    architecture: Architecture
+    vendor: Literal["nvidia", "amd"] = "nvidia"
+    peak_tflops: dict[Literal["fp32", "tf32", "fp16", "bf16", "fp8", "fp4"], float] = Field(
+        min_length=1, description="Dense (no 2:4 sparsity) peak TFLOP/s per tensor-core type."
+    )
+    hbm_gib: float = Field(ge=1, le=2**16, description="HBM capacity in GiB as the device reports it.")
+    hbm_bandwidth_GBps: float = Field(gt=0, le=1e5)
+    sm_count: int = Field(ge=1, le=4096, description="SMs (NVIDIA) or compute units (AMD).")
+    nvlink_bandwidth_GBps: float = Field(
+        ge=0, le=1e5, description="Scale-up link bandwidth per GPU per direction (0: none)."
+    )
+    pcie_bandwidth_GBps: float = Field(gt=0, le=1e4, description="Host link per direction.")
+    power_w: float | None = Field(None, gt=0, le=1e4, description="Power limit (TDP) the numbers hold at.")
+    # compute-bound kernels run at this fraction of the speed the peaks and efficiencies describe: a
+    # power-capped or re-clocked part (sustained tensor clock / the clock the peak is quoted at)
+    clock_scale: float = Field(1.0, gt=0, le=1.5)
     gemm: GemmProfile
-    memory_efficiency: float
+    memory_efficiency: float = Field(gt=0, le=1)
     memory_kernels: dict[str, KernelBandwidth] = {}  # per kernel kind; others reach memory_efficiency
     # None: no FlashAttention kernel for this GPU (FlashAttention-1 needs sm75+, FlashAttention-2 sm80+;
     # Dao et al. 2022, Dao 2023, Dao-AILab/flash-attention README); ``attention: auto`` then runs standard attention
-    flash_attention_efficiency: float | None = None
-    kernel_launch_s: float
-    sources: str
+    flash_attention_efficiency: float | None = Field(None, gt=0, le=1)
+    kernel_launch_s: float = Field(ge=0, le=1e-3)
+    sources: str = Field(min_length=1)
+    notes: str = ""  # what is derived rather than published, and caveats (RCCL, unverified figures)
     # spread of sustained compute speed across GPUs of this SKU, standard deviation as a fraction of the
     # typical GPU's: a job's compute-bound kernels run at its slowest GPU's speed (simulator/costs/variability.py)
-    speed_sd: float = DEFAULT_SPEED_SD
+    speed_sd: float = Field(DEFAULT_SPEED_SD, ge=0, le=0.5)
+
+    @model_validator(mode="after")
+    def _check(self) -> GPU:
+        peaks = self.peak_tflops
+        for dtype, value in peaks.items():
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"peak_tflops.{dtype}: {value} must be a positive number")
+        sixteen = peaks.get("bf16", peaks.get("fp16"))
+        if sixteen is None:
+            raise ValueError("peak_tflops: needs a bf16 or fp16 peak (the training types every model uses)")
+        for low, high in (("fp8", sixteen), ("fp4", peaks.get("fp8", sixteen))):
+            if low in peaks and peaks[low] < high:
+                raise ValueError(
+                    f"peak_tflops.{low}: {peaks[low]} is below the {high} of the wider type; a narrower "
+                    "tensor-core type is never slower (a sparse figure in one place and a dense one in the other?)"
+                )
+        if "fp8" in peaks and self.architecture not in FP8_ARCHITECTURES:
+            raise ValueError(f"peak_tflops.fp8: a {self.architecture} GPU has no FP8 tensor cores")
+        for dtype in self.gemm.best_efficiency_by_dtype:
+            if dtype not in peaks:
+                raise ValueError(f"gemm.best_efficiency_by_dtype.{dtype}: no peak_tflops.{dtype} to scale")
+        return self
+
+    @property
+    def has_fp8(self) -> bool:
+        return "fp8" in self.peak_tflops
+
+    @property
+    def block_scaled_formats(self) -> bool:
+        """MXFP8 / NVFP4 block-scaled GEMMs in hardware (Blackwell)."""
+        return self.architecture in BLOCK_SCALED_ARCHITECTURES
+
+    @property
+    def fp8_any_layout(self) -> bool:
+        """An FP8 GEMM takes either operand layout: no transposed FP8 copies (Blackwell)."""
+        return self.architecture in NON_TN_FP8_ARCHITECTURES
+
+    def best_efficiency(self, dtype: str) -> float:
+        """The best measured matmul of ``dtype`` as a fraction of its peak (MAMF)."""
+        return self.gemm.best_efficiency_by_dtype.get(dtype, self.gemm.best_efficiency)
+
+    def dtype_efficiency(self, dtype: str) -> float:
+        """A ``dtype`` GEMM's efficiency relative to the same shape in 16 bits (1.0 where unmeasured): the ratio of
+        their best measured matmuls."""
+        return self.best_efficiency(dtype) / self.gemm.best_efficiency
 
     def peak_flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for ``dtype``; a clear error if this GPU has no such tensor-core mode."""
@@ -88,13 +176,12 @@ class GPU(BaseModel):
 
 @cache
 def gpu_catalogue() -> dict[str, GPU]:
-    return {
-        p.stem: GPU.model_validate(yaml.safe_load(p.read_text())) for p in sorted(_GPU_DIR.glob("*.yaml"))
-    }
+    """The shipped GPUs by name."""
+    return {p.stem: get_gpu(p.stem, "simulator/hardware/gpus") for p in sorted(_GPU_DIR.glob("*.yaml"))}
 
 
+@cache
 def get_gpu(name: str, field: str = "cluster.gpu") -> GPU:
-    catalogue = gpu_catalogue()
-    if name not in catalogue:
-        raise ScenarioError(f"{field}: unknown GPU '{name}'; available: {', '.join(catalogue)}")
-    return catalogue[name]
+    """A shipped GPU by name (``h100-sxm5-80gb``) or a GPU file by path (``my/gpu.yaml``); every problem is one
+    message that starts with ``field``."""
+    return load_named(name, _GPU_DIR, field, "GPU", GPU)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from simulator.errors import ScenarioError
 from simulator.frameworks import AUTO, default_framework, get_framework
-from simulator.hardware.gpus import get_gpu
+from simulator.hardware.gpus import GPU, get_gpu
 from simulator.hardware.topology import cluster_spec
 from simulator.scenario.schema import MAX_GPUS, MAX_MICROBATCHES, MAX_STAGE_MICROBATCHES, Scenario
 
@@ -22,6 +22,8 @@ def resolve_cluster_degrees(scenario: Scenario) -> Scenario:
             f"cluster.gpu: {gpu.name} has no NVLink, but a '{spec.name}' node connects its GPUs by NVSwitch; "
             "use a topology with intra_node: pcie (e.g. pcie-8gpu)"
         )
+    if scenario.training.precision == "fp8":
+        scenario = resolve_fp8(scenario, gpu)
     gpu.peak_flops(scenario.training.precision)  # errors if the GPU lacks this precision
     if scenario.framework == AUTO:
         scenario = scenario.model_copy(update={"framework": default_framework(scenario, gpu.name)})
@@ -103,3 +105,54 @@ def resolve_cluster_degrees(scenario: Scenario) -> Scenario:
     if p.data_parallel is None:
         return scenario.model_copy(update={"parallelism": p.model_copy(update={"data_parallel": dp})})
     return scenario
+
+
+def resolve_fp8(scenario: Scenario, gpu: GPU) -> Scenario:
+    """``training.fp8`` with its ``auto`` choices made for ``gpu`` (Transformer Engine v2.18
+    get_default_fp8_recipe: MXFP8 on Blackwell, delayed scaling before; torchao Float8Linear with FSDP) and
+    checked against what the GPU and the library run (TE quantization.py: FP8 needs SM 8.9+, MXFP8 and NVFP4
+    SM 10.0+)."""
+    tr, p = scenario.training, scenario.parallelism
+    if not gpu.has_fp8:
+        raise ScenarioError(
+            f"training.precision: fp8 needs FP8 tensor cores; {gpu.name} ({gpu.architecture}) has none "
+            "(Hopper, Blackwell and MI300 do); use bf16"
+        )
+    cfg = tr.fp8
+    library = cfg.library
+    if library == "auto":
+        library = "torchao" if p.fsdp is not None else "transformer-engine"
+    recipe = cfg.recipe
+    if recipe == "auto":
+        recipe = (
+            "tensorwise" if library == "torchao" else ("mxfp8" if gpu.block_scaled_formats else "delayed")
+        )
+    if recipe in ("mxfp8", "nvfp4") and not gpu.block_scaled_formats:
+        raise ScenarioError(
+            f"training.fp8.recipe: {recipe} needs block-scaled tensor cores (Blackwell); {gpu.name} is "
+            f"{gpu.architecture}: use delayed, tensorwise or blockwise"
+        )
+    if recipe == "nvfp4" and "fp4" not in gpu.peak_tflops:
+        raise ScenarioError(f"training.fp8.recipe: nvfp4 needs an fp4 peak in the GPU file of {gpu.name}")
+    if library == "torchao" and recipe not in ("tensorwise", "mxfp8"):
+        raise ScenarioError(
+            f"training.fp8.recipe: {recipe} is a Transformer Engine recipe; torchao's Float8Linear runs "
+            "tensorwise (and mxfp8 on Blackwell)"
+        )
+    if cfg.bf16_layers and recipe == "delayed":
+        raise ScenarioError(
+            "training.fp8.bf16_layers: the delayed recipe (the default on Hopper) keeps no layers in bf16 "
+            "(Megatron-Core: 'Delayed scaling does not support first / last layer in BF16'); set recipe: tensorwise"
+        )
+    if 2 * cfg.bf16_layers > scenario.model.num_layers:
+        raise ScenarioError(
+            f"training.fp8.bf16_layers: 2 x {cfg.bf16_layers} exceeds the model's {scenario.model.num_layers} layers"
+        )
+    if cfg.param_gather and p.zero_stage == 0 and p.fsdp is None:
+        raise ScenarioError(
+            "training.fp8.param_gather: weights are all-gathered only when they are sharded: it needs the "
+            "distributed optimizer / ZeRO (parallelism.zero_stage >= 1) or FSDP (Megatron: --fp8-param-gather "
+            "requires --use-distributed-optimizer)"
+        )
+    fp8 = cfg.model_copy(update={"recipe": recipe, "library": library})
+    return scenario.model_copy(update={"training": tr.model_copy(update={"fp8": fp8})})

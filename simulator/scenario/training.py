@@ -32,12 +32,47 @@ class OneBitConfig(Section):
     )
 
 
+Fp8Recipe = Literal["delayed", "tensorwise", "mxfp8", "blockwise", "nvfp4"]
+
+
+class Fp8Config(Section):
+    """How ``precision: fp8`` runs (Transformer Engine v2.18 recipes and Megatron-Core core_v0.19.0's flags, or
+    torchao v0.18.0's Float8Linear under FSDP2; docs/fp8.md). Weights, activations and gradients stay bf16; the
+    linear layers' GEMMs (QKV, projection, MLP or expert FC1 / FC2) run in the recipe's format."""
+
+    recipe: Literal["auto", "delayed", "tensorwise", "mxfp8", "blockwise", "nvfp4"] = Field(
+        "auto",
+        description="delayed (per-tensor scale from the amax history: Megatron --fp8-recipe delayed), tensorwise "
+        "(per-tensor current scaling), mxfp8 (1x32 blocks, Blackwell), blockwise (DeepSeek-style 1x128 / 128x128), "
+        "nvfp4 (FP4 with 16-element blocks, Blackwell; a what-if). auto: Transformer Engine's default, delayed on "
+        "Hopper and mxfp8 on Blackwell; tensorwise with torchao.",
+    )
+    library: Literal["auto", "transformer-engine", "torchao"] = Field(
+        "auto",
+        description="Who casts: Transformer Engine (saves FP8 inputs for backward, caches FP8 weights) or torchao "
+        "Float8Linear (saves bf16, casts again in backward). auto: torchao with FSDP, else Transformer Engine.",
+    )
+    param_gather: bool = Field(
+        False,
+        description="Weights kept and all-gathered in FP8 (Megatron --fp8-param-gather with the distributed "
+        "optimizer; FSDP2 enable_fsdp_float8_all_gather): half the bf16 all-gather bytes, no bf16 weight copy.",
+    )
+    bf16_layers: int = Field(
+        0,
+        ge=0,
+        le=1024,
+        description="Layers kept in bf16 at each end of the model (Megatron --first-last-layers-bf16 with "
+        "--num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16); not with the delayed recipe.",
+    )
+
+
 class TrainingConfig(Section):
     global_batch_size: PositiveInt = Field(le=2**40)
     micro_batch_size: PositiveInt = Field(1, le=2**20)
     precision: Literal["fp16", "bf16", "fp32", "fp8"] = "bf16"
     optimizer: Literal["adam", "adamw", "sgd", "onebit-adam", "zero-one-adam"] = "adam"
     onebit: OneBitConfig = OneBitConfig()
+    fp8: Fp8Config = Field(Fp8Config(), description="How precision: fp8 runs (ignored otherwise).")
     activation_recompute: Literal["none", "selective", "full"] = "none"
     partition_activations: bool = Field(
         False,
@@ -55,12 +90,6 @@ class TrainingConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> TrainingConfig:
-        if self.precision == "fp8":
-            raise ValueError(
-                "training.precision fp8 is not modelled: Transformer Engine's FP8 GEMM efficiencies, its cast and "
-                "amax-history kernels and its extra weight copies are not measured here, and a guess would be "
-                "reported as a prediction; use bf16 (the FP8 peak is in the H100 / H200 GPU files)"
-            )
         for key in ("partition_activations", "cpu_checkpointing"):
             if getattr(self, key) and self.activation_recompute != "full":
                 raise ValueError(
@@ -73,3 +102,9 @@ class TrainingConfig(Section):
                 "(as in DeepSpeed)"
             )
         return self
+
+    @property
+    def dtype(self) -> str:
+        """The type of weights, activations and gradients: the precision, except FP8 training, which keeps them in
+        bf16 and runs the linear layers' GEMMs in FP8."""
+        return "bf16" if self.precision == "fp8" else self.precision

@@ -14,7 +14,7 @@ from simulator.scenario.schema import Scenario
 from simulator.strategy.groups import grad_group, grad_group_size, ranks_per_stage
 from simulator.strategy.memory import memory_breakdown
 from simulator.strategy.sharded import ShardingPlan, add_sharded_iteration
-from simulator.strategy.state_bytes import grad_bytes, weight_bytes
+from simulator.strategy.state_bytes import gather_bytes, grad_bytes, weight_bytes
 from simulator.strategy.units import units
 from simulator.workload.transformer import Workload
 
@@ -35,7 +35,9 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
         kept_after_forward=frozenset() if cfg.reshard_after_forward else frozenset(u.index for u in us),
         reduce_every_microbatch=True,
         overlap_reduce=True,
-        weight_bytes=wb,
+        weight_bytes=gather_bytes(
+            s, w
+        ),  # FSDP2 float8 all-gather: the FP8 layers' shards cast and sent in FP8
         grad_bytes=gb,
     )
     add_sharded_iteration(p, s, w, us, plan)

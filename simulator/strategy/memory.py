@@ -9,7 +9,7 @@ from dataclasses import replace
 from simulator.hardware.cluster import Cluster
 from simulator.scenario.schema import Scenario
 from simulator.strategy.groups import expert_grad_group_size
-from simulator.strategy.state_bytes import grad_bytes
+from simulator.strategy.state_bytes import fp8_weight_copy_bytes, grad_bytes
 from simulator.workload.memory import (
     MemoryBreakdown,
     activation_bytes_per_layer,
@@ -56,10 +56,11 @@ def model_state_bytes(
         w.params_per_rank if params is None else params, shards, stage, k_b, w_b, g_b
     )
     experts = w.expert_params_per_rank if expert_params is None else expert_params
+    copies = fp8_weight_copy_bytes(s, w, sum(w.fp8_params_per_rank)) if params is None else 0.0
     if not experts:
-        return dense
+        return dense[0] + copies, dense[1], dense[2]
     ex = zero_model_state_bytes(experts, expert_grad_group_size(s), stage, k_b, w_b, g_b)
-    return dense[0] + ex[0], dense[1] + ex[1], dense[2] + ex[2]
+    return dense[0] + ex[0] + copies, dense[1] + ex[1], dense[2] + ex[2]
 
 
 def moe_layer_count(units) -> int:

@@ -78,7 +78,7 @@ def bf16_optimizer(s: Scenario) -> bool:
     steps the rank's 1/N of the fp32 weights and all-gathers the bf16 weights: its own ZeRO-1 (BLOOM's recipe
     ran it as ``ZERO_STAGE=0``: "bf16 must use z0! it implements its own zero stage 1 equivalent")."""
     par, cfg = s.parallelism, s.parallelism.zero
-    if s.training.precision != "bf16" or version(cfg.deepspeed_version) < (0, 6, 2):
+    if s.training.dtype != "bf16" or version(cfg.deepspeed_version) < (0, 6, 2):
         return False
     accum = cfg.grad_accum_dtype or ("fp32" if par.zero_stage == 0 else "bf16")
     if accum != "fp32":

@@ -29,7 +29,7 @@ class ShardingPlan:
     kept_after_forward: frozenset[int]  # units whose gathered parameters stay until their backward
     reduce_every_microbatch: bool
     overlap_reduce: bool  # reductions on their own stream; otherwise compute waits for each one
-    weight_bytes: int
+    weight_bytes: float
     grad_bytes: int
     # ZeRO++ (Wang et al. 2023): forward gathers in fewer bytes per parameter (qwZ), backward gathers from a
     # secondary shard in a smaller group (hpZ), gradients as a two-step quantized all-to-all (qgZ)

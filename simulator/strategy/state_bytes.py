@@ -19,7 +19,7 @@ def grad_bytes(s: Scenario, framework=None) -> int:
     profile, which decides; without it, the precision. DeepSpeed's BF16_Optimizer is the pipeline engine's
     (``reduction.bf16_optimizer``)."""
     g = state_bytes_per_param(s.training.precision, s.training.optimizer)[1]
-    if framework is None or s.training.precision != "bf16":
+    if framework is None or s.training.dtype != "bf16":
         return g
     par = s.parallelism
     deepspeed = par.pipeline_schedule == "deepspeed" or par.zero_stage >= 2
@@ -29,3 +29,28 @@ def grad_bytes(s: Scenario, framework=None) -> int:
     if fp32 is None:
         fp32 = framework.bf16_main_grads == "fp32"
     return 4 if fp32 else g
+
+
+def gather_bytes(s: Scenario, w, experts: bool = False) -> float:
+    """Bytes per parameter a parameter all-gather moves: the weight's, except with FP8 parameter gathering
+    (``training.fp8.param_gather``), where the FP8 layers' weights travel quantized (``Fp8Plan.gather_bytes``)
+    beside the others' 16 bits; ``experts``: of the routed experts."""
+    wb = weight_bytes(s)
+    plan = w.fp8
+    if plan is None or not plan.param_gather:
+        return wb
+    dense, routed = w.fp8_params_per_rank
+    if experts:
+        return plan.gather_bytes if routed else wb
+    total = w.params_per_rank
+    return (dense * plan.gather_bytes + (total - dense) * wb) / total if total else wb
+
+
+def fp8_weight_copy_bytes(s: Scenario, w, params: float) -> float:
+    """Bytes of the quantized weights Transformer Engine keeps beside ``params`` FP8-layer parameters
+    (``Fp8Plan.weight_copy_bytes``); none where FSDP or ZeRO-3 gathers the weights each time (TE does not cache
+    under FSDP2: linear.py ``cache_name = None if ... self.is_fsdp2``)."""
+    plan, par = w.fp8, s.parallelism
+    if plan is None or par.fsdp is not None or par.zero_stage >= 3:
+        return 0.0
+    return params * plan.weight_copy_bytes

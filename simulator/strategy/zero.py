@@ -40,7 +40,7 @@ from simulator.strategy.offload import (
 )
 from simulator.strategy.reduction import buckets, gradient_reduction, gradient_sets, megatron_bucket_elements
 from simulator.strategy.sharded import ShardingPlan, add_sharded_iteration
-from simulator.strategy.state_bytes import grad_bytes, weight_bytes
+from simulator.strategy.state_bytes import gather_bytes, grad_bytes, weight_bytes
 from simulator.strategy.steps import add_backward, add_forward, add_optimizer, microbatch_sync, with_setup
 from simulator.strategy.units import Unit, parameter_tensors, units
 from simulator.strategy.zero3_fetch import schedule_for
@@ -181,11 +181,13 @@ def _iteration_1_2(
     # parallelism (DeepSpeed's expert param groups, Megatron-Core's expert distributed optimizer)
     sets = gradient_sets(s, us, 1.0)
     sizes = {g: (dp if g == grad_group(s) else expert_grad_group_size(s)) for _, g, _ in sets}
-    gathers = [
-        (group, bucket)
-        for _, group, params in sets
-        for bucket in buckets([(i, n * wb) for i, n in reversed(params)], gather_elements * wb)
-    ]
+    gathers = []
+    for _, group, params in sets:  # FP8 parameter gathering moves the FP8 layers' weights quantized
+        moved = gather_bytes(s, w, experts=group != grad_group(s))
+        gathers += [
+            (group, b)
+            for b in buckets([(i, n * moved) for i, n in reversed(params)], gather_elements * moved)
+        ]
     # Megatron-Core --overlap-param-gather: the previous step's updated weights are all-gathered under this
     # iteration's forward (steady state), each unit's first forward waiting only for its own bucket
     ahead: dict[int, list[int]] = {}

@@ -33,7 +33,9 @@ class Fix:
 def peak_memory(s: Scenario) -> MemoryBreakdown:
     """The largest per-rank memory of ``s``'s program (the rank ``run`` reports)."""
     cluster = Cluster(cluster_spec(s), s.cluster.num_nodes)
-    program = build_program(s, build_workload(s, get_framework(s.framework), cluster.gpus_per_node), cluster)
+    program = build_program(
+        s, build_workload(s, get_framework(s.framework), cluster.gpus_per_node, cluster.gpu), cluster
+    )
     return max((r.memory for r in program.ranks), key=lambda m: m.device)
 
 

@@ -29,6 +29,7 @@ from simulator.strategy.state_bytes import grad_bytes, weight_bytes
 from simulator.strategy.zero import fetch_schedule
 from simulator.study.layouts import Layout
 from simulator.tables.select import resolve_table
+from simulator.workload.fp8 import fp8_plan
 from simulator.workload.memory import activation_bytes_per_layer, head_activation_bytes, state_bytes_per_param
 from simulator.workload.transformer import build_workload
 
@@ -61,11 +62,12 @@ class Screen:
         # every layout uses all ``gpus``: its kernels run at the slowest one's pace (api.simulate)
         self.compute = ComputeModel(
             cluster.gpu,
-            base.training.precision,
+            base.training.dtype,
             self.framework,
             self.kernels,
             gpus or cluster.num_gpus,
             base.cluster.gpu_speed_sd,
+            plan.gemm_scale if (plan := fp8_plan(base, cluster.gpu)) else 1.0,
         )
         self._blocks: dict[tuple, tuple] = {}
         self._tp_comm: dict[tuple, CollectiveModel] = {}
@@ -106,7 +108,7 @@ class Screen:
         key = (lay.tp, lay.cp, lay.mbs, lay.recompute, lay.ep, lay.etp)
         if key not in self._blocks:
             s = self.scenario(lay)
-            w = build_workload(s, self.framework, self.gpn)
+            w = build_workload(s, self.framework, self.gpn, self.cluster.gpu)
             comm = self._comm(lay)
 
             def t(ops) -> float:

@@ -6,7 +6,7 @@ dropout, PV)."""
 from __future__ import annotations
 
 from simulator.scenario.schema import Scenario
-from simulator.workload.ops import Op, collective_op, gemm, gemm_backward, memory_op
+from simulator.workload.ops import Op, collective_op, gemm, gemm_backward, linear, memory_op
 from simulator.workload.params import norm_params
 from simulator.workload.shape import LayerShape
 
@@ -18,7 +18,7 @@ def projection_ops(s: Scenario, sh: LayerShape) -> tuple[tuple[Op, ...], tuple[O
     e, tokens, h = sh.e, sh.tokens, sh.h
     heads, kv_heads, d, dv = sh.heads, sh.kv_heads, sh.d, sh.dv
     if m.mla is None:
-        qkv = gemm("qkv projection", tokens, (heads + 2 * kv_heads) * d, h)
+        qkv = linear("qkv projection", tokens, (heads + 2 * kv_heads) * d, h)
         fwd: tuple[Op, ...] = (qkv,)
         bwd: tuple[Op, ...] = gemm_backward(qkv)
         params = h * (heads + 2 * kv_heads) * d + ((heads + 2 * kv_heads) * d if m.has_qkv_bias else 0)
@@ -42,20 +42,20 @@ def projection_ops(s: Scenario, sh: LayerShape) -> tuple[tuple[Op, ...], tuple[O
 
     def lowrank(name: str, rank: int, down_out: int, up_out: int) -> None:
         nonlocal params
-        down = gemm(f"{name} down-projection", tokens, down_out, h)
+        down = linear(f"{name} down-projection", tokens, down_out, h)
         norm = memory_op(
             f"{name} latent norm", 2 * e * tokens * rank + 4 * tokens, sh.norm_kind, tokens, rank
         )
         norm_bwd = memory_op(
             f"{name} latent norm backward", 3 * e * tokens * rank, sh.norm_kind, tokens, rank, "backward"
         )
-        up = gemm(f"{name} up-projection", tokens, up_out, rank)
+        up = linear(f"{name} up-projection", tokens, up_out, rank)
         ops_f.extend((down, norm, up))
         ops_b[:0] = [*gemm_backward(up), norm_bwd, *gemm_backward(down)]
         params += h * down_out + norm_params(m, rank) + rank * up_out
 
     if c.q_lora_rank is None:
-        q = gemm("mla q projection", tokens, heads * d, h)
+        q = linear("mla q projection", tokens, heads * d, h)
         ops_f.append(q)
         ops_b[:0] = list(gemm_backward(q))
         params += h * heads * d

@@ -23,7 +23,7 @@ from simulator.scenario.schema import Scenario
 from simulator.workload.block import Part, present
 from simulator.workload.dispatchers import INDEX_BYTES, PROB_BYTES, allgather, alltoall, deepep, overlapping
 from simulator.workload.expert_load import ExpertLoad, expert_load
-from simulator.workload.ops import Op, collective_op, gemm, gemm_backward, memory_op
+from simulator.workload.ops import Op, collective_op, gemm, gemm_backward, linear, memory_op
 from simulator.workload.params import mlp_params, router_params
 from simulator.workload.shape import LayerShape, activation
 
@@ -124,8 +124,8 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
         n_int = max(round(n), 1)
         name = "experts" if p.moe.grouped_gemm else f"expert {i}"
         share = real / n if n else 0.0
-        fc1 = _scaled(gemm(f"{name} fc1", n_int, f_up, h), share)
-        fc2 = _scaled(gemm(f"{name} fc2", n_int, h, f_rank), share)
+        fc1 = _scaled(linear(f"{name} fc1", n_int, f_up, h), share)
+        fc2 = _scaled(linear(f"{name} fc2", n_int, h, f_rank), share)
         act, act_bwd = activation(
             m, f"{name} {m.activation} (probability-weighted)", e, n_int, f_rank, n * PROB_BYTES
         )
@@ -140,8 +140,8 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
         fs = moe.shared_expert_ffn_hidden_size
         fs_up = (2 if swiglu else 1) * fs // t
         tokens = sh.tokens  # the sequence-parallel shard gathered over TP, as a dense MLP's input
-        up = gemm("shared expert fc1", tokens, fs_up, h)
-        down = gemm("shared expert fc2", tokens, h, fs // t)
+        up = linear("shared expert fc1", tokens, fs_up, h)
+        down = linear("shared expert fc2", tokens, h, fs // t)
         act, act_bwd = activation(m, f"shared expert {m.activation}", e, tokens, fs // t)
         gate = gemm("shared expert gate", tokens, 1, h) if moe.shared_expert_gate else None
         shared_fwd = present(

@@ -37,6 +37,8 @@ class Op:
     )
     recompute: bool = False  # re-run by activation recomputation: hardware FLOPs, not model FLOPs
     host_s: float = 0.0  # kind "host": host seconds of work that launches no kernel
+    dtype: str = ""  # the GEMM's tensor-core type where it is not the training's (FP8 linear layers)
+    linear: bool = False  # a linear layer's GEMM (forward, dgrad or wgrad): what FP8 training quantizes
 
 
 def collective_op(
@@ -75,13 +77,29 @@ def recomputed(ops: tuple[Op, ...]) -> tuple[Op, ...]:
 
 
 def gemm(
-    name: str, m: int, n: int, k: int, batch: int = 1, elem_bytes: int = 2, direction: str = "forward"
+    name: str,
+    m: int,
+    n: int,
+    k: int,
+    batch: int = 1,
+    elem_bytes: int = 2,
+    direction: str = "forward",
+    linear: bool = False,
 ) -> Op:
-    """A (batched) matrix multiply C[m,n] = A[m,k] B[k,n]: 2mnk FLOPs, reads A and B, writes C."""
+    """A (batched) matrix multiply C[m,n] = A[m,k] B[k,n]: 2mnk FLOPs, reads A and B, writes C. ``linear``: a
+    linear layer's weight GEMM (X W^T), which FP8 training runs in FP8."""
     flops = 2.0 * m * n * k * batch
     kernel = "gemm" if batch == 1 else "batched_gemm"
     nbytes = elem_bytes * batch * (m * k + k * n + m * n)
-    return Op(name, "gemm", flops, nbytes, m, n, k, batch, flops, kernel=kernel, direction=direction)
+    return Op(
+        name, "gemm", flops, nbytes, m, n, k, batch, flops, kernel=kernel, direction=direction, linear=linear
+    )
+
+
+def linear(name: str, m: int, n: int, k: int) -> Op:
+    """A linear layer's forward GEMM: ``m`` tokens x ``k`` inputs -> ``n`` outputs (a Transformer Engine / torch
+    Linear; FP8 training quantizes its three GEMMs)."""
+    return gemm(name, m, n, k, linear=True)
 
 
 def memory_op(
@@ -98,6 +116,6 @@ def gemm_backward(op: Op, has_weight: bool = True) -> tuple[Op, Op]:
     multiply two activations, so both their gradients are input gradients."""
     second = "wgrad" if has_weight else "dgrad (second input)"
     return (
-        gemm(f"{op.name} dgrad", op.m, op.k, op.n, op.batch, direction="backward"),
-        gemm(f"{op.name} {second}", op.k, op.n, op.m, op.batch, direction="backward"),
+        gemm(f"{op.name} dgrad", op.m, op.k, op.n, op.batch, direction="backward", linear=op.linear),
+        gemm(f"{op.name} {second}", op.k, op.n, op.m, op.batch, direction="backward", linear=op.linear),
     )

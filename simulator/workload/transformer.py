@@ -17,20 +17,23 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from simulator.frameworks import Framework, get_framework
+from simulator.hardware.gpus import GPU, get_gpu
+from simulator.hardware.topology import cluster_spec
 from simulator.scenario.schema import Scenario
 from simulator.workload import framework_kernels
 from simulator.workload.attention import attention_ops, projection_ops
 from simulator.workload.block import Block, Part, present
 from simulator.workload.embedding import embedding_block, head_block
 from simulator.workload.expert_load import ExpertLoad
+from simulator.workload.fp8 import Fp8Plan, amax_reductions, fp8_plan, is_quantized, quantize_block
 from simulator.workload.memory import checkpoint_bytes_per_layer
 from simulator.workload.moe import moe_load, moe_part
 from simulator.workload.ops import (
     Op,
     collective_op,
-    gemm,
     gemm_backward,
     host_op,
+    linear,
     recomputed,
     sync_op,
 )
@@ -58,6 +61,9 @@ class Workload:
     microbatch_setup: tuple[Op, ...] = ()
     expert_load: ExpertLoad | None = None  # the busiest expert-parallel rank of the MoE layers
     mtp: tuple[Block, ...] = ()  # multi-token prediction depths, after the layers on the last stage
+    fp8: Fp8Plan | None = (
+        None  # how FP8 training quantizes (None: the linear layers run in the training precision)
+    )
 
     @property
     def num_layers(self) -> int:
@@ -90,6 +96,15 @@ class Workload:
         return sum(b.expert_params for b in (*self.layers, *self.mtp))
 
     @cached_property
+    def fp8_params_per_rank(self) -> tuple[int, int]:
+        """(dense, routed-expert) parameters on one rank of the layers whose linear layers run in FP8 (their few
+        norm weights included): what FP8 weight copies and FP8 parameter all-gathers apply to."""
+        if self.fp8 is None:
+            return 0, 0
+        blocks = [b for b in (*self.layers, *self.mtp) if is_quantized(b)]
+        return sum(b.params for b in blocks), sum(b.expert_params for b in blocks)
+
+    @cached_property
     def total_params(self) -> int:
         return parameter_count(self.scenario)
 
@@ -114,8 +129,8 @@ def dense_mlp_part(s: Scenario, sh: LayerShape, tp, mlp_bias: Op | None) -> Part
     m = s.model
     gather_in, scatter_out, grad_in, grad_out = tp
     e, tokens, h, f, t = sh.e, sh.tokens, sh.h, sh.f, sh.t
-    up = gemm("mlp up projection", tokens, sh.f_up // t, h)
-    down = gemm("mlp down projection", tokens, h, f // t)
+    up = linear("mlp up projection", tokens, sh.f_up // t, h)
+    down = linear("mlp down projection", tokens, h, f // t)
     act, act_bwd = activation(m, f"{m.activation}", e, tokens, f // t)
     forward = present(gather_in("mlp input"), up, act, down, scatter_out("mlp output"), mlp_bias)
     backward = present(
@@ -130,11 +145,15 @@ def dense_mlp_part(s: Scenario, sh: LayerShape, tp, mlp_bias: Op | None) -> Part
 
 
 def build_workload(
-    s: Scenario, framework: Framework | None = None, gpus_per_node: int | None = None
+    s: Scenario,
+    framework: Framework | None = None,
+    gpus_per_node: int | None = None,
+    gpu: GPU | None = None,
 ) -> Workload:
     """The model's kernels for one microbatch on one tensor-parallel rank, as ``framework`` (default: the
     scenario's) launches them. ``gpus_per_node``: the cluster's, where a kernel's traffic depends on which ranks
-    share a node (DeepEP's dispatch; without it an expert-parallel group is taken to fit in a node)."""
+    share a node (DeepEP's dispatch; without it an expert-parallel group is taken to fit in a node). ``gpu``: the
+    cluster's (default: the scenario's topology's), for what FP8 training quantizes and how."""
     fw = framework or get_framework(s.framework)
     m, p, tr = s.model, s.parallelism, s.training
     sh = layer_shape(s)
@@ -146,7 +165,7 @@ def build_workload(
     )
     gather_in, scatter_out, grad_in, grad_out = tp
     proj_fwd, proj_bwd, proj_params = projection_ops(s, sh)
-    proj = gemm("attention output projection", tokens, h, heads * sh.dv)
+    proj = linear("attention output projection", tokens, h, heads * sh.dv)
     attn_fwd, attn_bwd = attention_ops(s, sh)
     attention_params = proj_params + heads * sh.dv * h + (h if m.add_bias_linear else 0) + 2 * sh.norm_params
     # the framework's own small kernels beyond the model's (bias adds, layout copies, bias-gradient reductions)
@@ -249,7 +268,31 @@ def build_workload(
     if m.mtp_layers:
         last = layers[-1]  # each depth is a layer like the model's last (DeepSeek-V3: an MoE layer)
         mtp = (mtp_block(s, sh, fw, last, embedding, head, tp),) * m.mtp_layers
-    return Workload(s, layers, embedding, head, fw, setup, moe_load(s, sh) if moe is not None else None, mtp)
+    plan = fp8_plan(s, gpu or get_gpu(cluster_spec(s).node.gpu))
+    if plan is not None:
+        layers, mtp, setup = _quantized(s, plan, layers, mtp, setup)
+    moe_stats = moe_load(s, sh) if moe is not None else None
+    return Workload(s, layers, embedding, head, fw, setup, moe_stats, mtp, plan)
+
+
+def _quantized(s: Scenario, plan: Fp8Plan, layers, mtp, setup):
+    """The layers in FP8 but ``training.fp8.bf16_layers`` at each end, and the delayed recipe's amax reductions
+    with each micro-batch (once per model chunk, as Megatron-Core's one autocast around each chunk's block)."""
+    done: dict[int, Block] = {}
+
+    def q(b: Block) -> Block:
+        if id(b) not in done:
+            done[id(b)] = quantize_block(b, plan, s)
+        return done[id(b)]
+
+    keep = s.training.fp8.bf16_layers
+    n = len(layers)
+    layers = tuple(b if i < keep or i >= n - keep else q(b) for i, b in enumerate(layers))
+    mtp = tuple(q(b) for b in mtp)
+    p = s.parallelism
+    chunk = max(n // (p.pipeline_parallel * p.virtual_pipeline_stages), 1)
+    linears = sum(1 for op in layers[-1].forward if op.kind == "gemm" and op.linear) * chunk
+    return layers, mtp, (*setup, *amax_reductions(plan, linears))
 
 
 def mtp_block(
@@ -261,7 +304,7 @@ def mtp_block(
     logits and loss."""
     tokens, h, t = sh.tokens, sh.h, sh.t
     scatter_out = tp[1]
-    proj = gemm("mtp projection (eh_proj)", tokens, h, 2 * h // t)
+    proj = linear("mtp projection (eh_proj)", tokens, h, 2 * h // t)
     lookup = embedding.forward[0]
     fwd = present(
         lookup,

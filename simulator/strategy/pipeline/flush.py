@@ -19,7 +19,7 @@ from simulator.program import Program
 from simulator.scenario.schema import Scenario
 from simulator.strategy.groups import EXPERT_GROUP, expert_grad_group_size, grad_group, grad_group_size
 from simulator.strategy.reduction import bf16_optimizer, ddp_settings, pipeline_grad_reduction
-from simulator.strategy.state_bytes import grad_bytes, weight_bytes
+from simulator.strategy.state_bytes import gather_bytes, grad_bytes
 from simulator.strategy.steps import add_optimizer
 from simulator.workload.transformer import Workload
 
@@ -33,7 +33,7 @@ def flush_and_step(
     par = s.parallelism
     pp, v, dp = par.pipeline_parallel, par.virtual_pipeline_stages, grad_group_size(s)
     edp = expert_grad_group_size(s)
-    wb, gb = weight_bytes(s), grad_bytes(s, w.framework)
+    gb = grad_bytes(s, w.framework)
     fsdp = par.fsdp is not None  # FSDP2 under torch.distributed.pipelining (module docstring)
     deepspeed = par.pipeline_schedule == "deepspeed"  # DeepSpeed's PipelineEngine reduces as DeepSpeed does
     bf16_opt = deepspeed and bf16_optimizer(s)
@@ -135,7 +135,7 @@ def flush_and_step(
                 "param all-gather",
                 (),
                 group=grad_group(s),
-                bytes=stage_params[st] * wb,
+                bytes=stage_params[st] * gather_bytes(s, w),
             )
             first = prog.tasks[ids[(st, *order[st][0])]]
             first.deps = (*first.deps, gid)
@@ -148,7 +148,7 @@ def flush_and_step(
                 "param all-gather",
                 (opt,),
                 group=grad_group(s),
-                bytes=stage_params[st] * wb,
+                bytes=stage_params[st] * gather_bytes(s, w),
             )
         if experts and distributed and edp > 1:
             prog.add(
@@ -159,7 +159,7 @@ def flush_and_step(
                 "expert param all-gather",
                 (opt,),
                 group=EXPERT_GROUP,
-                bytes=experts * wb,
+                bytes=experts * gather_bytes(s, w, experts=True),
             )
 
 

@@ -9,7 +9,8 @@ from simulator.strategy.groups import expert_grad_group_size, grad_group_size
 from simulator.strategy.memory import with_host_checkpoints
 from simulator.strategy.reduction import bf16_optimizer
 from simulator.strategy.schedules import SPLITS_BACKWARD, Step
-from simulator.strategy.state_bytes import grad_bytes
+from simulator.strategy.state_bytes import fp8_weight_copy_bytes, grad_bytes
+from simulator.workload.fp8 import is_quantized
 from simulator.workload.memory import (
     MemoryBreakdown,
     activation_bytes_per_layer,
@@ -50,6 +51,8 @@ def stage_memory(
             experts, expert_grad_group_size(s), stage, k_b, w_b, g_b
         )
         p_bytes, g_bytes, o_bytes = p_bytes + ep_bytes, g_bytes + eg_bytes, o_bytes + eo_bytes
+    quantized = [u.block for c in range(v) for u in chunks[(st, c)] if u.is_layer and is_quantized(u.block)]
+    p_bytes += fp8_weight_copy_bytes(s, w, sum(b.params + b.expert_params for b in quantized))
     layers = {c: sum(1 for u in chunks[(st, c)] if u.is_layer) for c in range(v)}
     moe = {c: sum(1 for u in chunks[(st, c)] if u.is_layer and u.block.moe) for c in range(v)}
     heads = {c: chunks[(st, c)][-1].name == "head" for c in range(v)}
