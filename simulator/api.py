@@ -17,7 +17,7 @@ from simulator.frameworks import Framework, get_framework
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
 from simulator.hardware.topology import cluster_spec
-from simulator.metrics.metrics import Metrics, finish_metrics, measure, moe_metrics
+from simulator.metrics.metrics import Metrics, finish_metrics, fp8_metrics, measure, moe_metrics
 from simulator.metrics.periodic import NotPeriodic, extrapolate, sample_windows
 from simulator.metrics.sources import source_seconds, summarise_sources
 from simulator.program import Program
@@ -221,6 +221,10 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
     metrics.params_billion = workload.total_params / 1e9
     if workload.expert_load is not None:
         metrics.moe = moe_metrics(workload.expert_load, metrics.comm_by_collective)
+    if workload.fp8 is not None:
+        metrics.fp8 = fp8_metrics(
+            workload.fp8, metrics, peak, cluster.gpu.peak_flops(workload.fp8.gemm_dtype)
+        )
     metrics.framework = compute.framework.name
     metrics.wall_s = time.perf_counter() - t0
     return Result(s, workload, program, timeline, cluster, placement, metrics, comm, host, compute)

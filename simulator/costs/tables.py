@@ -33,7 +33,7 @@ def table_lookups(
     key = ("collectives", cluster.spec.model_dump_json())
     if key not in table.lookups:
         nvlink = cluster.spec.node.nvlink_bandwidth_GBps or gpu.nvlink_bandwidth_GBps
-        rows, why = collective_rows_for(table, cluster.spec, nvlink)
+        rows, why = collective_rows_for(table, cluster.spec, nvlink, cluster.gpu.name)
         table.lookups[key] = (CollectiveLookup(rows) if rows else None, len(rows), why)
     colls, used, why = table.lookups[key]
     if why:

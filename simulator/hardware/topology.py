@@ -55,7 +55,7 @@ class NodeSpec(_Spec):
     cpu_interconnect_GBps: float = Field(64.0, gt=0, le=GBPS_MAX)
     host_memory_gib: float = Field(1024, gt=0, le=2**20)
     host_memory_bandwidth_GBps: float = Field(200, gt=0, le=GBPS_MAX)
-    nics: PositiveInt = Field(1, le=64)
+    nics: PositiveInt = Field(1, le=1024)
     nic_bandwidth_gbps: float = Field(200, gt=0, le=GBPS_MAX)
     nic_kind: Literal["infiniband", "ethernet"] = "infiniband"
     nic_latency_us: float = Field(2.0, ge=0, le=LATENCY_MAX_US)

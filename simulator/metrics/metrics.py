@@ -72,6 +72,9 @@ class Metrics:
     # mixture-of-experts runs: the busiest expert-parallel rank's load, tokens dropped by the capacity, and the
     # time of the expert-parallel communication (all-to-all / all-gather over ep, etp and their groups)
     moe: dict | None = None
+    # FP8 runs: the recipe and library, and the model FLOP/s against the FP8 (or FP4) dense peak beside ``mfu``,
+    # which is against the 16-bit peak as NVIDIA and Megatron-Core state it
+    fp8: dict | None = None
 
     def to_dict(self) -> dict:
         return _plain(asdict(self))
@@ -241,6 +244,17 @@ def moe_metrics(load, comm_by_collective: dict) -> dict:
         "tokens_dropped_fraction": load.dropped,
         "expert_comm_s": sum(v["time_s"] for v in expert),
         "expert_comm_exposed_s": sum(v["exposed_s"] for v in expert),
+    }
+
+
+def fp8_metrics(plan, m: Metrics, peak_16bit: float, peak_low: float) -> dict:
+    """What an FP8 run adds: its recipe, and its model FLOP/s as a fraction of the low-precision dense peak (MFU
+    stays against the bf16 peak, the convention of NVIDIA's and Megatron's published FP8 MFU)."""
+    return {
+        "recipe": plan.recipe,
+        "library": plan.library,
+        "gemm_dtype": plan.gemm_dtype,
+        "mfu_vs_low_precision_peak": m.mfu * peak_16bit / peak_low,
     }
 
 

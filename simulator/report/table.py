@@ -17,6 +17,10 @@ def _moe(m: Metrics) -> bool:
     return m.moe is not None
 
 
+def _fp8(m: Metrics) -> bool:
+    return m.fp8 is not None
+
+
 def _phased(m: Metrics) -> bool:
     return m.amortised_iteration_time_s is not None
 
@@ -40,6 +44,18 @@ ROWS = [
     ("Samples/s", lambda m: m.samples_per_s, "{:,.2f}"),
     ("Model TFLOP/s per GPU", lambda m: m.model_tflops_per_gpu, "{:.1f}"),
     ("MFU", lambda m: m.mfu, "{:.1%}"),
+    (
+        "MFU vs the FP8 / FP4 peak",
+        lambda m: (m.fp8 or {}).get("mfu_vs_low_precision_peak", 0.0),
+        "{:.1%}",
+        _fp8,
+    ),
+    (
+        "Low precision (recipe, library)",
+        lambda m: f"{m.fp8['gemm_dtype']} ({m.fp8['recipe']}, {m.fp8['library']})" if m.fp8 else "-",
+        "{}",
+        _fp8,
+    ),
     ("HFU", lambda m: m.hfu, "{:.1%}"),
     ("TFLOP/s per GPU (Narayanan Eq. 3)", lambda m: m.tflops_per_gpu_narayanan_eq3, "{:.1f}"),
     ("Pipeline bubble", lambda m: m.bubble_fraction, "{:.1%}"),

@@ -65,7 +65,9 @@ def resolve_table(choice: str | None, gpu_name: str) -> CostTable | None:
     return _load(str(path), _stamp(path))
 
 
-def collective_rows_for(table: CostTable, spec, nvlink_GBps: float) -> tuple[list[CollectiveRow], str]:
+def collective_rows_for(
+    table: CostTable, spec, nvlink_GBps: float, gpu_name: str | None = None
+) -> tuple[list[CollectiveRow], str]:
     """The collective rows that describe the cluster of topology ``spec`` (with its what-if overrides), and
     why others were left out. Rows inside a node need the same intra-node fabric; rows across nodes also the
     same topology and NICs. ``nvlink_GBps`` is the cluster's NVLink bandwidth per GPU."""
@@ -86,8 +88,9 @@ def collective_rows_for(table: CostTable, spec, nvlink_GBps: float) -> tuple[lis
             f"{k} {want} (cluster: {have})" for k, (want, have) in checks.items() if want not in (None, have)
         ]
 
-    if table.meta.gpu not in (None, node.gpu):
-        return [], f"collectives measured with {table.meta.gpu}, the cluster has {node.gpu}"
+    gpu = gpu_name or node.gpu  # the GPU's own name (node.gpu may be a GPU file's path)
+    if table.meta.gpu not in (None, gpu):
+        return [], f"collectives measured with {table.meta.gpu}, the cluster has {gpu}"
     if bad := differ(intra):
         return [], "collectives measured on " + ", ".join(bad)
     bad = differ(inter)

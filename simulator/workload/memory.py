@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from simulator.scenario.schema import Scenario
+from simulator.workload.fp8 import saved_input_bytes
 
 
 @dataclass(frozen=True)
@@ -140,11 +141,14 @@ def activation_bytes_per_layer(s: Scenario, recompute: str | None = None, moe: b
     out = a * m.v_head_dim / h  # the attention output, the projection's input
     f_up = (2 if m.activation == "swiglu" else 1) * m.ffn_size / h
     f = m.ffn_size / h
+    lin = linear_input_bytes(s)  # what a linear layer keeps of its input: 2, or 1 in FP8 (Transformer Engine)
     replicated = sbh * (
-        2 + 1 + 2 + 1 + 4
+        lin + 1 + lin + 1 + 4
     )  # QKV input, attention dropout mask, MLP input, MLP dropout mask, 2 norms
-    mlp = 0.0 if moe else 2 * f_up + 2 * f  # MLP up out, act out (an MoE MLP's are its own)
-    sharded = sbh * (2 * q + 2 * kv + 2 * v + 2 * out + mlp)  # Q, K, V, projection input, MLP
+    mlp = (
+        0.0 if moe else 2 * f_up + lin * f
+    )  # MLP up out, act out (the down projection's input; MoE: its own)
+    sharded = sbh * (2 * q + 2 * kv + 2 * v + lin * out + mlp)  # Q, K, V, projection input, MLP
     if m.attention == "standard" and mode != "selective":
         sharded += 5 * a * sq * sq * b  # softmax output, dropout mask, dropout output
     if m.attention == "flash":
@@ -181,13 +185,24 @@ def moe_mlp_activation_bytes(s: Scenario) -> float:
     f_up = (2 if m.activation == "swiglu" else 1) * f
     experts = moe.num_experts
     router = T * experts * (4 + 4 + 1) + T * experts * 4  # logits, probabilities, map; the row map (int32)
-    routed = n * (e * m.hidden_size + e * f_up + e * f + 4)
+    lin = linear_input_bytes(s)
+    routed = n * (lin * m.hidden_size + e * f_up + lin * f + 4)
     shared = 0.0
     if moe.shared_expert_ffn_hidden_size:
         fs = moe.shared_expert_ffn_hidden_size
         fs_up = (2 if m.activation == "swiglu" else 1) * fs
         shared = tokens * e * (fs_up + fs) / t
     return router + routed + shared
+
+
+def linear_input_bytes(s: Scenario) -> float:
+    """Bytes per element a linear layer keeps of its input for the weight gradient: 2 (the 16-bit activations
+    Korthikanti et al. count), or in FP8 training with Transformer Engine the quantized column-wise copy
+    (workload/fp8.py)."""
+    tr = s.training
+    if tr.precision != "fp8":
+        return 2
+    return saved_input_bytes(tr.fp8.recipe, tr.fp8.library)
 
 
 def checkpoint_bytes_per_layer(s: Scenario) -> float:
