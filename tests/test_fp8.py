@@ -226,7 +226,9 @@ def test_nvl72_tp16_all_reduce_stays_on_nvlink():
     cluster = Cluster(spec, 2)
     cm = CollectiveModel(cluster, Placement(tp=16, dp=8), "ring")
     (phase,) = cm.phases("all_reduce", "tp", 1e9)
-    assert all("nvswitch" in cls[1:] for cls in phase.demand_s)  # GPU <-> NVSwitch links only: no NIC, no PCIe
+    assert all(
+        "nvswitch" in cls[1:] for cls in phase.demand_s
+    )  # GPU <-> NVSwitch links only: no NIC, no PCIe
     n, bw = 16, 900e9 * 0.756
     assert max(phase.demand_s.values()) == pytest.approx(2 * (n - 1) / n * 1e9 / bw, rel=1e-9)
 
