@@ -66,6 +66,8 @@ TE_WEIGHT_COPY_BYTES = {
 # (docs/examples/gemm_profiling/gemm_profiling.rst, v2.18; 5B model, hidden 4096, 15,872 tokens, 12 GEMMs a layer):
 #   blockwise on Hopper (software-scaled, split accumulation): H200 autocast 18.978 ms (delayed) / 22.882 (block)
 #   MXFP8 on Blackwell: B300 pre-quantized 6.812 ms (current scaling) / 7.161 (MXFP8)
+NORM_KERNELS = ("layernorm", "rmsnorm")
+
 RECIPE_GEMM_SCALE = {("blockwise", True): 18.978 / 22.882, ("mxfp8", False): 6.812 / 7.161}
 
 
@@ -96,6 +98,21 @@ class Fp8Plan:
         if not self.te:
             return TORCHAO_CAST_BYTES[tensor]
         return TE_CAST_BYTES[self._key]
+
+    @property
+    def norm_fused_cast_bytes(self) -> float:
+        """Bytes per element to quantize the input of a linear layer right after a norm (Transformer Engine's
+        LayerNormLinear, which Megatron-Core's QKV and MLP-up layers are): with delayed scaling the norm writes FP8
+        itself (normalization.cpp FULLY_FUSED for Float8Quantizer) and only Hopper's transpose remains (1 read +
+        1 written: ln_api.cpp nvte_transpose); with current scaling the norm also takes the amax
+        (FUSED_NORM_AMAX_FP8), saving the amax pass; block formats quantize separately (UNFUSED without cuDNN)."""
+        if not self.te:
+            return self.cast_bytes("input")
+        if self.recipe == "delayed":
+            return 2.0 if self.transposes else 0.0
+        if self.recipe == "tensorwise":
+            return self.cast_bytes("input") - 2.0
+        return self.cast_bytes("input")
 
     @property
     def gemm_scale(self) -> float:
@@ -146,6 +163,7 @@ def quantized(ops: tuple[Op, ...], plan: Fp8Plan, tp_amax: bool) -> tuple[Op, ..
     and with current scaling (``tp_amax``) a 4-byte TP max-reduction of the amax before each such all-gather."""
     out: list[Op] = []
     dtype = plan.gemm_dtype
+    after_norm = False  # the last kernel was a LayerNorm / RMSNorm (collectives between them do not count)
     for op in ops:
         if op.kind == "collective" and op.group == "tp" and op.collective == "all_gather":
             if tp_amax:
@@ -154,13 +172,17 @@ def quantized(ops: tuple[Op, ...], plan: Fp8Plan, tp_amax: bool) -> tuple[Op, ..
             continue
         if op.kind != "gemm" or not op.linear:
             out.append(op)
+            if op.kind != "collective":
+                after_norm = op.kernel in NORM_KERNELS
             continue
+        fused = after_norm and op.direction == "forward"
+        after_norm = False
         rows, inner, cols = op.m, op.k, op.n  # this GEMM: [rows x inner] x [inner x cols]
         backward = op.direction == "backward"
         if not op.name.endswith("wgrad"):
             tensor = "grad" if backward else "input"
             elements = rows * inner  # X (forward) or dY (dgrad) as this GEMM's left operand
-            nbytes = elements * plan.cast_bytes(tensor)
+            nbytes = elements * (plan.norm_fused_cast_bytes if fused else plan.cast_bytes(tensor))
             what = "output gradient" if backward else "input"
             if not backward:  # the weight: once per step for the cache (TE), every micro-batch for torchao
                 share = 1.0 / plan.microbatches if plan.te else 1.0
