@@ -84,7 +84,7 @@ def test_fp8_layer_time_is_bf16_less_the_gemm_savings_plus_the_cast_kernels():
     w8, w16, pairs = linear_pairs(s8, "none")
     t = compute.ops_time_s
     saved = sum(compute.op_time_s(a) - compute.op_time_s(b) for a, b in pairs)
-    casts = [op for op in (*w8.layer.forward, *w8.layer.backward) if op.kernel == "fp8_cast"]
+    casts = [op for op in (*w8.layer.forward, *w8.layer.backward) if ": quantize " in op.name]
     assert len(casts) == 8  # 4 before the forward GEMMs, 4 before the dgrads
     m = w8.fp8.microbatches
     per_element = TE_CAST_BYTES[("delayed", True)]
@@ -269,3 +269,28 @@ def test_public_fp8_runs_are_within_10_percent_median_and_none_over_25():
     assert summary["n"] == 30 and summary["failed"] == summary["oom"] == 0
     assert summary["median_abs_error_pct"] <= 10.0
     assert summary["max_abs_error_pct"] <= 25.0
+
+
+def test_calibration_times_fp8_training_s_linear_gemms_in_fp8_and_the_rest_in_bf16():
+    from collections import Counter
+
+    from simulator.calibration.shapes import costed_shapes
+
+    kernels, _ = costed_shapes(load_scenario(ROOT / "scenarios" / "fp8" / "llama3.1-70b-fp8-64xh100.yaml"))
+    kinds = Counter((k.op, k.dtype) for k in kernels)
+    assert kinds[("gemm", "fp8")] == 12  # 4 linear layers x forward, dgrad, wgrad
+    assert kinds[("gemm", "bf16")] == 3  # the output layer's logits: forward, dgrad, wgrad
+    assert all(dtype == "bf16" for (op, dtype) in kinds if op != "gemm")
+
+
+def test_calibrate_kernels_dtype_fp8_needs_a_gpu():
+    from typer.testing import CliRunner
+
+    from simulator.cli import app
+
+    scenario = ROOT / "scenarios" / "fp8" / "llama3-8b-fp8-8xb200.yaml"
+    r = CliRunner().invoke(
+        app, ["calibrate", "kernels", str(scenario), "--out", "t", "--device", "cpu", "--dtype", "fp8"]
+    )
+    assert r.exit_code == 2
+    assert "--dtype fp8: FP8 GEMMs run on a GPU with FP8 tensor cores" in r.output

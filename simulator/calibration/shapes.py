@@ -47,7 +47,7 @@ def costed_shapes(s: Scenario) -> tuple[list[KernelShape], list[CollectiveShape]
     from simulator.api import simulate  # the whole data flow, once, on the pure model
 
     r = simulate(s.model_copy(update={"kernels": "none"}))
-    dtype = s.training.precision
+    dtype = s.training.dtype  # FP8 training: its linear layers' GEMMs are fp8 (op.dtype), the rest bf16
     kernel_time: dict[KernelShape, float] = defaultdict(float)
     coll_time: dict[CollectiveShape, float] = defaultdict(float)
     gpn = r.cluster.gpus_per_node
@@ -76,7 +76,8 @@ def costed_shapes(s: Scenario) -> tuple[list[KernelShape], list[CollectiveShape]
                         coll_time[shape] += r.comm.standalone_time_s(op.collective, op.group, op.bytes)
                 elif op.kernel:
                     direction = table_pass(op.kernel, op.direction)
-                    shape = KernelShape(op.kernel, direction, dtype, op.m, op.n, op.k, op.batch, op.name)
+                    kind = op.dtype or dtype
+                    shape = KernelShape(op.kernel, direction, kind, op.m, op.n, op.k, op.batch, op.name)
                     kernel_time[shape] += r.compute.op_time_s(op)
         elif t.is_collective:
             shape = group_shape(t.kind, t.group, t.bytes, t.name)

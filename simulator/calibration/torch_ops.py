@@ -55,6 +55,8 @@ def kernel_call(
     def t(*shape, dtype=dt, requires_grad=grad):
         return torch.randn(*shape, device=device, dtype=dtype, requires_grad=requires_grad)
 
+    if op == "gemm" and dtype == "fp8":
+        return _fp8_gemm(m, n, k, device)
     if op == "gemm":
         a, b = t(m, k, requires_grad=False), t(k, n, requires_grad=False)
         return lambda: torch.matmul(a, b)
@@ -74,6 +76,19 @@ def kernel_call(
     g = torch.randn_like(out)
     leaves = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
     return lambda: torch.autograd.grad(out, leaves, g, retain_graph=True)
+
+
+def _fp8_gemm(m: int, n: int, k: int, device: str) -> Callable:
+    """An FP8 GEMM as Transformer Engine runs a linear layer's: E4M3 operands, per-tensor scales, bf16 output,
+    through cuBLASLt (torch._scaled_mm; the second operand column-major, as cuBLASLt's FP8 GEMMs take it on
+    Hopper)."""
+    if not device.startswith("cuda"):
+        raise RuntimeError("FP8 GEMMs need a CUDA GPU with FP8 tensor cores")
+    e4m3 = torch.float8_e4m3fn
+    a = torch.randn(m, k, device=device).to(e4m3)
+    b = torch.randn(n, k, device=device).to(e4m3).t()
+    one = torch.ones((), device=device)
+    return lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
 
 
 def _forward(op: str, m: int, n: int, k: int, batch: int, t, device: str):

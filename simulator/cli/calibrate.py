@@ -117,6 +117,13 @@ def calibrate_kernels(
     collectives: Annotated[
         bool, typer.Option(help="Also time the collectives (one process per rank).")
     ] = True,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            help="Time the scenario in this precision instead of its own: bf16, fp16, fp32, or fp8 (its linear "
+            "layers' GEMMs through torch._scaled_mm, the rest in bf16; needs an FP8 GPU)."
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
     """Time every kernel shape and collective SCENARIO's simulation costs, on this machine, into a table."""
@@ -128,8 +135,14 @@ def calibrate_kernels(
     if device not in ("cuda", "cpu"):
         fail(f"--device: use cuda or cpu (got {device})")
     try:
+        if dtype is not None and dtype not in ("bf16", "fp16", "fp32", "fp8"):
+            fail(f"--dtype: use bf16, fp16, fp32 or fp8 (got {dtype})")
+        if dtype == "fp8" and device != "cuda":
+            fail(
+                "--dtype fp8: FP8 GEMMs run on a GPU with FP8 tensor cores (torch._scaled_mm); use --device cuda"
+            )
         require_torch()
-        s = load_scenario(scenario)
+        s = load_scenario(scenario) if dtype is None else with_precision(scenario, dtype)
         columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
         columns += (TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
         show = not quiet and sys.stderr.isatty()
@@ -155,6 +168,18 @@ def calibrate_kernels(
         err.print("interrupted: what was measured is saved; run the same command again to resume")
         raise typer.Exit(130)
     print(f"use it: clustersim run {scenario} --kernels {out}")
+
+
+def with_precision(path: Path, dtype: str):
+    """The scenario of ``path`` loaded again with ``training.precision: dtype`` (its FP8 settings resolved anew)."""
+    from simulator.scenario.files import read_yaml
+
+    data = read_yaml(path, "scenario")
+    if not isinstance(data, dict):
+        return load_scenario(path)
+    training = dict(data.get("training") or {})
+    training["precision"] = dtype
+    return load_scenario({**data, "training": training}, base_dir=path.parent)
 
 
 import_app = typer.Typer(no_args_is_help=True, help="Turn measurements made elsewhere into cost-table rows.")

@@ -189,16 +189,9 @@ def quantized(ops: tuple[Op, ...], plan: Fp8Plan, tp_amax: bool) -> tuple[Op, ..
                 if not (plan.te and plan.param_gather):  # quantized primaries: nothing to cast
                     nbytes += inner * cols * plan.cast_bytes("weight") * share
                     what += " and weight"
-            out.append(
-                memory_op(
-                    f"{op.name}: quantize {what} ({plan.recipe})",
-                    nbytes,
-                    "fp8_cast",
-                    rows,
-                    inner,
-                    op.direction,
-                )
-            )
+            # no table kind: Transformer Engine's fused cast kernels are not what PyTorch's casts would time
+            name = f"{op.name}: quantize {what} ({plan.recipe})"
+            out.append(memory_op(name, nbytes, "", rows, inner, op.direction))
         low = 0.5 if dtype == "fp4" else 1.0
         gemm_bytes = op.batch * (low * (op.m * op.k + op.k * op.n) + 2 * op.m * op.n)
         out.append(replace(op, dtype=dtype, bytes=gemm_bytes))
@@ -236,5 +229,5 @@ def amax_reductions(plan: Fp8Plan, linears_per_chunk: int) -> tuple[Op, ...]:
     for direction, per_linear in (("forward", 3), ("backward", 2)):
         floats = per_linear * linears_per_chunk
         out.append(collective_op(f"fp8 amax all-reduce ({direction})", "all_reduce", group, 4 * floats))
-        out.append(memory_op(f"fp8 amax and scale update ({direction})", 3 * 4 * floats, "fp8_cast"))
+        out.append(memory_op(f"fp8 amax and scale update ({direction})", 3 * 4 * floats))
     return tuple(out)
