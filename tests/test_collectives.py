@@ -78,6 +78,30 @@ def test_held_out_dgx_a100_curve_is_within_20_percent():
     assert max(NCCL_TESTS_8X_A100) >= 2**30 and min(NCCL_TESTS_8X_A100) <= 64
 
 
+NVLS_H100 = CURVES["H100-ALLREDUCE-1NODE-NVLS"]["times_us"]  # held out
+
+
+def test_nvls_all_reduce_is_2_n_minus_1_over_n_s_over_the_measured_nvls_busbw_plus_its_latency():
+    """NVLink SHARP on DGX H100 (NCCL v2.18 tuning.cc: Simple, 23 us, no per-step latency): an 8-GPU all-reduce
+    of S bytes takes 23 us + 2(n-1)/n S / (450 GB/s x 1.067); NCCL's tuner (auto) takes it over the ring."""
+    cm = model("dgx-h100", 1, algorithm="nvls")
+    expected = 23e-6 + 2 * 7 / 8 * S / (450e9 * 1.067)
+    assert cm.standalone_time_s("all_reduce", "dp", S) == pytest.approx(expected, rel=1e-12)
+    auto = model("dgx-h100", 1, algorithm="auto").standalone_time_s("all_reduce", "dp", S)
+    assert auto == pytest.approx(expected, rel=1e-12)
+    assert model("dgx-h100", 1).standalone_time_s("all_reduce", "dp", S) > 1.25 * expected  # the ring
+    assert model("dgx-a100", 1, algorithm="auto").standalone_time_s("all_reduce", "dp", S) == pytest.approx(
+        model("dgx-a100", 1).standalone_time_s("all_reduce", "dp", S), rel=1e-12
+    )  # no NVLS on A100's NVSwitch
+
+
+@pytest.mark.parametrize("size", sorted(s for s in NVLS_H100 if s >= 2**26))
+def test_h100_nvls_all_reduce_is_within_15_percent_of_published_nccl_tests(size):
+    """Held out: 8 H100 with NCCL 2.29.2, 64 MB to 16 GB (at 32 MB the model is 20% fast: NVLS ramps up)."""
+    cm = model("dgx-h100", 1, algorithm="auto")
+    assert cm.standalone_time_s("all_reduce", "dp", size) * 1e6 == pytest.approx(NVLS_H100[size], rel=0.15)
+
+
 def test_reduce_scatter_and_all_gather_take_half_an_all_reduce_beyond_the_protocol_base_latency():
     """Half the steps and half the bytes of an all-reduce; NCCL's base latency (Simple: 8.4 us) once each."""
     cm = model("dgx-h100", 1)

@@ -19,7 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from simulator.costs.nccl import fastest, protocol_costs
+from simulator.costs.nccl import defaults, fastest, protocol_costs
 from simulator.costs.traffic import LinkClass, LinkLoads
 from simulator.costs.traffic import hops as traffic_hops
 from simulator.hardware.cluster import Cluster
@@ -213,6 +213,11 @@ class CollectiveModel:
         ring = (
             self._on_protocol(self._pattern("ring", groups), units, chunk, steps - inter, min(inter, steps)),
         )
+        if op == "all_reduce" and nodes == 1 and self.algorithm in ("auto", "nvls") and self._nvls():
+            nvls = (self._nvls_phase(ring[0], n, size_bytes),)
+            if self.algorithm == "nvls":
+                return nvls
+            return min((ring, nvls), key=lambda ph: sum(p.duration_s for p in ph))  # NCCL picks the faster
         if op != "all_reduce" or self.algorithm == "ring" or nodes == 1:
             return ring
         if self.algorithm == "hierarchical":
@@ -221,6 +226,19 @@ class CollectiveModel:
         if self.algorithm == "tree":
             return tree
         return min((ring, tree), key=lambda ph: sum(p.duration_s for p in ph))  # NCCL chooses ring or tree
+
+    def _nvls(self) -> float | None:
+        """The node's NVLink SHARP bus bandwidth as a fraction of NVLink's (None: no NVLS)."""
+        spec = self.cluster.spec
+        return spec.efficiency.nvls if spec.node.intra_node == "nvswitch" else None
+
+    def _nvls_phase(self, ring: Phase, n: int, size_bytes: float) -> Phase:
+        """An all-reduce inside one node reduced in the NVSwitch (NVLS): the ring's link classes, each busy for
+        2(n-1)/n x S / (NVLink x efficiency.nvls), the measured NVLS bus bandwidth, after NCCL's NVLS latency."""
+        node = self.cluster.spec.node
+        nvlink = (node.nvlink_bandwidth_GBps or self.cluster.gpu.nvlink_bandwidth_GBps) * 1e9
+        seconds = 2 * (n - 1) / n * size_bytes / (nvlink * self._nvls())
+        return Phase(defaults()["nvls_latency_us"] * 1e-6, dict.fromkeys(ring.demand_s, seconds))
 
     def _split(self, steps: int, nodes: int) -> tuple[int, int]:
         """(steps inside nodes, steps across the network) of a point-to-point pattern."""

@@ -92,6 +92,13 @@ class LinkEfficiency(_Spec):
     ethernet: float = Field(0.9, gt=0, le=1)
     nvme: float = Field(0.9, gt=0, le=1)
     memory: float = Field(0.8, gt=0, le=1)
+    nvls: float | None = Field(
+        None,
+        gt=0,
+        le=2,
+        description="NVLink SHARP all-reduce bus bandwidth / nominal NVLink bandwidth per GPU per direction "
+        "(measured; above 1 because the switch reduces); null: the NVSwitch has no NVLS (or it is off).",
+    )
 
 
 _Protocol = Literal["LL", "LL128", "Simple"]
@@ -178,7 +185,8 @@ def ideal_network(spec: TopologySpec) -> TopologySpec:
         bandwidth={a: dict.fromkeys(protocols, 1.0) for a in ("ring", "tree")},
         source="free communication",
     )
-    return spec.model_copy(update={"node": node, "fabric": fabric, "nccl": free})
+    efficiency = spec.efficiency.model_copy(update={"nvls": None})  # NVLS has a latency of its own
+    return spec.model_copy(update={"node": node, "fabric": fabric, "nccl": free, "efficiency": efficiency})
 
 
 def cluster_spec(scenario: Scenario) -> TopologySpec:

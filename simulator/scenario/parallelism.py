@@ -199,7 +199,7 @@ class ParallelismConfig(Section):
     zero: ZeroConfig = ZeroConfig()
     fsdp: FsdpConfig | None = None
     ddp: DdpConfig = DdpConfig()
-    collective_algorithm: Literal["auto", "ring", "tree", "hierarchical"] = "auto"
+    collective_algorithm: Literal["auto", "ring", "tree", "hierarchical", "nvls"] = "auto"
     rank_order: str = Field(
         "tp-cp-dp-pp",
         pattern=r"^(tp|cp|dp|pp)-(tp|cp|dp|pp)-(tp|cp|dp|pp)-(tp|cp|dp|pp)$",
