@@ -17,7 +17,8 @@ from simulator.frameworks import Framework, get_framework
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
 from simulator.hardware.topology import cluster_spec
-from simulator.metrics.metrics import Metrics, finish_metrics, fp8_metrics, measure, moe_metrics
+from simulator.metrics.additions import fp8_metrics, moe_metrics, train_metrics
+from simulator.metrics.metrics import Metrics, finish_metrics, measure
 from simulator.metrics.periodic import NotPeriodic, extrapolate, sample_windows
 from simulator.metrics.sources import source_seconds, summarise_sources
 from simulator.program import Program
@@ -225,6 +226,8 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
         metrics.fp8 = fp8_metrics(
             workload.fp8, metrics, peak, cluster.gpu.peak_flops(workload.fp8.gemm_dtype)
         )
+    if s.training.total_tokens:
+        metrics.train = train_metrics(s.training.total_tokens, metrics, s.cluster.price_per_gpu_hour)
     metrics.framework = compute.framework.name
     metrics.wall_s = time.perf_counter() - t0
     return Result(s, workload, program, timeline, cluster, placement, metrics, comm, host, compute)

@@ -159,3 +159,25 @@ def test_the_topology_panel_draws_the_first_nodes_of_the_full_graph():
     expected = {frozenset(e) for e in full.subgraph(kept).edges}
     assert {frozenset(e) for e in part.edges} == expected
     assert len(part) < len(full) / 10
+
+
+def test_timeline_rows_follow_stage_numbers_not_text():
+    """16 pipeline stages: the Gantt rows run stage 0, 1, 2, ..., 15 (as text, 10-15 would come before 2)."""
+    from simulator.api import simulate
+    from simulator.report.figures import natural, timeline_figure
+    from simulator.scenario.loader import load_scenario
+
+    assert sorted(["stage 10", "stage 2", "stage 1"], key=natural) == ["stage 1", "stage 2", "stage 10"]
+    s = load_scenario(
+        {
+            "name": "pp16",
+            "model": {"preset": "gpt3-1.3b", "num_layers": 16},
+            "cluster": {"topology": "dgx-a100", "num_nodes": 2},
+            "parallelism": {"pipeline_parallel": 16, "pipeline_schedule": "1f1b"},
+            "training": {"global_batch_size": 32, "micro_batch_size": 1},
+        }
+    )
+    fig = timeline_figure(simulate(s).timeline)
+    rows = list(fig.layout.yaxis.categoryarray)[::-1]  # top to bottom
+    ranks = [int("".join(ch for ch in r.split(" · ")[0] if ch.isdigit())) for r in rows]
+    assert ranks == sorted(ranks) and len(set(ranks)) == 16

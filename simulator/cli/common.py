@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
+from simulator.errors import ScenarioError
 from simulator.scenario.schema import Scenario
 from simulator.tables.select import check_choice
 
@@ -21,3 +24,24 @@ def with_kernels(s: Scenario, kernels: str | None) -> Scenario:
     if kernels is None:
         return s
     return s.model_copy(update={"kernels": check_choice(kernels, "--kernels")})
+
+
+TOKENS_HELP = "Tokens the whole training run sees (15T, 300B or a number): days, GPU-hours and cost to train."
+PRICE_HELP = "US dollars per GPU-hour, for the cost to train (with --tokens or training.total_tokens)."
+
+
+def with_goal(s: Scenario, tokens: str | None, price: float | None) -> Scenario:
+    """The scenario with ``--tokens`` and ``--price`` applied (checked as the scenario's own fields are)."""
+    if tokens is None and price is None:
+        return s
+    data = s.model_dump()
+    if tokens is not None:
+        data["training"]["total_tokens"] = tokens
+    if price is not None:
+        data["cluster"]["price_per_gpu_hour"] = price
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as e:
+        what = "--tokens" if tokens is not None and "total_tokens" in str(e) else "--price"
+        reason = e.errors()[0]["msg"].removeprefix("Value error, ")
+        raise ScenarioError(f"{what}: {reason}") from None

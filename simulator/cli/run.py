@@ -15,7 +15,14 @@ from rich.console import Console
 from rich.progress import Progress
 
 from simulator.api import simulate
-from simulator.cli.common import EXIT_OUT_OF_MEMORY, KERNELS_HELP, with_kernels
+from simulator.cli.common import (
+    EXIT_OUT_OF_MEMORY,
+    KERNELS_HELP,
+    PRICE_HELP,
+    TOKENS_HELP,
+    with_goal,
+    with_kernels,
+)
 from simulator.errors import ScenarioError
 from simulator.report.console import err, fail, shown_warnings
 from simulator.report.output import check_output_file, temporary_beside
@@ -43,6 +50,8 @@ def run(
         Path | None, typer.Option("--deepspeed-config", help="A DeepSpeed JSON config to take settings from.")
     ] = None,
     kernels: Annotated[str | None, typer.Option("--kernels", help=KERNELS_HELP)] = None,
+    tokens: Annotated[str | None, typer.Option("--tokens", help=TOKENS_HELP)] = None,
+    price: Annotated[float | None, typer.Option("--price", help=PRICE_HELP)] = None,
 ) -> None:
     """Simulate one training iteration of SCENARIO. Exits 3 when the run does not fit in memory (the output
     starts with that and with changes that would fit), 2 on bad input."""
@@ -54,6 +63,7 @@ def run(
                 check_output_file(path, option)
         with shown_warnings():
             s = with_kernels(load_scenario(scenario, deepspeed_config=deepspeed_config), kernels)
+            s = with_goal(s, tokens, price)
             # a trace, report or image shows every micro-batch: no periodic extrapolation
             every = bool(trace or report or image)
             if quiet or not sys.stderr.isatty():
@@ -148,13 +158,15 @@ def compare(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
     report: Annotated[Path | None, typer.Option(help="Write a self-contained HTML comparison.")] = None,
     kernels: Annotated[str | None, typer.Option("--kernels", help=KERNELS_HELP)] = None,
+    tokens: Annotated[str | None, typer.Option("--tokens", help=TOKENS_HELP)] = None,
+    price: Annotated[float | None, typer.Option("--price", help=PRICE_HELP)] = None,
 ) -> None:
     """Simulate several scenarios and show their metrics side by side. Every scenario is shown; exits 3 (as
     `run` does) when any of them does not fit in memory, naming them on stderr."""
     try:
         if report is not None:
             check_output_file(report, "--report")
-        loaded = [with_kernels(load_scenario(p), kernels) for p in scenarios]
+        loaded = [with_goal(with_kernels(load_scenario(p), kernels), tokens, price) for p in scenarios]
     except ScenarioError as e:
         fail(str(e))
     results = []

@@ -75,6 +75,8 @@ class Metrics:
     # FP8 runs: the recipe and library, and the model FLOP/s against the FP8 (or FP4) dense peak beside ``mfu``,
     # which is against the 16-bit peak as NVIDIA and Megatron-Core state it
     fp8: dict | None = None
+    # with training.total_tokens: days, GPU-hours and (with cluster.price_per_gpu_hour) dollars to train
+    train: dict | None = None
 
     def to_dict(self) -> dict:
         return _plain(asdict(self))
@@ -230,32 +232,6 @@ def measure(s: Scenario, timeline: Timeline, placement: Placement, cross_node_fr
 def _oom(memory_gib: dict) -> tuple[bool, bool]:
     """(GPU out of memory, host out of memory) of one rank's memory in GiB (``MemoryBreakdown.gib``)."""
     return memory_gib["device"] > memory_gib["capacity"], memory_gib["host"] > memory_gib["host_capacity"] > 0
-
-
-EXPERT_GROUPS = ("ep", "etp", "etp+ep")  # the dispatchers' groups (workload/moe.py)
-
-
-def moe_metrics(load, comm_by_collective: dict) -> dict:
-    """What a mixture-of-experts run adds: the busiest expert-parallel rank's rows over the mean rank's, the
-    fraction of routed token copies the capacity dropped, and the dispatch / combine communication's time."""
-    expert = [v for k, v in comm_by_collective.items() if k.split(":", 1)[1] in EXPERT_GROUPS]
-    return {
-        "busiest_rank_load": load.imbalance,
-        "tokens_dropped_fraction": load.dropped,
-        "expert_comm_s": sum(v["time_s"] for v in expert),
-        "expert_comm_exposed_s": sum(v["exposed_s"] for v in expert),
-    }
-
-
-def fp8_metrics(plan, m: Metrics, peak_16bit: float, peak_low: float) -> dict:
-    """What an FP8 run adds: its recipe, and its model FLOP/s as a fraction of the low-precision dense peak (MFU
-    stays against the bf16 peak, the convention of NVIDIA's and Megatron's published FP8 MFU)."""
-    return {
-        "recipe": plan.recipe,
-        "library": plan.library,
-        "gemm_dtype": plan.gemm_dtype,
-        "mfu_vs_low_precision_peak": m.mfu * peak_16bit / peak_low,
-    }
 
 
 def finish_metrics(s: Scenario, m: dict, peak_flops: float) -> Metrics:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import plotly.graph_objects as go
 
 from simulator.timeline.timeline import Timeline
@@ -24,6 +26,11 @@ def _kind(task) -> str:
     if task.kind == "backward" and task.name.startswith("W"):
         return "weight-gradient"
     return task.kind
+
+
+def natural(text: str) -> tuple:
+    """A sort key that orders the numbers inside ``text`` by value: stage 2 before stage 10."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
 
 
 def timeline_figure(timeline: Timeline, title: str = "", max_tasks: int = 20000) -> go.Figure:
@@ -71,7 +78,7 @@ def timeline_figure(timeline: Timeline, title: str = "", max_tasks: int = 20000)
                 marker_line_color="white",
             )
         )
-    order = sorted({y for d in rows.values() for y in d["y"]}, key=lambda y: (y.split(" · ")[0], y))
+    order = sorted({y for d in rows.values() for y in d["y"]}, key=lambda y: (natural(y.split(" · ")[0]), y))
     fig.update_layout(
         title=title,
         barmode="overlay",

@@ -17,12 +17,28 @@ def _moe(m: Metrics) -> bool:
     return m.moe is not None
 
 
+def _train(m: Metrics) -> bool:
+    return m.train is not None
+
+
+def _cost(m: Metrics) -> bool:
+    return bool(m.train and m.train["cost_usd"])
+
+
 def _fp8(m: Metrics) -> bool:
     return m.fp8 is not None
 
 
 def _phased(m: Metrics) -> bool:
     return m.amortised_iteration_time_s is not None
+
+
+def _tokens(n: float) -> str:
+    """1.5e13 -> 15T."""
+    for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+        if n >= scale:
+            return f"{n / scale:,.3g}{suffix}"
+    return f"{n:,.0f}"
 
 
 _SOURCES = "{0[measured]:.0%} / {0[interpolated]:.0%} / {0[modelled]:.0%}"
@@ -42,6 +58,21 @@ ROWS = [
     ("Tokens/s", lambda m: m.tokens_per_s, "{:,.0f}"),
     ("Tokens/s per GPU", lambda m: m.tokens_per_s_per_gpu, "{:,.1f}"),
     ("Samples/s", lambda m: m.samples_per_s, "{:,.2f}"),
+    (
+        "Time to train",
+        lambda m: (m.train["days"], _tokens(m.train["tokens"])) if m.train else (0.0, "-"),
+        "{0[0]:,.1f} days for {0[1]} tokens",
+        _train,
+    ),
+    ("GPU-hours to train", lambda m: m.train["gpu_hours"] if m.train else 0.0, "{:,.0f}", _train),
+    (
+        "Cost to train",
+        lambda m: (
+            (m.train["cost_usd"] or 0.0, m.train["price_per_gpu_hour"] or 0.0) if m.train else (0.0, 0.0)
+        ),
+        "${0[0]:,.0f} at ${0[1]:.2f}/GPU-hour",
+        _cost,
+    ),
     ("Model TFLOP/s per GPU", lambda m: m.model_tflops_per_gpu, "{:.1f}"),
     ("MFU", lambda m: m.mfu, "{:.1%}"),
     (

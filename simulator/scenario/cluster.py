@@ -27,6 +27,9 @@ class ClusterConfig(Section):
     cpu_optimizer_params_per_s: float | None = Field(
         None, gt=0, le=1e13, description="CPU-Adam throughput of one host, parameters per second."
     )
+    price_per_gpu_hour: float | None = Field(
+        None, gt=0, le=1e4, allow_inf_nan=False, description="US dollars per GPU-hour: the cost to train."
+    )
     gpu_speed_sd: float | None = Field(
         None,
         ge=0,

@@ -3,9 +3,9 @@ recompute and checkpointing, CUDA graphs."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import BeforeValidator, Field, PositiveInt, model_validator
 
 from simulator.scenario.section import Section
 
@@ -31,6 +31,24 @@ class OneBitConfig(Section):
         None, description="Training steps the amortised iteration time averages over."
     )
 
+
+SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
+
+
+def parse_count(value: object) -> object:
+    """``15T`` -> 1.5e13, ``300B`` -> 3e11 (decimal suffixes K, M, B or G, T, P); numbers pass through."""
+    if isinstance(value, str):
+        text = value.strip().replace(",", "").replace("_", "")
+        scale = SUFFIXES.get(text[-1:].upper(), 1.0) if text else 1.0
+        number = text[:-1] if scale != 1.0 else text
+        try:
+            return float(number) * scale
+        except ValueError:
+            raise ValueError(f"expected a number such as 15T or 3e11, got {value!r}") from None
+    return value
+
+
+TokenCount = Annotated[float, BeforeValidator(parse_count), Field(gt=0, le=1e18, allow_inf_nan=False)]
 
 Fp8Recipe = Literal["delayed", "tensorwise", "mxfp8", "blockwise", "nvfp4"]
 
@@ -73,6 +91,10 @@ class TrainingConfig(Section):
     optimizer: Literal["adam", "adamw", "sgd", "onebit-adam", "zero-one-adam"] = "adam"
     onebit: OneBitConfig = OneBitConfig()
     fp8: Fp8Config = Field(Fp8Config(), description="How precision: fp8 runs (ignored otherwise).")
+    total_tokens: TokenCount | None = Field(
+        None,
+        description="Tokens the whole training run sees (15T, 300B or a number): time, GPU-hours and cost to train.",
+    )
     activation_recompute: Literal["none", "selective", "full"] = "none"
     partition_activations: bool = Field(
         False,
