@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from simulator.costs.dispatch import gpu_times, host_times
+from simulator.workload.recompute import chunk_policies
 
 
 @dataclass
@@ -37,7 +38,6 @@ def microbatch_view(result, comm_time: Callable | None = None) -> list[BlockTime
     s, w, compute = result.scenario, result.workload, result.compute
     host = compute.framework.host
     comm_time = comm_time or result.op_comm_time_s
-    mode = s.training.activation_recompute
     # (block, pass, ops, times run back to back, host waits for the GPU first); recompute ops carry their flag
     kinds = [(("moe layer" if b.moe else "layer"), b, sum(x is b for x in w.layers)) for b in w.kinds]
     plan = [("embedding", "forward", (*w.microbatch_setup, *w.embedding.forward), 1, host.syncs.microbatch)]
@@ -46,9 +46,12 @@ def microbatch_view(result, comm_time: Callable | None = None) -> list[BlockTime
         ("output head", "forward", w.head.forward, 1, False),
         ("output head", "backward", w.head.backward, 1, False),
     ]
-    for name, b, n in kinds:
-        recompute = {"full": b.recompute_full, "selective": b.recompute_selective}.get(mode, ())
-        plan.append((name, "backward", (*recompute, *b.backward), n, False))
+    policies = chunk_policies(s, len(w.layers))  # the whole model as one chunk (workload/recompute.py)
+    for name, b, _ in kinds:
+        for policy in dict.fromkeys(policies):  # each policy its layers of this kind take, in order
+            n = sum(1 for x, p in zip(w.layers, policies, strict=True) if x is b and p == policy)
+            if n:
+                plan.append((name, "backward", (*b.recompute_ops(policy), *b.backward), n, False))
     plan.append(("embedding", "backward", w.embedding.backward, 1, False))
     counts = {name: n for name, _, n in kinds}
     rows: dict[tuple[str, str], BlockTime] = {}

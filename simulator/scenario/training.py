@@ -84,6 +84,25 @@ class Fp8Config(Section):
     )
 
 
+class RecomputeConfig(Section):
+    """Which layers activation recompute covers, as the frameworks state it."""
+
+    method: Literal["uniform", "block"] | None = Field(
+        None,
+        description="Megatron --recompute-method with activation_recompute: full: uniform (checkpoint every "
+        "num_layers layers as one group; all layers recomputed) or block (recompute only the first num_layers "
+        "layers of each pipeline chunk). Default: every layer on its own (uniform, 1).",
+    )
+    num_layers: PositiveInt | None = Field(
+        None, le=2**16, description="Megatron --recompute-num-layers (with method)."
+    )
+    every: PositiveInt = Field(
+        2,
+        le=2**16,
+        description="selective-layer (torchtitan selective_ac_option: N): every N-th layer recomputed in full.",
+    )
+
+
 class TrainingConfig(Section):
     global_batch_size: PositiveInt = Field(le=2**40)
     micro_batch_size: PositiveInt = Field(1, le=2**20)
@@ -95,7 +114,14 @@ class TrainingConfig(Section):
         None,
         description="Tokens the whole training run sees (15T, 300B or a number): time, GPU-hours and cost to train.",
     )
-    activation_recompute: Literal["none", "selective", "full"] = "none"
+    activation_recompute: Literal["none", "selective", "full", "selective-op", "selective-layer"] = Field(
+        "none",
+        description="none; selective (Korthikanti et al.: attention's core); full (every layer from its input; "
+        "recompute: narrows it as Megatron's --recompute-method / --recompute-num-layers); selective-op (torchtitan "
+        "per-op: every other matmul and the elementwise kernels recomputed, attention and the rest saved); "
+        "selective-layer (torchtitan: every recompute.every-th layer in full).",
+    )
+    recompute: RecomputeConfig = RecomputeConfig()
     partition_activations: bool = Field(
         False,
         description="DeepSpeed activation checkpointing: split each checkpoint across the tensor-parallel ranks.",
@@ -112,6 +138,17 @@ class TrainingConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> TrainingConfig:
+        rc = self.recompute
+        if rc.method is not None and self.activation_recompute != "full":
+            raise ValueError(
+                f"training.recompute.method ({rc.method}) is Megatron's way to narrow full recompute: it needs "
+                f"activation_recompute: full (got {self.activation_recompute})"
+            )
+        if (rc.method is None) != (rc.num_layers is None):
+            raise ValueError(
+                "training.recompute: method and num_layers go together (Megatron --recompute-method block "
+                "--recompute-num-layers 4)"
+            )
         for key in ("partition_activations", "cpu_checkpointing"):
             if getattr(self, key) and self.activation_recompute != "full":
                 raise ValueError(

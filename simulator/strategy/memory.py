@@ -12,29 +12,25 @@ from simulator.strategy.groups import expert_grad_group_size
 from simulator.strategy.state_bytes import fp8_weight_copy_bytes, grad_bytes
 from simulator.workload.memory import (
     MemoryBreakdown,
-    activation_bytes_per_layer,
     checkpoint_bytes_per_layer,
     head_activation_bytes,
     state_bytes_per_param,
     zero_model_state_bytes,
 )
+from simulator.workload.recompute import chunk_activation_bytes, chunk_policies
 from simulator.workload.transformer import Workload
 
 
-def activation_memory(
-    s: Scenario, layers: int, in_flight: int = 1, has_head: bool = True, moe_layers: int = 0
-) -> float:
-    """Activations held at the peak: ``layers`` layers' worth (``moe_layers`` of them mixture-of-experts) for each
-    microbatch in flight, the output layer's logits, and with full recompute the one layer being recomputed (its
-    full activations, Korthikanti Sec. 5; an MoE layer's where there is one)."""
-    dense = layers - moe_layers
-    total = dense * activation_bytes_per_layer(s) * in_flight
-    if moe_layers:
-        total += moe_layers * activation_bytes_per_layer(s, moe=True) * in_flight
+def activation_memory(s: Scenario, layers: list, in_flight: int = 1, has_head: bool = True) -> float:
+    """Activations held at the peak: what each of ``layers`` (a model chunk's blocks, in order) keeps under its
+    recompute policy (workload/recompute.py) for each microbatch in flight, the output layer's logits, and what
+    a recomputation has live at the backward's peak (full recompute: the layer, or Megatron's uniform group,
+    being re-run; Korthikanti Sec. 5)."""
+    policies = chunk_policies(s, len(layers))
+    kept, peak = chunk_activation_bytes(s, [(p, b.moe) for p, b in zip(policies, layers, strict=True)])
+    total = kept * in_flight + peak
     if has_head:  # the output layer's, once more per multi-token prediction depth
         total += head_activation_bytes(s) * (1 + s.model.mtp_layers)
-    if s.training.activation_recompute == "full":
-        total += activation_bytes_per_layer(s, recompute="none", moe=moe_layers > 0)
     return total
 
 
@@ -63,11 +59,6 @@ def model_state_bytes(
     return dense[0] + ex[0] + copies, dense[1] + ex[1], dense[2] + ex[2]
 
 
-def moe_layer_count(units) -> int:
-    """Mixture-of-experts layers among ``units`` (a Workload's layers or a stage's units)."""
-    return sum(1 for u in units if getattr(getattr(u, "block", u), "moe", False))
-
-
 def memory_breakdown(
     s: Scenario,
     w: Workload,
@@ -83,7 +74,7 @@ def memory_breakdown(
     w_b = state_bytes_per_param(s.training.precision, s.training.optimizer)[0]
     params, grads, opt = model_state_bytes(s, w, shards, stage)
     params += unsharded_params * w_b * (1 - 1 / shards)
-    acts = activation_memory(s, w.num_layers, moe_layers=moe_layer_count(w.layers))
+    acts = activation_memory(s, list(w.layers))
     mem = MemoryBreakdown(params, grads, opt, acts, buffers, cluster.gpu.hbm_bytes)
     return with_host_checkpoints(s, mem, w.num_layers, cluster)
 

@@ -44,29 +44,19 @@ def microbatch_sync(w: Workload) -> bool:
 def add_backward(
     p: Program, s: Scenario, u: Unit, mb: int, deps=(), rank: int = 0, ops: tuple | None = None
 ) -> int:
-    """Backward of one unit, preceded by its recomputation when activation recompute asks for it."""
-    mode = s.training.activation_recompute
-    if u.is_layer and mode == "full":
+    """Backward of one unit, preceded by its recomputation when activation recompute asks for it (the unit's
+    policy: workload/recompute.py)."""
+    again = u.block.recompute_ops(u.recompute) if u.is_layer else ()
+    if again:
+        what = {"full": "", "selective": " (attention)", "op": " (per-op)"}.get(u.recompute, "")
         rid = p.add(
             rank,
             COMPUTE,
             "recompute",
             "backward",
-            f"{u.name} recompute",
+            f"{u.name} recompute{what}",
             deps,
-            ops=u.block.recompute_full or u.block.forward,
-            microbatch=mb,
-        )
-        deps = (rid,)
-    elif u.is_layer and mode == "selective" and u.block.recompute_selective:
-        rid = p.add(
-            rank,
-            COMPUTE,
-            "recompute",
-            "backward",
-            f"{u.name} recompute (attention)",
-            deps,
-            ops=u.block.recompute_selective,
+            ops=again,
             microbatch=mb,
         )
         deps = (rid,)

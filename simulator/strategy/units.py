@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from simulator.scenario.schema import Scenario
 from simulator.workload.block import Block
+from simulator.workload.recompute import chunk_policies
 from simulator.workload.transformer import Workload, tensors_per_layer
 
 
@@ -20,6 +21,7 @@ class Unit:
     params: int  # reduced over data parallelism
     is_layer: bool
     expert_params: int = 0  # routed experts, reduced over expert data parallelism
+    recompute: str = "none"  # what activation recompute does to it (workload/recompute.py policies)
 
 
 def units(w: Workload) -> list[Unit]:
@@ -27,10 +29,17 @@ def units(w: Workload) -> list[Unit]:
     weight is the embedding's, so the head unit only owns the final norm."""
     m, t = w.scenario.model, w.scenario.parallelism.tensor_parallel
     head_params = w.head.params - (m.vocab_size * m.hidden_size // t if m.tied_embeddings else 0)
+    policy = chunk_policies(w.scenario, len(w.layers) + len(w.mtp))  # the whole model as one chunk
     out = [Unit(0, "embedding", w.embedding, w.embedding.params, False)]
-    out += [Unit(i + 1, f"layer {i}", b, b.params, True, b.expert_params) for i, b in enumerate(w.layers)]
+    out += [
+        Unit(i + 1, f"layer {i}", b, b.params, True, b.expert_params, policy[i])
+        for i, b in enumerate(w.layers)
+    ]
     n = len(out)
-    out += [Unit(n + i, f"mtp {i}", b, b.params, True, b.expert_params) for i, b in enumerate(w.mtp)]
+    out += [
+        Unit(n + i, f"mtp {i}", b, b.params, True, b.expert_params, policy[n - 1 + i])
+        for i, b in enumerate(w.mtp)
+    ]
     out.append(Unit(len(out), "head", w.head, head_params, False))
     return out
 

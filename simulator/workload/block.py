@@ -21,6 +21,17 @@ class Block:
     recompute_full: tuple[Op, ...] = ()  # full recompute: fetch the checkpoint, then the forward again
     expert_params: int = 0  # routed experts' parameters on one rank, reduced over expert data parallelism
     moe: bool = False  # a mixture-of-experts layer
+    recompute_op: tuple[Op, ...] = ()  # torchtitan's per-op policy: the forward ops it re-runs (recompute.py)
+
+    def recompute_ops(self, policy: str) -> tuple[Op, ...]:
+        """What a recompute ``policy`` (workload/recompute.py) re-runs of this block before its backward."""
+        if policy == "full":
+            return self.recompute_full or self.forward
+        if policy == "selective":
+            return self.recompute_selective
+        if policy == "op":
+            return self.recompute_op
+        return ()
 
     @property
     def forward_model_flops(self) -> float:

@@ -209,6 +209,7 @@ def quantize_block(block: Block, plan: Fp8Plan, s: Scenario) -> Block:
         backward=quantized(block.backward, plan, tp_amax),
         recompute_selective=quantized(block.recompute_selective, plan, tp_amax),
         recompute_full=quantized(block.recompute_full, plan, tp_amax),
+        recompute_op=quantized(block.recompute_op, plan, tp_amax),
     )
 
 

@@ -132,9 +132,15 @@ def activation_bytes_per_layer(s: Scenario, recompute: str | None = None, moe: b
     t = p.tensor_parallel
     sp = t if p.sequence_parallel else 1
     sbh = sq * b * h
-    mode = recompute or tr.activation_recompute
+    # a layer's policy (workload/recompute.py), or the training's: per-op for torchtitan's selective-op;
+    # selective-layer's layers are each full or none (chunk_activation_bytes asks per layer)
+    mode = recompute or {"selective-op": "op", "selective-layer": "none"}.get(
+        tr.activation_recompute, tr.activation_recompute
+    )
     if mode == "full":
         return 0.0 if tr.cpu_checkpointing else checkpoint_bytes_per_layer(s)
+    if mode == "op":
+        return op_policy_bytes(s, moe)
     q = a * m.head_dim / h  # query width relative to h (1 unless heads have a width of their own)
     kv = m.query_groups * m.head_dim / h  # K and V width relative to h (1 without GQA)
     v = m.query_groups * m.v_head_dim / h
@@ -163,6 +169,32 @@ def activation_bytes_per_layer(s: Scenario, recompute: str | None = None, moe: b
     if moe:
         total += moe_mlp_activation_bytes(s)
     return total
+
+
+def op_policy_bytes(s: Scenario, moe: bool = False) -> float:
+    """What torchtitan's per-op selective checkpointing keeps of one layer (workload/recompute.py): the layer
+    input, the outputs of the matmuls it saves (QKV; MLP-up, gate included) and of attention (its output and fp32
+    log-sum-exp), 16-bit; an MoE layer's MLP as without recompute."""
+    m, p = s.model, s.parallelism
+    sq, b, h, t = (
+        m.seq_length // p.context_parallel,
+        s.training.micro_batch_size,
+        m.hidden_size,
+        p.tensor_parallel,
+    )
+    sp = t if p.sequence_parallel else 1
+    sbh = sq * b * h
+    q = m.num_attention_heads * m.head_dim / h
+    kv = m.query_groups * m.head_dim / h
+    v = m.query_groups * m.v_head_dim / h
+    out = m.num_attention_heads * m.v_head_dim / h
+    f_up = (2 if m.activation == "swiglu" else 1) * m.ffn_size / h
+    kept = (
+        2 * sbh / sp + sbh * (2 * q + 2 * kv + 2 * v + 2 * out) / t + 4 * sq * b * m.num_attention_heads / t
+    )
+    if moe:
+        return kept + moe_mlp_activation_bytes(s)
+    return kept + 2 * sbh * f_up / t
 
 
 def moe_mlp_activation_bytes(s: Scenario) -> float:

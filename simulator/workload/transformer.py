@@ -38,6 +38,7 @@ from simulator.workload.ops import (
     sync_op,
 )
 from simulator.workload.params import parameter_count
+from simulator.workload.recompute import op_policy_recompute
 from simulator.workload.shape import (
     LayerShape,
     activation,
@@ -247,6 +248,7 @@ def build_workload(
             (*fetch, *recompute),
             mlp.expert_params,
             moe,
+            op_policy_recompute(fwd) if tr.activation_recompute == "selective-op" else (),
         )
 
     pattern = [m.is_moe_layer(i) for i in range(m.num_layers)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from simulator.scenario.schema import Scenario
 from simulator.strategy.units import Unit
 from simulator.workload.ops import Op, collective_op
+from simulator.workload.recompute import chunk_policies
 from simulator.workload.transformer import Workload
 
 
@@ -37,7 +38,6 @@ def chunk_ops(
         else None
     )
     first, last = st == 0 and c == 0, st == pp - 1 and c == v - 1
-    mode = s.training.activation_recompute
     if not sends:
         send = None
 
@@ -50,11 +50,11 @@ def chunk_ops(
         fwd.append(send)
     bwd: list[Op] = [] if last or regather is None else [regather]
     wgt: list[Op] = []
+    layers = [u for u in us if u.is_layer]
+    policy = dict(zip((id(u) for u in layers), chunk_policies(s, len(layers)), strict=True))
     for u in reversed(us):
-        if u.is_layer and mode == "full":
-            bwd += u.block.recompute_full or u.block.forward
-        elif u.is_layer and mode == "selective":
-            bwd += u.block.recompute_selective
+        if u.is_layer:
+            bwd += u.block.recompute_ops(policy[id(u)])
         for op in u.block.backward:
             (wgt if split and op.name.endswith(" wgrad") else bwd).append(op)
     if not first and send is not None:

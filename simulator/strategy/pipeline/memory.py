@@ -13,11 +13,11 @@ from simulator.strategy.state_bytes import fp8_weight_copy_bytes, grad_bytes
 from simulator.workload.fp8 import is_quantized
 from simulator.workload.memory import (
     MemoryBreakdown,
-    activation_bytes_per_layer,
     head_activation_bytes,
     state_bytes_per_param,
     zero_model_state_bytes,
 )
+from simulator.workload.recompute import chunk_activation_bytes, chunk_policies
 from simulator.workload.transformer import Workload
 
 
@@ -54,8 +54,14 @@ def stage_memory(
     quantized = [u.block for c in range(v) for u in chunks[(st, c)] if u.is_layer and is_quantized(u.block)]
     p_bytes += fp8_weight_copy_bytes(s, w, sum(b.params + b.expert_params for b in quantized))
     layers = {c: sum(1 for u in chunks[(st, c)] if u.is_layer) for c in range(v)}
-    moe = {c: sum(1 for u in chunks[(st, c)] if u.is_layer and u.block.moe) for c in range(v)}
     heads = {c: chunks[(st, c)][-1].name == "head" for c in range(v)}
+    # each chunk's layers under their recompute policies (Megatron counts recompute_num_layers per chunk)
+    kept, recompute_peak = {}, 0.0
+    for c in range(v):
+        blocks = [u.block for u in chunks[(st, c)] if u.is_layer]
+        pairs = [(p, b.moe) for p, b in zip(chunk_policies(s, len(blocks)), blocks, strict=True)]
+        kept[c], extra = chunk_activation_bytes(s, pairs)
+        recompute_peak = max(recompute_peak, extra)
 
     change = {"F": 1.0, "B": -0.5 if par.pipeline_schedule in SPLITS_BACKWARD else -1.0, "W": -0.5, "O": 0.0}
 
@@ -67,18 +73,10 @@ def stage_memory(
                 peak = live
         return peak
 
-    per_layer = activation_bytes_per_layer(s)
-    per_moe_layer = activation_bytes_per_layer(s, moe=True) if any(moe.values()) else 0.0
     peak = in_flight_peak(
-        {
-            c: (layers[c] - moe[c]) * per_layer
-            + moe[c] * per_moe_layer
-            + heads[c] * head_activation_bytes(s) * (1 + s.model.mtp_layers)
-            for c in range(v)
-        }
+        {c: kept[c] + heads[c] * head_activation_bytes(s) * (1 + s.model.mtp_layers) for c in range(v)}
     )
-    if s.training.activation_recompute == "full":
-        peak += activation_bytes_per_layer(s, recompute="none", moe=any(moe.values()))
+    peak += recompute_peak
     mem = MemoryBreakdown(
         p_bytes, g_bytes, o_bytes, peak, (versions - 1) * params * w_b, cluster.gpu.hbm_bytes
     )

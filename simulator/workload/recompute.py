@@ -1,0 +1,84 @@
+"""Activation recompute as the frameworks state it: which layers of a model chunk are recomputed and how, what the
+recomputation re-runs, and what the chunk's layers keep for backward.
+
+Policies of one layer:
+  * ``none``: everything kept.
+  * ``selective``: attention's core recomputed (Korthikanti et al. 2022 Sec. 5; with FlashAttention it keeps
+    nothing of size s^2 anyway).
+  * ``full``: only the layer input kept; the whole forward re-run before the backward. Megatron-LM
+    (megatron/core/transformer/transformer_block.py ``_checkpointed_forward``, core_r0.9.0 to core_v0.13.0):
+    ``--recompute-method uniform --recompute-num-layers N`` checkpoints the input of every group of N layers and
+    re-runs the group at once (every layer recomputed; N layers' activations live at the backward's peak);
+    ``block`` recomputes only the first N layers of each model chunk (pipeline stage, or virtual chunk) and keeps
+    the others whole.
+  * ``op``: torchtitan's per-op selective checkpointing (torchtitan/models/llama3/infra/parallelize.py
+    ``_apply_ac_to_transformer_block``, v0.2.2): the outputs of the ops on its save list are kept (matmuls,
+    scaled-dot-product attention, reduce-scatter), except every second matmul (``mm_count % 2 == 0``: recomputed);
+    everything else (norms, activations, residual adds, all-gathers) is re-run.
+torchtitan's ``selective_ac_option: N`` (here ``selective-layer`` with ``recompute.every: N``) recomputes every
+N-th layer in full and keeps the others.
+"""
+
+from __future__ import annotations
+
+from simulator.scenario.schema import Scenario
+from simulator.workload.memory import activation_bytes_per_layer
+from simulator.workload.ops import Op, recomputed
+
+
+def chunk_policies(s: Scenario, count: int) -> tuple[str, ...]:
+    """The policy of each of a model chunk's ``count`` transformer layers, in order (Megatron counts
+    ``recompute_num_layers`` per chunk; a run without pipeline parallelism is one chunk)."""
+    tr = s.training
+    mode, rc = tr.activation_recompute, tr.recompute
+    if mode == "full" and rc.method == "block":
+        return tuple("full" if i < rc.num_layers else "none" for i in range(count))
+    if mode == "selective-layer":  # torchtitan: layers counted from 1, every N-th checkpointed
+        return tuple("full" if (i + 1) % rc.every == 0 else "none" for i in range(count))
+    if mode == "selective-op":
+        return ("op",) * count
+    return (mode,) * count
+
+
+def group_size(s: Scenario) -> int:
+    """Layers re-run together by one full recomputation (Megatron's uniform method: recompute_num_layers)."""
+    rc = s.training.recompute
+    return rc.num_layers if rc.method == "uniform" else 1
+
+
+def op_policy_recompute(forward: tuple[Op, ...]) -> tuple[Op, ...]:
+    """What torchtitan's per-op policy re-runs of a layer's forward: every op but the saved ones, i.e. all but
+    FlashAttention, the reduce-scatters and the odd-numbered linear matmuls (the 1st, 3rd: QKV and MLP-up are
+    kept; the projection and MLP-down are recomputed)."""
+    out = []
+    matmuls = 0
+    for op in forward:
+        if op.kind == "gemm" and op.linear and op.direction == "forward":
+            matmuls += 1
+            if matmuls % 2:
+                continue
+        if op.kind == "flash_attention" or (op.kind == "collective" and op.collective == "reduce_scatter"):
+            continue
+        out.append(op)
+    return recomputed(tuple(out))
+
+
+def chunk_activation_bytes(s: Scenario, layers: list[tuple[str, bool]]) -> tuple[float, float]:
+    """(bytes a chunk's layers keep from forward to backward, bytes more at the backward's peak while a
+    recomputation has its layers' activations live) for one micro-batch; ``layers``: (policy, is MoE) each."""
+    kept = 0.0
+    peak = 0.0
+    group = group_size(s)
+    any_moe = any(
+        moe for _, moe in layers
+    )  # the layer being recomputed at the peak: an MoE one where there is one
+    for policy, moe in layers:
+        if policy == "full":
+            kept += activation_bytes_per_layer(s, recompute="full", moe=moe) / group
+            peak = max(peak, group * activation_bytes_per_layer(s, recompute="none", moe=any_moe))
+        else:
+            own = activation_bytes_per_layer(s, recompute=policy, moe=moe)
+            kept += own
+            if policy == "op":
+                peak = max(peak, activation_bytes_per_layer(s, recompute="none", moe=moe) - own)
+    return kept, peak

@@ -1,0 +1,130 @@
+"""Activation recompute policies as frameworks state them (workload/recompute.py): which layers are recomputed,
+what the recomputation re-runs (hardware FLOPs beyond the model's) and what stays in memory, each against a hand
+count on a small Llama-style model (hidden 1,024, 8 heads, SwiGLU 2,816, sequence 2,048, micro-batch 1)."""
+
+import pytest
+
+from simulator.api import simulate
+from simulator.scenario.loader import load_scenario
+from simulator.strategy.memory import activation_memory
+from simulator.workload.memory import activation_bytes_per_layer, checkpoint_bytes_per_layer
+
+S, H, F = 2048, 1024, 2816
+
+
+def scenario(mode="none", layers=4, **recompute):
+    return load_scenario(
+        {
+            "name": "rc",
+            "model": {
+                "num_layers": layers,
+                "hidden_size": H,
+                "num_attention_heads": 8,
+                "ffn_hidden_size": F,
+                "seq_length": S,
+                "vocab_size": 32000,
+                "activation": "swiglu",
+                "normalization": "rmsnorm",
+                "position_embedding": "rope",
+                "add_bias_linear": False,
+                "attention": "flash",
+            },
+            "cluster": {"topology": "dgx-h100", "num_nodes": 1, "gpus_per_node": 1},
+            "framework": "ideal",
+            "training": {
+                "global_batch_size": 2,
+                "micro_batch_size": 1,
+                "activation_recompute": mode,
+                **({"recompute": recompute} if recompute else {}),
+            },
+        }
+    )
+
+
+def recompute_flops(s) -> float:
+    """FLOPs the rank re-runs in one iteration (hardware FLOPs that are not model FLOPs)."""
+    r = simulate(s, periodic=False)
+    return sum(op.flops for t in r.program.tasks if t.rank == 0 for op in t.ops if op.recompute)
+
+
+def layer_forward_flops(s) -> float:
+    from simulator.workload.transformer import build_workload
+
+    return sum(op.flops for op in build_workload(s).layer.forward)
+
+
+def kept(s) -> float:
+    from simulator.workload.transformer import build_workload
+
+    return activation_memory(s, list(build_workload(s).layers), has_head=False)
+
+
+def test_full_recompute_re_runs_every_layer_and_keeps_the_inputs():
+    s = scenario("full")
+    assert recompute_flops(s) == pytest.approx(2 * 4 * layer_forward_flops(s), rel=1e-12)  # 2 micro-batches
+    whole = activation_bytes_per_layer(s, recompute="none")
+    assert kept(s) == pytest.approx(4 * 2 * S * H + whole, rel=1e-12)  # 4 inputs + the layer being re-run
+
+
+def test_megatron_block_method_recomputes_the_first_n_layers_of_the_chunk():
+    s = scenario("full", method="block", num_layers=1)
+    assert recompute_flops(s) == pytest.approx(2 * 1 * layer_forward_flops(s), rel=1e-12)
+    whole = activation_bytes_per_layer(s, recompute="none")
+    assert kept(s) == pytest.approx(2 * S * H + 3 * whole + whole, rel=1e-12)
+
+
+def test_megatron_uniform_method_checkpoints_groups_and_re_runs_a_group_at_once():
+    s = scenario("full", method="uniform", num_layers=2)
+    assert recompute_flops(s) == pytest.approx(2 * 4 * layer_forward_flops(s), rel=1e-12)
+    whole = activation_bytes_per_layer(s, recompute="none")
+    assert kept(s) == pytest.approx(2 * (2 * S * H) + 2 * whole, rel=1e-12)  # 2 group inputs, a group live
+
+
+def test_torchtitan_selective_layer_recomputes_every_nth_layer():
+    s = scenario("selective-layer", every=2)
+    assert recompute_flops(s) == pytest.approx(2 * 2 * layer_forward_flops(s), rel=1e-12)  # layers 2 and 4
+    whole = activation_bytes_per_layer(s, recompute="none")
+    assert kept(s) == pytest.approx(2 * (2 * S * H) + 2 * whole + whole, rel=1e-12)
+
+
+def test_torchtitan_per_op_policy_re_runs_every_other_matmul_and_keeps_the_saved_outputs():
+    """Re-run: the output projection (S x H x H) and the MLP down projection (S x H x F), 2 S H (H + F) FLOPs each
+    (plus the elementwise kernels, no FLOPs). Kept, 16-bit unless noted: the layer input (S H), Q, K and V (3 S H),
+    the attention output (S H), its fp32 log-sum-exp (S x 8 heads x 4 bytes) and MLP-up's gate and up (2 S F)."""
+    s = scenario("selective-op")
+    per_layer = 2 * S * H * H + 2 * S * F * H
+    assert recompute_flops(s) == pytest.approx(2 * 4 * per_layer, rel=1e-12)
+    own = 2 * S * H + 2 * 3 * S * H + 2 * S * H + 4 * S * 8 + 2 * 2 * S * F
+    assert activation_bytes_per_layer(s) == own
+    whole = activation_bytes_per_layer(s, recompute="none")
+    assert kept(s) == pytest.approx(4 * own + (whole - own), rel=1e-12)
+    assert own < whole
+
+
+def test_no_recompute_keeps_everything_and_re_runs_nothing():
+    s = scenario("none")
+    assert recompute_flops(s) == 0
+    assert kept(s) == pytest.approx(4 * activation_bytes_per_layer(s), rel=1e-12)
+    assert checkpoint_bytes_per_layer(s) == 2 * S * H
+
+
+@pytest.mark.parametrize(
+    ("training", "message"),
+    [
+        (
+            {"activation_recompute": "none", "recompute": {"method": "block", "num_layers": 2}},
+            "it needs activation_recompute: full",
+        ),
+        (
+            {"activation_recompute": "full", "recompute": {"method": "block"}},
+            "method and num_layers go together",
+        ),
+    ],
+)
+def test_recompute_settings_that_do_not_go_together_are_refused(training, message):
+    from simulator.errors import ScenarioError
+
+    data = scenario().model_dump()
+    data["training"].update(training)
+    with pytest.raises(ScenarioError, match=message):
+        load_scenario(data)
