@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from simulator.errors import ScenarioError
 from simulator.scenario.loader import load_scenario
+from simulator.scenario.presets import merged
 from simulator.scenario.schema import Scenario
 from simulator.study.fit import peak_memory
 
@@ -66,16 +67,6 @@ def strategies(s: Scenario) -> list[tuple[str, dict]]:
     ]
 
 
-def _merge(base: dict, changes: dict) -> dict:
-    out = dict(base)
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def memory_table(s: Scenario, progress: Callable[[str], None] | None = None) -> list[MemoryRow]:
     """Every strategy x recompute variant of ``s`` with its per-GPU memory and whether it fits; the scenario's
     own strategy is marked (and listed first as "as given" where it is none of the compared ones)."""
@@ -83,7 +74,7 @@ def memory_table(s: Scenario, progress: Callable[[str], None] | None = None) -> 
     base.pop("deepspeed_config", None)  # its settings are already in the scenario
     loaded: list[tuple[str, Scenario | None, str]] = []
     for label, par in strategies(s):
-        data = _merge(base, {"parallelism": par})
+        data = merged(base, {"parallelism": par})
         if par.get("fsdp", "absent") is None:
             data["parallelism"].pop("fsdp", None)
         try:
