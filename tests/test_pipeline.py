@@ -496,3 +496,90 @@ def stage_units(result):
     s, w = result.scenario, result.workload
     chunks = chunk_units(w, s.parallelism.pipeline_parallel, 1)
     return [chunks[(st, 0)] for st in range(s.parallelism.pipeline_parallel)]
+
+
+def test_interleaved_bubble_at_pp8_v12_m16_is_p_minus_1_over_v_m_with_free_communication():
+    """Issue 31's Nemotron-style layout (PP 8, 12 virtual stages, 16 micro-batches): with free communication and
+    equal stages the bubble is (p-1)/(v m) = 3.6% (as the simulator measures it, (p-1)/(v m + p-1)) within 0.5
+    points."""
+    p, v, m = 8, 12, 16
+    model = {**MODEL, "num_layers": p * v}
+    s = make(
+        model=model,
+        cluster={"gpus_per_node": p},
+        training={"global_batch_size": m, "micro_batch_size": 1},
+        parallelism={
+            "pipeline_parallel": p,
+            "pipeline_schedule": "interleaved-1f1b",
+            "virtual_pipeline_stages": v,
+        },
+    )
+    w = build_workload(s)
+    empty = Block("none", (), (), (), 0)
+    w = replace(w, embedding=replace(empty, name="embedding"), head=replace(empty, name="head"))
+    bubble = simulate(s, cluster=ideal_network_cluster(s), workload=w).metrics.bubble_fraction
+    assert abs(bubble - (p - 1) / (v * m)) < 0.005
+    assert bubble == pytest.approx((p - 1) / (v * m + p - 1), rel=1e-9)
+
+
+def overlapped(overlap: bool, **par):
+    """PP 4 with 2 virtual stages on one DGX A100 (sends over NVLink), 8 micro-batches, DP 2 with the
+    distributed optimizer and overlapped gradient reduce and parameter gather."""
+    return make(
+        model=MODEL,
+        cluster={"gpus_per_node": 8},
+        training={"global_batch_size": 16, "micro_batch_size": 1},
+        parallelism={
+            "pipeline_parallel": 4,
+            "pipeline_schedule": "interleaved-1f1b",
+            "virtual_pipeline_stages": 2,
+            "data_parallel": 2,
+            "zero_stage": 1,
+            "overlap_p2p_comm": overlap,
+            "ddp": {"overlap_grad_reduce": True, "overlap_param_gather": True},
+            **par,
+        },
+        framework="megatron-core-2024",
+    )
+
+
+def test_overlapped_p2p_leaves_the_senders_compute_and_exposes_only_what_a_receiver_waits_for():
+    """Megatron-Core --overlap-p2p-communication: sends run on their own stream, so no step blocks in a send (and
+    no host sync at each p2p); what remains exposed is the time a receiving step waits for the transfer after the
+    sender's compute, here about 60% of the blocking sends' (NVLink, PP 4 x 2 chunks, 8 micro-batches)."""
+    blocking_r = simulate(overlapped(False), periodic=False)
+    async_r = simulate(overlapped(True), periodic=False)
+    blocking = blocking_r.metrics.comm_by_collective["send_recv:pp"]
+    async_ = async_r.metrics.comm_by_collective["send_recv:pp"]
+    assert blocking["exposed_s"] == pytest.approx(blocking["time_s"], rel=1e-9)  # all inside the steps
+    assert async_["time_s"] == pytest.approx(blocking["time_s"], rel=1e-6)  # the same transfers
+    assert async_["exposed_s"] < 0.7 * blocking["exposed_s"]
+    inside = [
+        p
+        for t in async_r.program.tasks
+        if t.stream == "compute"
+        for p in async_r.timeline.parts.get(t.id, ())
+    ]
+    assert not [p for p in inside if p.kind == "send_recv"]  # no compute step carries a send
+    assert async_r.metrics.iteration_time_s < blocking_r.metrics.iteration_time_s - blocking["time_s"] / 2
+
+
+def test_chunk_reduce_scatters_follow_the_order_chunks_finish_and_each_chunk_gathers_its_own_params():
+    """Interleaved: chunk 1 finishes its backwards before chunk 0, so its gradient reduce-scatter starts before
+    chunk 0's last backward ends; each chunk's first forward waits for its own parameter all-gather only."""
+    r = simulate(overlapped(True), periodic=False)
+    tl, tasks = r.timeline, [t for t in r.program.tasks if t.rank == 0]
+    rs = {t.name: t for t in tasks if t.kind == "reduce_scatter"}
+    last_b = {
+        c: max(tl.end[t.id] for t in tasks if t.kind == "backward" and t.name.endswith(f".{c}"))
+        for c in (0, 1)
+    }
+    assert tl.start[rs["chunk 1 grad reduce-scatter"].id] >= last_b[1]
+    assert tl.start[rs["chunk 1 grad reduce-scatter"].id] < last_b[0]
+    gathers = {t.name: t.id for t in tasks if t.kind == "all_gather"}
+    assert set(gathers) == {"chunk 0 param all-gather", "chunk 1 param all-gather"}
+    first_f1 = min(
+        (t for t in tasks if t.kind == "forward" and t.name.endswith(".1")), key=lambda t: tl.start[t.id]
+    )
+    assert gathers["chunk 1 param all-gather"] in first_f1.deps
+    assert gathers["chunk 0 param all-gather"] not in first_f1.deps

@@ -161,6 +161,11 @@ class Framework(BaseModel):
         description="The column-parallel input gradient's TP all-reduce runs alongside the weight-gradient GEMM "
         "(Megatron async_tensor_model_parallel_allreduce, since early 2022).",
     )
+    overlap_p2p: bool = Field(
+        False,
+        description="Under interleaved 1F1B, pipeline sends and receives run on their own streams beside the next "
+        "step's compute (Megatron-Core --overlap-p2p-communication, on by default since core_r0.3.0).",
+    )
     ddp: DdpDefaults = Field(DdpDefaults(), description="Gradient reduction without sharding (PyTorch DDP).")
     kernels: Literal["model", "megatron-legacy"] = Field(
         "model",

@@ -47,3 +47,10 @@ def megatron_flops(s: Scenario) -> float:
         attention = 12 * L * h * h * ((1 + kv + seq / (2 * h)) * (m.head_dim * n / h))
     per_token = 12 * L * h * mlp / L + attention + 6 * mtp * (3 * h + 2 * h * h) + 6 * h * V * (mtp + 1)
     return B * seq * per_token
+
+
+def narayanan_eq3_flops(s: Scenario) -> float:
+    """Narayanan et al. SC21 Eq. 3: FLOPs per iteration with full recompute, 96 B s l h^2 (1 + s/6h + V/16lh)."""
+    m = s.model
+    B, sq, L, h, V = s.training.global_batch_size, m.seq_length, m.num_layers, m.hidden_size, m.vocab_size
+    return 96 * B * sq * L * h * h * (1 + sq / (6 * h) + V / (16 * L * h))

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from simulator.costs.collectives import ring_bytes_per_rank
 from simulator.costs.host import COPIES, HOST_GROUPS
 from simulator.hardware.placement import Placement
+from simulator.metrics.flops import narayanan_eq3_flops
 from simulator.program import COMPUTE
 from simulator.scenario.schema import Scenario
 from simulator.timeline.timeline import Timeline, intersection_length, length, union
@@ -91,13 +92,6 @@ def _plain(x):
     if hasattr(x, "item"):
         return x.item()
     return x
-
-
-def narayanan_eq3_flops(s: Scenario) -> float:
-    """Narayanan et al. SC21 Eq. 3: FLOPs per iteration with full recompute, 96 B s l h^2 (1 + s/6h + V/16lh)."""
-    m = s.model
-    B, sq, L, h, V = s.training.global_batch_size, m.seq_length, m.num_layers, m.hidden_size, m.vocab_size
-    return 96 * B * sq * L * h * h * (1 + sq / (6 * h) + V / (16 * L * h))
 
 
 def layout_label(s: Scenario) -> str:
@@ -300,6 +294,9 @@ def _rank_metrics(timeline: Timeline, rank_tasks: list, lo: float, hi: float) ->
     breakdown: dict[str, float] = defaultdict(float)
     pipeline_idle = busy = 0.0
     compute = [t for t in rank_tasks if t.stream == COMPUTE]
+    # transfers costed alone on a stream of their own (Megatron-Core's overlapped p2p sends): what they cost is
+    # the time a compute stream waits for them (on the receiving rank), not their own span
+    waited: dict[str, float] = defaultdict(float)
     gpu_busy = sum(timeline.busy[t.id] for t in compute)
     host_bound = sum(timeline.host_idle[t.id] for t in compute)
     for t in compute:
@@ -319,12 +316,14 @@ def _rank_metrics(timeline: Timeline, rank_tasks: list, lo: float, hi: float) ->
                 holder = tasks[b]
                 own_start = max(gap_start, start[b])
                 breakdown[holder.phase] += gap_end - own_start
-                if holder.rank != t.rank and not holder.is_collective:
+                if _aside(holder, timeline):
+                    waited[_part_key(holder, timeline)] += gap_end - own_start
+                elif holder.rank != t.rank and not holder.is_collective:
                     pipeline_idle += gap_end - own_start
                 gap_end = own_start
                 b = blocker[b]
             breakdown[holder.phase] += gap_end - gap_start
-            if holder.rank != t.rank and not holder.is_collective:
+            if holder.rank != t.rank and not holder.is_collective and not _aside(holder, timeline):
                 pipeline_idle += gap_end - gap_start
     last_compute = max((end[t.id] for t in compute), default=0.0)
     if last_compute < hi:  # trailing communication (e.g. ZeRO-1/2 parameter all-gather after the step)
@@ -334,6 +333,9 @@ def _rank_metrics(timeline: Timeline, rank_tasks: list, lo: float, hi: float) ->
     compute_u = union((start[t.id], end[t.id]) for t in compute)
     comm_u = union((start[t.id], end[t.id]) for t in rank_tasks if t.is_collective)
     overlapped = intersection_length(compute_u, comm_u)
+    aside = [t for t in rank_tasks if _aside(t, timeline)]
+    aside_s = sum(end[t.id] - start[t.id] for t in aside)
+    aside_waited = sum(waited.values())
     collectives: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     embedded = hidden = 0.0
     for t in rank_tasks:
@@ -344,9 +346,20 @@ def _rank_metrics(timeline: Timeline, rank_tasks: list, lo: float, hi: float) ->
             d["time_s"] += own[0][1] - own[0][0]
             d["bytes"] += t.bytes
             d["exposed_s"] += length(own) - intersection_length(own, compute_u)
+    for t in aside:
+        for part in timeline.parts[t.id]:
+            if part.kind == "compute":
+                continue
+            d = collectives[f"{part.kind}:{part.group}"]
+            d["count"] += 1
+            d["time_s"] += part.duration_s + part.hidden_s
+            d["bytes"] += part.bytes
+    for key, seconds in waited.items():
+        collectives[key]["exposed_s"] += seconds
     # blocking collectives inside compute tasks; tasks share their parts, so count each tuple once
-    uses = Counter(id(parts) for t in rank_tasks if (parts := timeline.parts.get(t.id)))
-    distinct = {id(parts): parts for t in rank_tasks if (parts := timeline.parts.get(t.id))}
+    inside = [t for t in rank_tasks if t.stream == COMPUTE]
+    uses = Counter(id(parts) for t in inside if (parts := timeline.parts.get(t.id)))
+    distinct = {id(parts): parts for t in inside if (parts := timeline.parts.get(t.id))}
     for key, times in uses.items():
         for part in distinct[key]:
             if part.kind == "compute":
@@ -364,8 +377,19 @@ def _rank_metrics(timeline: Timeline, rank_tasks: list, lo: float, hi: float) ->
         "busy": busy,
         "gpu_busy": gpu_busy,
         "host_bound": host_bound,
-        "exposed": length(comm_u) - overlapped + embedded,
-        "overlapped": overlapped + hidden,
-        "total": length(comm_u) + embedded + hidden,
+        "exposed": length(comm_u) - overlapped + embedded + aside_waited,
+        "overlapped": overlapped + hidden + max(aside_s - aside_waited, 0.0),
+        "total": length(comm_u) + embedded + hidden + aside_s,
         "collectives": collectives,
     }
+
+
+def _aside(t, timeline: Timeline) -> bool:
+    """A transfer costed alone on a stream of its own (not the compute stream, not a network collective)."""
+    return t.stream != COMPUTE and t.group is None and bool(timeline.parts.get(t.id))
+
+
+def _part_key(t, timeline: Timeline) -> str:
+    """``kind:group`` of such a transfer's collective."""
+    part = next(p for p in timeline.parts[t.id] if p.kind != "compute")
+    return f"{part.kind}:{part.group}"

@@ -187,6 +187,11 @@ class ParallelismConfig(Section):
         False,
         description="Megatron-Core --tp-comm-overlap: TP all-gathers / reduce-scatters run alongside GEMMs.",
     )
+    overlap_p2p_comm: bool | None = Field(
+        None,
+        description="Interleaved 1F1B: pipeline sends / receives beside the next step's compute (Megatron-Core "
+        "--overlap-p2p-communication). Default: the framework profile's.",
+    )
     pipeline_schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "pipedream-2bw", "zb-h1", "deepspeed"] = (
         Field(
             "1f1b",

@@ -15,7 +15,7 @@ from simulator.hardware.cluster import Cluster
 from simulator.program import Program, RankClass
 from simulator.scenario.schema import Scenario
 from simulator.strategy.groups import ranks_per_stage
-from simulator.strategy.pipeline.chunk_ops import chunk_ops
+from simulator.strategy.pipeline.chunk_ops import chunk_ops, send_bytes
 from simulator.strategy.pipeline.flush import flush_and_step, reduce_per_batch
 from simulator.strategy.pipeline.memory import stage_memory
 from simulator.strategy.pipeline.partition import check, chunk_units, stage_label
@@ -23,7 +23,30 @@ from simulator.strategy.pipeline.step_ids import StepIds
 from simulator.strategy.schedules import ASYNCHRONOUS, SPLITS_BACKWARD, Step, get_schedule
 from simulator.strategy.steps import add_optimizer
 from simulator.strategy.units import unit_tensors
+from simulator.workload.ops import collective_op
 from simulator.workload.transformer import Workload
+
+
+def p2p_overlapped(s: Scenario, w: Workload) -> bool:
+    """Do pipeline sends run beside compute? Megatron-Core's --overlap-p2p-communication, which its interleaved
+    schedule uses (megatron/core/pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving:
+    ``config.overlap_p2p_comm``; p2p_communication.py posts isend / irecv and waits only before the step that needs
+    the data); the scenario's setting, else the framework profile's."""
+    par = s.parallelism
+    if par.pipeline_parallel == 1 or par.pipeline_schedule != "interleaved-1f1b":
+        return False
+    return w.framework.overlap_p2p if par.overlap_p2p_comm is None else par.overlap_p2p_comm
+
+
+def sends_output(step: Step, st: int, pp: int, v: int) -> bool:
+    """Does this step send to another stage (the last stage's last chunk's forward and the first stage's first
+    chunk's backward feed nobody; W steps send nothing)?"""
+    kind, _, c = step
+    if kind == "F":
+        return not (st == pp - 1 and c == v - 1)
+    if kind == "B":
+        return not (st == 0 and c == 0)
+    return False
 
 
 def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
@@ -34,7 +57,8 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
     split = par.pipeline_schedule in SPLITS_BACKWARD
     order = {st: get_schedule(par.pipeline_schedule)(pp, m, v, st) for st in range(pp)}
     chunks = chunk_units(w, pp, v)
-    ops = {key: chunk_ops(s, w, us, key, pp, v, split) for key, us in chunks.items()}
+    overlap_p2p = p2p_overlapped(s, w)
+    ops = {key: chunk_ops(s, w, us, key, pp, v, split, sends=not overlap_p2p) for key, us in chunks.items()}
 
     sharding = " + fsdp" if par.fsdp else (f" + zero-{par.zero_stage}" if par.zero_stage else "")
     prog = Program(f"megatron {par.pipeline_schedule}{sharding}")
@@ -45,17 +69,27 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
         pos.append({step: n + i for i, step in enumerate(order[st])})
         n += len(order[st])
     ids = StepIds(pos)
+    # with overlapped p2p every step's send is a task of its own on the stage's p2p stream, numbered after the
+    # compute tasks (in the same order), and the receiving step waits for that send
+    sends: dict[tuple[int, Step], int] = {}
+    if overlap_p2p:
+        for st in range(pp):
+            for step in order[st]:
+                if sends_output(step, st, pp, v):
+                    sends[(st, step)] = n + len(sends)
 
     def upstream(st: int, step: Step) -> tuple[int, ...]:
         """The step on the neighbouring stage whose output this step receives (none for W): the same step one
-        stage up (F) or down (B), or across the chunk boundary between the last and the first stage."""
+        stage up (F) or down (B), or across the chunk boundary between the last and the first stage (its send,
+        where sends are tasks of their own)."""
         kind, mb, c = step
         if kind == "F":
-            i = pos[st - 1].get(step) if st > 0 else pos[pp - 1].get(Step("F", mb, c - 1))
+            src = (st - 1, step) if st > 0 else (pp - 1, Step("F", mb, c - 1))
         elif kind == "B":
-            i = pos[st + 1].get(step) if st < pp - 1 else pos[0].get(Step("B", mb, c + 1))
+            src = (st + 1, step) if st < pp - 1 else (0, Step("B", mb, c + 1))
         else:
             return ()
+        i = sends.get(src) if overlap_p2p else pos[src[0]].get(src[1])
         return () if i is None else (i,)
 
     stage_params = [sum(u.params for c in range(v) for u in chunks[(st, c)]) for st in range(pp)]
@@ -66,7 +100,7 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
     # its batched p2p: megatron/core/pipeline_parallel/p2p_communication.py, _communicate), and at each
     # forward's input broadcast (get_batch)
     host = w.framework.host
-    sync_steps = host.syncs.p2p and pp > 1
+    sync_steps = host.syncs.p2p and pp > 1 and not overlap_p2p  # overlapped p2p does not batch-and-sync
     sync_forward = sync_steps or host.syncs.microbatch
     for st in range(pp):
         # (ops, phase) of each step kind, per chunk
@@ -87,6 +121,15 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
             sync = sync_forward if kind == "F" else sync_steps
             add(st, phase, phase, name, upstream(st, step), task_ops, mb, sync)
     last_compute = [ids[(st, *order[st][-1])] for st in range(pp)]
+    # each send costed alone (pipeline neighbours use their own links), on the stage's p2p stream
+    send_op = (collective_op("pipeline send", "send_recv", "pp", send_bytes(s)),)
+    for (st, step), sid in sends.items():  # the same order as numbered above
+        kind, mb, c = step
+        phase = "forward" if kind == "F" else "backward"
+        name = f"send {names[step]}"
+        added = prog.add(st, "p2p", "send_recv", phase, name, (ids[(st, *step)],), ops=send_op, microbatch=mb)
+        if added != sid:
+            raise RuntimeError(f"send task numbered {added}, expected {sid}")
 
     asynchronous = par.pipeline_schedule in ASYNCHRONOUS
     if asynchronous:

@@ -29,9 +29,7 @@ def chunk_ops(
     e = 4 if s.training.precision == "fp32" else 2
     act = s.training.micro_batch_size * (mdl.seq_length // par.context_parallel) * mdl.hidden_size * e
     scatter_gather = t > 1 and not par.sequence_parallel  # Narayanan Sec. 4.1: send 1/t, all-gather after
-    send = collective_op(
-        "pipeline send", "send_recv", "pp", act / t if scatter_gather or par.sequence_parallel else act
-    )
+    send = collective_op("pipeline send", "send_recv", "pp", send_bytes(s))
     regather = (
         collective_op("tp all-gather (pipeline scatter/gather)", "all_gather", "tp", act)
         if scatter_gather
@@ -60,3 +58,12 @@ def chunk_ops(
     if not first and send is not None:
         bwd.append(send)
     return tuple(fwd), tuple(bwd), tuple(wgt)
+
+
+def send_bytes(s: Scenario) -> float:
+    """Bytes one rank sends to the next stage per micro-batch: the activation (or its gradient), 1/t of it with
+    tensor parallelism (sequence-parallel shards, or Narayanan's scatter / gather)."""
+    par, mdl = s.parallelism, s.model
+    e = 4 if s.training.precision == "fp32" else 2
+    act = s.training.micro_batch_size * (mdl.seq_length // par.context_parallel) * mdl.hidden_size * e
+    return act / par.tensor_parallel

@@ -42,21 +42,6 @@ def flush_and_step(
     distributed = par.zero_stage == 1 or fsdp or bf16_opt
     overlap = ddp_settings(s, w)[0] and not fsdp  # FSDP's REDUCE_GRAD follows the stage's last backward
     tied = None
-    if s.model.tied_embeddings and pp > 1:
-        # the first and last stage each hold the word embedding and sum its gradients after the flush (Megatron
-        # _allreduce_word_embedding_grads, DeepSpeed allreduce_tied_weight_gradients): one collective of the
-        # two stages, simulated once and awaited by both
-        words = s.model.vocab_size * s.model.hidden_size // par.tensor_parallel
-        tied = prog.add(
-            0,
-            "comm.dp",
-            "all_reduce",
-            "backward",
-            "tied embedding grad all-reduce",
-            (last_compute[0], last_compute[-1]),
-            group="embedding",
-            bytes=words * gb,
-        )
     for st in range(pp):
         reductions = []
         if deepspeed:
@@ -74,9 +59,12 @@ def flush_and_step(
                 )
                 reductions.append(rid)
         elif dp > 1:
-            for c in range(v):
+            # each chunk's buckets reduce when its last backward ends (Megatron-Core param_and_grad_buffer.py,
+            # core_r0.9.0+: a bucket's reduce-scatter is launched once its last gradient is in), so the comm stream
+            # takes them in the order the chunks finish: under interleaving the last chunk first
+            for c in sorted(range(v), key=lambda c: last_backward(ids, st, c)):
                 params = sum(u.params for u in chunks[(st, c)])
-                last_b = max(i for x, i in ids.pos[st].items() if x.chunk == c and x.kind != "F")
+                last_b = last_backward(ids, st, c)
                 after = last_b if overlap else last_compute[st]
                 reductions.append(
                     prog.add(
@@ -94,11 +82,11 @@ def flush_and_step(
         if experts and edp > 1 and not deepspeed:
             # a mixture-of-experts model's routed experts: their own buffers, reduced over expert data
             # parallelism (Megatron-Core distributed_data_parallel.py expert_parallel_buffers)
-            for c in range(v):
+            for c in sorted(range(v), key=lambda c: last_backward(ids, st, c)):
                 params = sum(u.expert_params for u in chunks[(st, c)])
                 if not params:
                     continue
-                last_b = max(i for x, i in ids.pos[st].items() if x.chunk == c and x.kind != "F")
+                last_b = last_backward(ids, st, c)
                 kind = "reduce_scatter" if distributed else "all_reduce"
                 reductions.append(
                     prog.add(
@@ -112,6 +100,21 @@ def flush_and_step(
                         bytes=params * gb,
                     )
                 )
+        if st == 0 and s.model.tied_embeddings and pp > 1:
+            # the first and last stage each hold the word embedding and sum its gradients after the flush (Megatron
+            # finalize_model_grads: after the data-parallel reductions, _allreduce_word_embedding_grads; DeepSpeed
+            # allreduce_tied_weight_gradients): one collective of the two stages, simulated once, awaited by both
+            words = s.model.vocab_size * s.model.hidden_size // par.tensor_parallel
+            tied = prog.add(
+                0,
+                "comm.dp",
+                "all_reduce",
+                "backward",
+                "tied embedding grad all-reduce",
+                (last_compute[0], last_compute[-1]),
+                group="embedding",
+                bytes=words * gb,
+            )
         if tied is not None and st in (0, pp - 1):
             reductions.append(tied)
         # gradient clipping all-reduces the norm over every stage: a global sync before the step
@@ -125,20 +128,26 @@ def flush_and_step(
             tensors=stage_tensors[st],
         )
         if distributed and dp > 1 and (par.ddp.overlap_param_gather or fsdp):
-            # the previous step's weights are gathered under this iteration's first forward (steady state);
-            # FSDP gathers them at the first forward and keeps them for every micro-batch
-            gid = prog.add(
-                st,
-                "comm.dp.gather",
-                "all_gather",
-                "forward",
-                "param all-gather",
-                (),
-                group=grad_group(s),
-                bytes=stage_params[st] * gather_bytes(s, w),
-            )
-            first = prog.tasks[ids[(st, *order[st][0])]]
-            first.deps = (*first.deps, gid)
+            # the previous step's weights are gathered under this iteration's forward (steady state), one model
+            # chunk's buckets at a time in forward order, each chunk's first forward waiting for its own
+            # (Megatron-Core --overlap-param-gather: distributed_data_parallel.py forward pre-hooks, the next
+            # bucket dispatched as one is waited on); FSDP gathers them at the first forward and keeps them
+            for c in sorted(range(v), key=lambda c: first_forward(ids, st, c)):
+                params = sum(u.params for u in chunks[(st, c)])
+                if not params:
+                    continue
+                gid = prog.add(
+                    st,
+                    "comm.dp.gather",
+                    "all_gather",
+                    "forward",
+                    f"chunk {c} param all-gather" if v > 1 else "param all-gather",
+                    (),
+                    group=grad_group(s),
+                    bytes=params * gather_bytes(s, w),
+                )
+                first = prog.tasks[first_forward(ids, st, c)]
+                first.deps = (*first.deps, gid)
         elif distributed and dp > 1:
             prog.add(
                 st,
@@ -161,6 +170,16 @@ def flush_and_step(
                 group=EXPERT_GROUP,
                 bytes=experts * gather_bytes(s, w, experts=True),
             )
+
+
+def last_backward(ids, st: int, c: int) -> int:
+    """The task of stage ``st``'s last backward (or weight-gradient) step of chunk ``c``."""
+    return max(i for x, i in ids.pos[st].items() if x.chunk == c and x.kind != "F")
+
+
+def first_forward(ids, st: int, c: int) -> int:
+    """The task of stage ``st``'s first forward step of chunk ``c``."""
+    return min(i for x, i in ids.pos[st].items() if x.chunk == c and x.kind == "F")
 
 
 def reduce_per_batch(prog: Program, s: Scenario, w: Workload, order, ids, stage_params) -> None:
