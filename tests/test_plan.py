@@ -229,3 +229,50 @@ def test_plan_confirms_expert_parallel_layouts_by_simulation():
     ok = [t for t in r["top"] if t["status"] == "ok"]
     assert ok and ok[0]["ep"] > 1
     assert all(t["iteration_time_s"] > 0 for t in ok)
+
+
+PLAN_ARGS = [
+    "plan",
+    "--model",
+    "gpt3-1.3b",
+    "--gpus",
+    "8",
+    "--topology",
+    "dgx-a100",
+    "--global-batch-size",
+    "16",
+]
+
+
+def test_plan_at_80_columns_wraps_the_layout_and_never_cuts_a_number():
+    r = CliRunner().invoke(app, [*PLAN_ARGS, "--top", "3"], env={"COLUMNS": "80"}, terminal_width=80)
+    assert r.exit_code == 0, r.output
+    table = [line for line in r.output.splitlines() if line.strip()[:1].isdigit()]
+    assert table and all(
+        len(line) <= 80 for line in r.output.splitlines() if "│" in line or line.startswith(" ")
+    )
+    assert "…" not in r.output  # no cell cut short
+    d = json.loads(CliRunner().invoke(app, [*PLAN_ARGS, "--top", "3", "--json"]).output)
+    for row in d["top"]:  # every simulated time appears whole in the table
+        assert f"{row['iteration_time_s']:.3f}" in r.output
+
+
+def test_plan_writes_runnable_scenarios_and_days_to_train(tmp_path):
+    from simulator.api import simulate
+    from simulator.scenario.loader import load_scenario
+
+    out = tmp_path / "layouts"
+    r = CliRunner().invoke(
+        app, [*PLAN_ARGS, "--top", "2", "--tokens", "300B", "--write-scenario", str(out), "--json"]
+    )
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    files = sorted(out.glob("*.yaml"))
+    assert [str(f) for f in files] == sorted(d["written"]) and len(files) == 2
+    best = d["top"][0]
+    again = simulate(load_scenario(files[0])).metrics.iteration_time_s
+    assert again == pytest.approx(best["iteration_time_s"], rel=1e-9)  # the file is the layout simulated
+    tokens_per_s = 16 * 2048 / best["iteration_time_s"]
+    assert best["days_to_train"] == pytest.approx(300e9 / tokens_per_s / 86400, rel=1e-12)
+    bad = CliRunner().invoke(app, [*PLAN_ARGS, "--tokens", "lots"])
+    assert bad.exit_code == 2 and "--tokens" in bad.output

@@ -131,6 +131,44 @@ def sweep(
         raise typer.Exit(130)
 
 
+def parse_tokens(text: str) -> float:
+    """``--tokens``: 15T, 300B or a number, checked as training.total_tokens is."""
+    from simulator.scenario.training import parse_count
+
+    try:
+        value = float(parse_count(text))
+    except ValueError as e:
+        raise ScenarioError(f"--tokens: {e}") from None
+    if not 0 < value <= 1e18:
+        raise ScenarioError(f"--tokens: {text} is not a positive token count")
+    return value
+
+
+def write_layouts(result: dict, directory: Path) -> list[Path]:
+    """Each simulated layout that fits, as a scenario file ``NN-layout.yaml`` in ``directory``, with what the
+    simulation gave in a header comment; returns the paths written."""
+    import re
+
+    import yaml
+
+    from simulator.report.output import write_atomic
+
+    out = []
+    for i, r in enumerate(result["top"], 1):
+        if r["status"] != "ok" or not r.get("scenario"):
+            continue
+        slug = re.sub(r"[^a-z0-9]+", "-", r["layout"].lower()).strip("-")
+        path = directory / f"{i:02d}-{slug}.yaml"
+        head = (
+            f"# clustersim plan, layout {i}: {r['layout']}\n"
+            f"# simulated {r['iteration_time_s']:.3f} s per iteration, MFU {r['mfu']:.1%}, "
+            f"{r['memory_gib']:.1f} GiB per GPU; run it: clustersim run {path.name}\n"
+        )
+        write_atomic(path, head + yaml.safe_dump(r["scenario"], sort_keys=False))
+        out.append(path)
+    return out
+
+
 def plan(
     model: Annotated[str, typer.Option("--model", help="A preset name or a Hugging Face config.json.")],
     gpus: Annotated[int, typer.Option("--gpus", min=1, help="GPUs to lay the job out on.")],
@@ -149,6 +187,15 @@ def plan(
     top: Annotated[int, typer.Option("--top", min=1, help="How many to confirm by simulation.")] = 10,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
+    write_scenario: Annotated[
+        Path | None,
+        typer.Option(
+            "--write-scenario", help="Write each simulated layout that fits as a runnable scenario file here."
+        ),
+    ] = None,
+    tokens: Annotated[
+        str | None, typer.Option("--tokens", help="Tokens to train on (15T, 300B): a days-to-train column.")
+    ] = None,
 ) -> None:
     """Search parallel layouts (TP, PP, CP, DP, virtual stages, micro-batch, ZeRO / FSDP, recompute) for a
     model on N GPUs: screen every one with a fast estimate, confirm the best by simulation."""
@@ -168,6 +215,9 @@ def plan(
         "parallelism": {"data_parallel": 1},
     }
     try:
+        if write_scenario is not None:
+            check_output_dir(write_scenario, "--write-scenario")
+        total_tokens = parse_tokens(tokens) if tokens is not None else None
         with shown_warnings():
             gpn = load_topology(topology).node.gpus
             nodes = max(1, gpus // gpn)
@@ -184,9 +234,15 @@ def plan(
                 result = run_plan(base, n, top=top, batch=global_batch_size)
     except ScenarioError as e:
         fail(str(e))
+    seq_len = base.model.seq_length
+    for r in result["top"]:
+        if total_tokens and r.get("iteration_time_s"):
+            r["days_to_train"] = total_tokens / (global_batch_size * seq_len / r["iteration_time_s"]) / 86400
+    written = write_layouts(result, write_scenario) if write_scenario is not None else []
     if json_out:
-        print(json.dumps(result, indent=2, default=str))
+        print(json.dumps({**result, "written": [str(w) for w in written]}, indent=2, default=str))
         return
+    from rich import box
     from rich.table import Table
 
     c = Console(soft_wrap=True)
@@ -194,22 +250,40 @@ def plan(
         f"screened {result['screened']:,} layouts ({result['screened_per_s']:,.0f}/s), "
         f"{result['fit_in_memory']:,} fit in memory by the estimate; the best {result['confirmed']} simulated:"
     )
-    t = Table()
-    for col in ("#", "layout", "estimate s", "simulated s", "MFU", "memory GiB", "bubble", "exposed comm s"):
-        t.add_column(col, justify="left" if col == "layout" else "right", no_wrap=col == "layout")
+    heads = ["#", "layout", "est. s", "sim. s", "MFU", "GiB", "bubble", "comm s"]
+    if total_tokens:
+        heads.append("days")
+    rows = []
     for i, r in enumerate(result["top"], 1):
         if r["status"] != "ok":
-            t.add_row(str(i), r["layout"], f"{r['estimate_s']:.3f}", r["status"], "", "", "", "")
+            rows.append(
+                [str(i), r["layout"], f"{r['estimate_s']:.3f}", r["status"], *[""] * (len(heads) - 4)]
+            )
             continue
-        t.add_row(
-            str(i),
-            r["layout"],
-            f"{r['estimate_s']:.3f}",
-            f"{r['iteration_time_s']:.3f}",
-            f"{r['mfu']:.1%}",
-            f"{r['memory_gib']:.1f}",
-            f"{r['bubble_fraction']:.1%}",
-            f"{r['exposed_comm_s']:.3f}",
+        rows.append(
+            [
+                str(i),
+                r["layout"],
+                f"{r['estimate_s']:.3f}",
+                f"{r['iteration_time_s']:.3f}",
+                f"{r['mfu']:.1%}",
+                f"{r['memory_gib']:.1f}",
+                f"{r['bubble_fraction']:.1%}",
+                f"{r['exposed_comm_s']:.3f}",
+                *([f"{r['days_to_train']:,.1f}"] if total_tokens else []),
+            ]
         )
+    # numbers are never cut: their columns keep their width and the layout column wraps (80 columns and up)
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for j, col in enumerate(heads):
+        if col == "layout":
+            t.add_column(col, justify="left", overflow="fold")
+        else:
+            width = max(len(col), *(len(row[j]) for row in rows)) if rows else len(col)
+            t.add_column(col, justify="right", no_wrap=True, min_width=width)
+    for row in rows:
+        t.add_row(*row)
     c.print(t)
     c.print(result["why"])
+    for path in written:
+        c.print(f"wrote {path}")

@@ -31,6 +31,7 @@ class Confirmed:
     status: str
     reason: str = ""
     breakdown: dict = field(default_factory=dict)
+    scenario: dict = field(default_factory=dict)  # the layout as a runnable scenario (non-default fields)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -75,8 +76,8 @@ def plan(
     for i, e in enumerate(fitting[:top]):
         if progress:
             progress(i, min(top, len(fitting)))
-        s = screen.scenario(e.layout)
         try:
+            s = screen.scenario(e.layout)
             m = simulate(s, cluster=cluster).metrics
         except ScenarioError as err:
             confirmed.append(
@@ -96,6 +97,7 @@ def plan(
                 "oom" if m.oom else "ok",
                 "",
                 m.breakdown,
+                s.model_dump(mode="json", exclude_defaults=True),
             )
         )
     ranked = sorted(
