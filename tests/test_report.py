@@ -33,7 +33,9 @@ def report(tmp_path_factory):
 
 def test_report_is_self_contained_with_every_panel(report):
     text = report.read_text()
-    assert 'src="https://cdn.plot.ly' not in text and "plotly.js v" in text  # library embedded, no CDN script
+    assert (
+        'src="https://cdn.plot.ly' not in text and "plotly.js (basic - minified) v" in text
+    )  # embedded, no CDN
     for i in range(6):
         assert f'id="panel{i}"' in text
     for title in (
@@ -181,3 +183,23 @@ def test_timeline_rows_follow_stage_numbers_not_text():
     rows = list(fig.layout.yaxis.categoryarray)[::-1]  # top to bottom
     ranks = [int("".join(ch for ch in r.split(" · ")[0] if ch.isdigit())) for r in rows]
     assert ranks == sorted(ranks) and len(set(ranks)) == 16
+
+
+def test_the_3d_run_s_report_stays_small_with_every_rank_and_collective_drawn(tmp_path):
+    """The 384-GPU 3D run (8 stages, 2,000+ steps, dozens of TP collectives per step): under 3 MB, with plotly.js's
+    basic bundle (bar and scatter) once, every stage's rows present and each step's TP collectives as one bar."""
+    from simulator.api import simulate
+    from simulator.report.html import write_report
+    from simulator.scenario.loader import load_scenario
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    r = simulate(
+        load_scenario(root / "scenarios" / "gpt3-175b-megatron-deepspeed-3d-384xa100.yaml"), periodic=False
+    )
+    out = tmp_path / "r.html"
+    write_report(r, out)
+    text = out.read_text()
+    assert out.stat().st_size < 3e6
+    assert text.count("plotly.js (basic - minified) v4.1.1") == 1
+    for stage in range(8):
+        assert f"stage {stage} · tp (inside compute)" in text

@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from simulator.api import Result
 from simulator.metrics.layers import microbatch_view
 from simulator.metrics.metrics import Metrics
-from simulator.report.figures import COLOURS, timeline_figure
+from simulator.report.figures import COLOURS, figures_html, timeline_figure
 from simulator.report.output import write_atomic
 
 MEMORY_PARTS = [
@@ -299,15 +299,11 @@ def write_report(result: Result, path: str | Path) -> None:
         link_figure(result),
         topology_figure(result),
     ]
-    parts = [
-        fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=f"panel{i}")
-        for i, fig in enumerate(figures)
-    ]
     legend = ", ".join(k for k in COLOURS)
     body = (
         headline_html(result)
         + f"<p>Colours by kind: {legend}. Hover any bar for details.</p>"
-        + "".join(parts)
+        + figures_html(figures)
         + cost_sources_html(result.metrics)
     )
     write_atomic(
@@ -375,10 +371,6 @@ def compare_figures(results: list[tuple[str, Metrics]]) -> list[go.Figure]:
 
 def write_compare_report(results: list[tuple[str, Metrics]], path: str | Path) -> None:
     figures = compare_figures(results)
-    parts = [
-        fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=f"panel{i}")
-        for i, fig in enumerate(figures)
-    ]
     rows = "".join(
         f"<tr><td>{html.escape(n)}</td><td>{m.iteration_time_s:.3f} s</td><td>{m.tokens_per_s:,.0f}</td>"
         f"<td>{m.mfu:.1%}</td><td>{m.memory_gib['peak']:.1f} GiB</td>"
@@ -392,5 +384,5 @@ def write_compare_report(results: list[tuple[str, Metrics]], path: str | Path) -
     write_atomic(
         Path(path),
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>comparison</title>{STYLE}"
-        f"</head><body><h1>Comparison</h1>{table}{''.join(parts)}</body></html>",
+        f"</head><body><h1>Comparison</h1>{table}{figures_html(figures)}</body></html>",
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from simulator.report.figures import figures_html
 from simulator.report.output import write_atomic
 
 # (column, axis title)
@@ -110,15 +111,11 @@ def write_sweep_report(rows: list[dict], fields: list[str], path: Path, title: s
     counts = {s: sum(r["status"] == s for r in rows) for s in ("ok", "oom", "invalid", "error")}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     figs = [pareto_figure(rows), *metric_figures(rows, fields)]
-    parts = [
-        f.to_html(full_html=False, include_plotlyjs=(i == 0), default_width="100%")
-        for i, f in enumerate(figs)
-    ]
     html = (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_escape(title)}</title></head>"
         f"<body style='font-family:sans-serif;margin:20px'><h2>{_escape(title)}</h2>"
         f"<p>{len(rows)} points: {summary}. Varied: {_escape(', '.join(fields))}. Every number is in "
-        f"results.csv; invalid points are listed there with their reason.</p>{''.join(parts)}</body></html>"
+        f"results.csv; invalid points are listed there with their reason.</p>{figures_html(figs, default_width='100%')}</body></html>"
     )
     write_atomic(path, html)
 
