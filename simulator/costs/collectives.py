@@ -19,6 +19,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
+
 from simulator.costs.nccl import defaults, fastest, protocol_costs
 from simulator.costs.traffic import LinkClass, LinkLoads
 from simulator.costs.traffic import hops as traffic_hops
@@ -316,9 +318,14 @@ class CollectiveModel:
             kind = {"send_recv": "pairs", "all_to_all": "all_pairs"}.get(op, "ring")
             gpn = self.cluster.gpus_per_node
             nics = self.cluster.spec.node.nics
-            hops = traffic_hops(kind, groups, gpn, nics) if len(groups[0]) > 1 else []
-            total = sum(share for _, _, share in hops)
-            cross = sum(share for a, b, share in hops if a // gpn != b // gpn)
+            # a group's share of cross-node bytes depends only on which of its ranks share a node, in order: one
+            # group of each shape stands for the others (at 131,072 GPUs: 64 data-parallel groups of 2,048, 16,384
+            # tensor-parallel groups of 8)
+            total = cross = 0.0
+            for grp, count in _shapes(groups, gpn):
+                hops = traffic_hops(kind, (grp,), gpn, nics) if len(grp) > 1 else []
+                total += count * sum(share for _, _, share in hops)
+                cross += count * sum(share for a, b, share in hops if a // gpn != b // gpn)
             self._cross[key] = cross / total if total else 0.0
         return self._cross[key]
 
@@ -328,3 +335,18 @@ class CollectiveModel:
             gpn, nics = self.cluster.gpus_per_node, self.cluster.spec.node.nics
             self._patterns[key] = _Pattern(self.links.loads(traffic_hops(kind, groups, gpn, nics)))
         return self._patterns[key]
+
+
+def _shapes(groups, gpus_per_node: int) -> list[tuple[tuple[int, ...], int]]:
+    """(a representative group, how many groups share its shape): groups whose ranks sit on nodes at the same
+    offsets from their first rank's node, in order, move bytes across nodes alike."""
+    if len({len(g) for g in groups}) == 1:
+        nodes = np.asarray(groups, dtype=np.int64) // gpus_per_node
+        rel = nodes - nodes[:, :1]
+        _, first, counts = np.unique(rel, axis=0, return_index=True, return_counts=True)
+        return [(groups[i], int(c)) for i, c in zip(first.tolist(), counts.tolist(), strict=True)]
+    shapes: dict[tuple, list] = {}
+    for grp in groups:
+        key = tuple(g // gpus_per_node - grp[0] // gpus_per_node for g in grp)
+        shapes.setdefault(key, [grp, 0])[1] += 1
+    return [(g, c) for g, c in shapes.values()]

@@ -75,13 +75,12 @@ class LinkLoads:
         self._fabric_stages: dict = {}
         # nodes that host the same pipeline stages are interchangeable; others are not (their links carry
         # other stages' traffic at other times), so link classes carry the set of stages of their nodes
-        self.node_stages = [
-            frozenset(
-                placement.coordinate(r, "pp")
-                for r in range(k * gpn, min((k + 1) * gpn, placement.world_size))
-            )
-            for k in range(cluster.num_nodes)
-        ]
+        stage = placement.coordinates("pp")
+        memo: dict[tuple, frozenset] = {}
+        self.node_stages = []
+        for k in range(cluster.num_nodes):
+            here = tuple(np.unique(stage[k * gpn : (k + 1) * gpn]).tolist())
+            self.node_stages.append(memo.setdefault(here, frozenset(here)))
 
     def stages_of(self, link) -> frozenset:
         if link[0] >= 0:

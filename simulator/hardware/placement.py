@@ -149,7 +149,19 @@ class Placement:
     @cache  # noqa: B019 - placements are few and immutable
     def stages(self) -> tuple[int, ...]:
         """The pipeline stage of every rank."""
-        return tuple(self.coordinate(r, "pp") for r in range(self.world_size))
+        return tuple(self.coordinates("pp").tolist())
+
+    def coordinates(self, axis: str):
+        """Every rank's index along ``axis``, as a numpy array (``coordinate`` for all ranks at once)."""
+        import numpy as np
+
+        sizes = self.sizes
+        inner = 1
+        for a in reversed(self.axes):
+            if a == axis:
+                return np.arange(self.world_size, dtype=np.int64) // inner % sizes[a]
+            inner *= sizes[a]
+        raise ValueError(axis)
 
     def group_size(self, kind: str) -> int:
         return len(self.groups(kind)[0])
