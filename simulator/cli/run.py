@@ -180,7 +180,7 @@ def compare(
                 fail(f"{s.name}: {e}")
             bar.advance(task)
     if report:
-        from simulator.report.html import write_compare_report
+        from simulator.report.compare_html import write_compare_report
 
         write_compare_report(results, report)
     if json_out:

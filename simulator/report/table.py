@@ -275,7 +275,9 @@ def print_oom_headline(m: Metrics, fixes) -> None:
     if fixes:
         console.print(
             "Would fit: "
-            + "; ".join(f"[bold]{escape(f.change)}[/bold] ({f.device_gib:.1f} GiB)" for f in fixes),
+            + "; ".join(f"[bold]{escape(f.change)}[/bold] ({f.device_gib:.1f} GiB)" for f in fixes)
+            + " (cheapest first: ZeRO-1 / 2 move no more bytes than DDP; ZeRO-3 gathers the weights at every layer; "
+            "full recompute runs the forward twice; more GPUs cost GPUs)",
             highlight=False,
         )
     else:

@@ -52,23 +52,26 @@ def _variants(s: Scenario) -> list[tuple[str, dict]]:
         return data
 
     recompute = {"activation_recompute": "full"} if t.activation_recompute != "full" else None
-    shard = None
+    # sharding, the cheapest stage first: ZeRO-1 and ZeRO-2 cost no more communication than DDP (a
+    # reduce-scatter and an all-gather instead of an all-reduce), ZeRO-3 gathers the weights at every layer
+    stages: list[int] = []
     if p.data_parallel > 1 and p.fsdp is None and t.optimizer not in ("onebit-adam", "zero-one-adam"):
-        if p.pipeline_parallel == 1 and p.zero_stage < 3:
-            shard = {"zero_stage": 3}
-        elif p.pipeline_parallel > 1 and p.zero_stage == 0:
-            shard = {"zero_stage": 1}
+        if p.pipeline_parallel == 1:
+            stages = [z for z in (1, 2, 3) if z > p.zero_stage]
+        elif p.zero_stage == 0:
+            stages = [1]
+    shard = {"zero_stage": stages[-1]} if stages else None  # the deepest, for the combinations below
     gpus_per_node = cluster_spec(s).node.gpus
     out = []
+    for z in stages:
+        out.append((f"zero_stage: {z}", changed(parallelism={"zero_stage": z})))
     if recompute:
         out.append(("activation_recompute: full", changed(training=recompute)))
-    if shard:
-        out.append((f"zero_stage: {shard['zero_stage']}", changed(parallelism=shard)))
-    if recompute and shard:
+    for z in stages if recompute else ():
         out.append(
             (
-                f"zero_stage: {shard['zero_stage']}, activation_recompute: full",
-                changed(training=recompute, parallelism=shard),
+                f"zero_stage: {z}, activation_recompute: full",
+                changed(training=recompute, parallelism={"zero_stage": z}),
             )
         )
     both_t, both_p = recompute or {}, shard or {}

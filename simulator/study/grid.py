@@ -138,7 +138,11 @@ def _value(text: str, name: str) -> Any:
 
 
 def load_base(path: Path) -> tuple[dict, Path]:
-    """The base scenario file, parsed (validated point by point later)."""
+    """The base scenario file (or a shipped scenario's name, as ``run`` takes it), parsed (validated point by point
+    later)."""
+    from simulator.scenario.shipped import resolve_scenario
+
+    path = resolve_scenario(path)
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise ScenarioError(f"{path}: expected a mapping with model, cluster, training, parallelism")
