@@ -188,3 +188,25 @@ def test_hugging_face_config(tmp_path):
     r = runner.invoke(app, ["run", write(tmp_path, text), "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["params_billion"] == pytest.approx(8.03, abs=0.01)
+
+
+def test_an_hf_config_without_hidden_act_takes_its_model_type_default_and_says_so(tmp_path):
+    import json as _json
+
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 1024,
+        "intermediate_size": 2816,
+        "num_attention_heads": 8,
+        "num_hidden_layers": 4,
+        "vocab_size": 32000,
+        "max_position_embeddings": 2048,
+    }
+    (tmp_path / "config.json").write_text(_json.dumps(cfg))
+    (tmp_path / "s.yaml").write_text(
+        "name: hf\nmodel: {hf_config: config.json, seq_length: 2048}\ncluster: {topology: dgx-a100}\n"
+        "training: {global_batch_size: 8}\n"
+    )
+    r = CliRunner().invoke(app, ["run", str(tmp_path / "s.yaml"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert "no hidden_act; a llama without one uses silu (SwiGLU MLP)" in r.output

@@ -11,10 +11,11 @@ from rich.console import Console
 from rich.markup import escape
 
 from simulator.scenario.deepspeed import DeepSpeedConfigWarning
+from simulator.scenario.hf_config import HfConfigWarning
 from simulator.tables.format import CostTableWarning
 
 err = Console(stderr=True)
-OWN_WARNINGS = (DeepSpeedConfigWarning, CostTableWarning)
+OWN_WARNINGS = (DeepSpeedConfigWarning, CostTableWarning, HfConfigWarning)
 
 
 def fail(message: str) -> None:

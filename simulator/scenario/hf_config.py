@@ -5,6 +5,7 @@ configuration_<type>.py`` and ``modeling_<type>.py``: which keys exist, their de
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from simulator.errors import ScenarioError
@@ -24,6 +25,10 @@ _HF_KEYS = {
 # config.json keys that count experts (Mixtral, Qwen2-MoE, DeepSeek-MoE, DBRX-style configs)
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3")
+
+
+class HfConfigWarning(UserWarning):
+    """A Hugging Face config read with a default where it said nothing."""
 
 
 def read_hf_config(path: Path) -> dict:
@@ -50,6 +55,13 @@ def read_hf_config(path: Path) -> dict:
                 out[ours] = cfg[key]
                 break
     act = str(cfg.get("hidden_act") or cfg.get("activation_function") or _default_act(model_type))
+    if not (cfg.get("hidden_act") or cfg.get("activation_function")) and model_type != "gpt2":
+        warnings.warn(
+            f"hf_config {path}: no hidden_act; a {model_type or 'config'} without one uses {act} "
+            f"({'SwiGLU' if act == 'silu' else act} MLP), transformers' default for it",
+            HfConfigWarning,
+            stacklevel=2,
+        )
     if model_type == "gpt2":
         out.update(
             activation="gelu", normalization="layernorm", position_embedding="learned", add_bias_linear=True
