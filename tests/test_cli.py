@@ -210,3 +210,35 @@ def test_an_hf_config_without_hidden_act_takes_its_model_type_default_and_says_s
     r = CliRunner().invoke(app, ["run", str(tmp_path / "s.yaml"), "--json"])
     assert r.exit_code == 0, r.output
     assert "no hidden_act; a llama without one uses silu (SwiGLU MLP)" in r.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            [
+                "plan",
+                "--model",
+                "gpt3-1.3b",
+                "--gpus",
+                "0",
+                "--topology",
+                "dgx-a100",
+                "--global-batch-size",
+                "8",
+            ],
+            "error: clustersim plan: Invalid value for '--gpus'",
+        ),
+        (["run"], "error: clustersim run: Missing argument 'scenario'."),
+        (["bogus"], "error: clustersim: No such command 'bogus'."),
+    ],
+)
+def test_click_usage_errors_are_one_error_line_and_exit_2(args, message):
+    """The installed command (simulator.cli.main), not the Typer app: Click's own refusals as every other one."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "simulator", *args], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(message), r.stderr

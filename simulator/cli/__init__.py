@@ -26,4 +26,25 @@ for command in (
 
 
 def main() -> None:
-    app()
+    """The ``clustersim`` command. Click's own usage errors (a missing argument, an option out of range) become
+    one ``error:`` line and exit status 2, as every other refusal."""
+    import sys
+
+    try:  # Typer >= 0.20 carries its own copy of Click
+        from typer._click.exceptions import NoArgsIsHelpError, UsageError
+    except ImportError:  # pragma: no cover - an older Typer on Click
+        from click.exceptions import NoArgsIsHelpError, UsageError
+
+    try:
+        code = app(standalone_mode=False, prog_name="clustersim")
+    except NoArgsIsHelpError as e:
+        print(e.ctx.get_help() if e.ctx else "clustersim --help")
+        sys.exit(2)
+    except UsageError as e:
+        where = e.ctx.command_path if e.ctx else "clustersim"
+        print(f"error: {where}: {e.format_message()} (see {where} --help)", file=sys.stderr)
+        sys.exit(2)
+    except (KeyboardInterrupt, typer.Abort):
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
