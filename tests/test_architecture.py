@@ -15,6 +15,7 @@ FLOORS = [
         "given: scenario sections, hardware data, framework profiles",
         [
             "simulator.errors",
+            "simulator.paths",
             "simulator.scenario.files",
             "simulator.scenario.section",
             "simulator.scenario.model",

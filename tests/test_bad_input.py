@@ -83,7 +83,7 @@ CASES = {
     ),
     "negative NIC bandwidth": (
         lambda t: two_nodes(t, topology(t, nic_bandwidth_gbps=-200)),
-        "node.nic_bandwidth_gbps: Input should be greater than 0",
+        "node.nic_bandwidth_gbps: Input should be greater than or equal to 0.01",
     ),
     "NaN NIC bandwidth": (
         lambda t: two_nodes(t, topology(t, nic_bandwidth_gbps=float("nan"))),
@@ -91,7 +91,7 @@ CASES = {
     ),
     "zero host bandwidth": (
         lambda t: scenario(t, cluster={"topology": topology(t, host_memory_bandwidth_GBps=0)}),
-        "node.host_memory_bandwidth_GBps: Input should be greater than 0",
+        "node.host_memory_bandwidth_GBps: Input should be greater than or equal to 0.01",
     ),
     "infinite host memory": (
         lambda t: scenario(t, cluster={"topology": topology(t, host_memory_gib=float("inf"))}),
@@ -324,3 +324,94 @@ def test_shipped_scenarios_run_by_name_from_anywhere(tmp_path, monkeypatch):
     assert runner.invoke(app, ["init"]).exit_code == 0
     assert runner.invoke(app, ["run", "scenario.yaml", "--json"]).exit_code == 0
     assert "exists (use --force" in error_of(["init"])
+
+
+LONG = "a" * 300  # over Linux's 255-byte NAME_MAX: pathlib's exists() / is_file() raise OSError on it
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (lambda t: ["run", LONG], "error: scenario: name too long (300 bytes in one path component"),
+        (lambda t: ["run", LONG + ".yaml"], f"error: {LONG}.yaml: name too long (305 bytes"),
+        (
+            lambda t: ["run", scenario(t, cluster={"topology": LONG})],
+            f"error: cluster.topology: unknown topology '{LONG}'",
+        ),
+        (
+            lambda t: ["run", scenario(t, cluster={"topology": LONG + ".yaml"})],
+            "error: cluster.topology: ",
+        ),
+        (lambda t: ["run", scenario(t, framework=LONG)], f"error: framework: unknown framework '{LONG}'"),
+        (lambda t: ["run", scenario(t, cluster={"gpu": LONG})], f"error: cluster.gpu: unknown GPU '{LONG}'"),
+        (lambda t: ["run", scenario(t, deepspeed_config=LONG + ".json")], "error: deepspeed_config: "),
+        (
+            lambda t: ["run", scenario(t, model={"hf_config": LONG + ".json"})],
+            "error: model.hf_config: name too long (305 bytes",
+        ),
+        (lambda t: ["run", "quickstart", "--kernels", LONG], "error: --kernels: name too long (300 bytes"),
+        (lambda t: ["run", "quickstart", "--trace", LONG + ".json"], "error: --trace: name too long"),
+        (lambda t: ["run", "quickstart", "--report", LONG + ".html"], "error: --report: name too long"),
+        (lambda t: ["init", str(t / (LONG + ".yaml"))], "error: init: name too long"),
+        (lambda t: ["memory", LONG], "error: scenario: name too long"),
+    ],
+    ids=lambda v: "" if callable(v) else v.split(":")[1].strip()[:30],
+)
+def test_names_too_long_for_the_file_system_are_one_line(tmp_path, args, expected):
+    """A name of 256+ bytes (a scenario, topology, framework, GPU, DeepSpeed or HF config, cost table, output
+    file): one line naming the field, never the OSError (ENAMETOOLONG) that pathlib raises."""
+    message = error_of(args(tmp_path))
+    assert message.startswith(expected), message
+    if "name too long" in message:
+        assert "this system allows 255 per component" in message
+
+
+@pytest.mark.parametrize(
+    "section, field",
+    [
+        ("cluster", "nic_bandwidth_gbps"),
+        ("cluster", "pcie_bandwidth_GBps"),
+        ("cluster", "nvme_bandwidth_GBps"),
+    ],
+)
+def test_rates_have_a_physical_floor(tmp_path, section, field):
+    """5e-324 passes gt=0 and overflowed the times it divides: every rate is bounded below (10 MB/s or Mb/s)."""
+    message = error_of(["run", scenario(tmp_path, **{section: {field: 5e-324}})])
+    assert message.startswith(f"error: {section}.{field}: Input should be greater than or equal to 0.01"), (
+        message
+    )
+
+
+def test_a_topology_rate_has_the_same_floor(tmp_path):
+    path = scenario(tmp_path, cluster={"topology": topology(tmp_path, nic_bandwidth_gbps=1e-9)})
+    message = error_of(["run", path])
+    assert "node.nic_bandwidth_gbps" in message and "greater than or equal to 0.01" in message, message
+
+
+def test_plan_on_part_of_a_node_says_so_and_plans_those_gpus():
+    """``plan --gpus 3`` on 8-GPU nodes planned 8 GPUs without a word: it plans 3 (cluster.gpus_per_node: 3) and
+    says so; a count that is more than a node and not whole nodes is refused."""
+    args = "plan --model gpt3-125m --topology dgx-a100 --global-batch-size 12 --top 2".split()
+    r = runner.invoke(app, [*args, "--gpus", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["top"]
+    for row in d["top"]:
+        assert row["tp"] * row["pp"] * row["cp"] * row["dp"] == 3, row
+        assert row["scenario"]["cluster"]["gpus_per_node"] == 3
+    r = runner.invoke(app, [*args, "--gpus", "3", "--quiet"])
+    assert "note: --gpus 3 is part of one 8-GPU dgx-a100 node: planning 3 of its GPUs" in r.stderr
+    assert (
+        error_of([*args, "--gpus", "12"])
+        == "error: --gpus (12) is not a whole number of 8-GPU nodes of dgx-a100"
+    )
+
+
+def test_a_sweep_of_a_plain_scenario_says_what_to_add(tmp_path):
+    message = error_of(["sweep", "quickstart", "--out", str(tmp_path / "o")])
+    assert message.endswith(
+        "a scenario with no vary: section; give --vary FIELD=v1,v2,... or a sweep file with base: and vary:"
+    ), message
+    sweep = tmp_path / "sw.yaml"
+    sweep.write_text("base: {}\nvary: {training.micro_batch_size: [1]}\nout: 5\n")
+    assert error_of(["sweep", str(sweep)]) == f"error: {sweep}: out: expected a path (a string), got 5"

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
+from simulator import paths
 from simulator.api import simulate
 from simulator.cli.common import (
     EXIT_OUT_OF_MEMORY,
@@ -142,9 +143,9 @@ def init(
     from simulator.report.output import write_atomic
     from simulator.scenario.shipped import STARTER
 
-    if path.exists() and not force:
-        fail(f"{path}: exists (use --force to overwrite)")
     try:
+        if paths.exists(path, "init") and not force:
+            fail(f"{path}: exists (use --force to overwrite)")
         check_output_file(path, "init")
         write_atomic(path, STARTER.format(name=path, stem=path.stem))
     except ScenarioError as e:

@@ -224,8 +224,16 @@ def plan(
             if gpus > gpn and gpus % gpn:
                 fail(f"--gpus ({gpus}) is not a whole number of {gpn}-GPU nodes of {topology}")
             data["cluster"]["num_nodes"] = nodes
+            if gpus < gpn:  # part of one node: plan those GPUs (they keep the node's NVLink, NICs and host)
+                data["cluster"]["gpus_per_node"] = gpus
+                if not json_out:
+                    print(
+                        f"note: --gpus {gpus} is part of one {gpn}-GPU {topology} node: planning {gpus} of its "
+                        f"GPUs (cluster.gpus_per_node: {gpus})",
+                        file=sys.stderr,
+                    )
             # a valid stand-in layout (every GPU data-parallel, one sequence each); the search replaces it
-            n = gpus if gpus >= gpn else gpn
+            n = gpus
             data["parallelism"] = {}
             data["training"] = {**data["training"], "global_batch_size": n}
             base = load_scenario(data)

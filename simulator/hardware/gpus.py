@@ -82,18 +82,18 @@ class GPU(_Data):
         min_length=1, description="Dense (no 2:4 sparsity) peak TFLOP/s per tensor-core type."
     )
     hbm_gib: float = Field(ge=1, le=2**16, description="HBM capacity in GiB as the device reports it.")
-    hbm_bandwidth_GBps: float = Field(gt=0, le=1e5)
+    hbm_bandwidth_GBps: float = Field(ge=1, le=1e5)
     sm_count: int = Field(ge=1, le=4096, description="SMs (NVIDIA) or compute units (AMD).")
     nvlink_bandwidth_GBps: float = Field(
         ge=0, le=1e5, description="Scale-up link bandwidth per GPU per direction (0: none)."
     )
-    pcie_bandwidth_GBps: float = Field(gt=0, le=1e4, description="Host link per direction.")
-    power_w: float | None = Field(None, gt=0, le=1e4, description="Power limit (TDP) the numbers hold at.")
+    pcie_bandwidth_GBps: float = Field(ge=0.01, le=1e4, description="Host link per direction.")
+    power_w: float | None = Field(None, ge=1, le=1e4, description="Power limit (TDP) the numbers hold at.")
     # compute-bound kernels run at this fraction of the speed the peaks and efficiencies describe: a
     # power-capped or re-clocked part (sustained tensor clock / the clock the peak is quoted at)
-    clock_scale: float = Field(1.0, gt=0, le=1.5)
+    clock_scale: float = Field(1.0, ge=0.05, le=1.5)
     gemm: GemmProfile
-    memory_efficiency: float = Field(gt=0, le=1)
+    memory_efficiency: float = Field(ge=0.01, le=1)
     memory_kernels: dict[str, KernelBandwidth] = {}  # per kernel kind; others reach memory_efficiency
     # None: no FlashAttention kernel for this GPU (FlashAttention-1 needs sm75+, FlashAttention-2 sm80+;
     # Dao et al. 2022, Dao 2023, Dao-AILab/flash-attention README); ``attention: auto`` then runs standard attention

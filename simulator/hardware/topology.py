@@ -15,6 +15,7 @@ from simulator.errors import ScenarioError
 from simulator.hardware.gpus import get_gpu
 from simulator.scenario.files import load_named
 from simulator.scenario.schema import ClusterConfig, Scenario
+from simulator.scenario.section import EFFICIENCY_MIN, GBPS_MAX, GBPS_MIN
 
 
 def _topology_dir() -> Path:
@@ -34,7 +35,6 @@ class _Spec(BaseModel):
 
 # Bounds on hardware numbers: finite, positive, and within a few orders of magnitude of real machines (a
 # bandwidth of 0 or below would be a division by zero or an infinitely fast link).
-GBPS_MAX = 1e5  # GB/s or Gb/s: 100 TB/s
 LATENCY_MAX_US = 1e6
 
 
@@ -43,32 +43,32 @@ class NodeSpec(_Spec):
     gpu: str
     intra_node: Literal["nvswitch", "pcie"]
     nvlink_bandwidth_GBps: float | None = Field(
-        None, gt=0, le=GBPS_MAX, description="Per GPU per direction; default from the GPU."
+        None, ge=GBPS_MIN, le=GBPS_MAX, description="Per GPU per direction; default from the GPU."
     )
     nvlink_latency_us: float = Field(0.7, ge=0, le=LATENCY_MAX_US)
     pcie_switches: PositiveInt = Field(1, le=256)
     pcie_bandwidth_GBps: float | None = Field(
-        None, gt=0, le=GBPS_MAX, description="Per link per direction; default from the GPU."
+        None, ge=GBPS_MIN, le=GBPS_MAX, description="Per link per direction; default from the GPU."
     )
     pcie_latency_us: float = Field(1.0, ge=0, le=LATENCY_MAX_US)
     cpus: PositiveInt = Field(2, le=64)
-    cpu_interconnect_GBps: float = Field(64.0, gt=0, le=GBPS_MAX)
+    cpu_interconnect_GBps: float = Field(64.0, ge=GBPS_MIN, le=GBPS_MAX)
     host_memory_gib: float = Field(1024, gt=0, le=2**20)
-    host_memory_bandwidth_GBps: float = Field(200, gt=0, le=GBPS_MAX)
+    host_memory_bandwidth_GBps: float = Field(200, ge=GBPS_MIN, le=GBPS_MAX)
     nics: PositiveInt = Field(1, le=1024)
-    nic_bandwidth_gbps: float = Field(200, gt=0, le=GBPS_MAX)
+    nic_bandwidth_gbps: float = Field(200, ge=GBPS_MIN, le=GBPS_MAX)
     nic_kind: Literal["infiniband", "ethernet"] = "infiniband"
     nic_latency_us: float = Field(2.0, ge=0, le=LATENCY_MAX_US)
     nvme_drives: int = Field(
         0, ge=0, le=64, description="Drives striped as one volume (RAID-0), as DGX /raid."
     )
-    nvme_bandwidth_GBps: float = Field(3.5, gt=0, le=GBPS_MAX)
+    nvme_bandwidth_GBps: float = Field(3.5, ge=GBPS_MIN, le=GBPS_MAX)
     nvme_latency_us: float = Field(
         80.0, ge=0, le=LATENCY_MAX_US, description="Per request (NVMe read latency, typical datacenter SSD)."
     )
     cpu_optimizer_params_per_s: float | None = Field(
         None,
-        gt=0,
+        ge=1e3,
         le=1e13,
         description="CPU-Adam parameters updated per second by the whole host; default: host memory bandwidth "
         "/ 30 bytes per parameter (the step streams fp32 weight, gradient, momentum, variance and writes "
@@ -86,12 +86,12 @@ class FabricSpec(_Spec):
 class LinkEfficiency(_Spec):
     """Fraction of nominal bandwidth that NCCL reaches on each link kind (measured bus bandwidth / nominal)."""
 
-    nvlink: float = Field(0.8, gt=0, le=1)
-    pcie: float = Field(0.8, gt=0, le=1)
-    infiniband: float = Field(0.95, gt=0, le=1)
-    ethernet: float = Field(0.9, gt=0, le=1)
-    nvme: float = Field(0.9, gt=0, le=1)
-    memory: float = Field(0.8, gt=0, le=1)
+    nvlink: float = Field(0.8, ge=EFFICIENCY_MIN, le=1)
+    pcie: float = Field(0.8, ge=EFFICIENCY_MIN, le=1)
+    infiniband: float = Field(0.95, ge=EFFICIENCY_MIN, le=1)
+    ethernet: float = Field(0.9, ge=EFFICIENCY_MIN, le=1)
+    nvme: float = Field(0.9, ge=EFFICIENCY_MIN, le=1)
+    memory: float = Field(0.8, ge=EFFICIENCY_MIN, le=1)
     nvls: float | None = Field(
         None,
         gt=0,
@@ -104,7 +104,7 @@ class LinkEfficiency(_Spec):
 _Protocol = Literal["LL", "LL128", "Simple"]
 _Algorithm = Literal["ring", "tree"]
 _Latency = Annotated[float, Field(ge=0, le=LATENCY_MAX_US)]
-_Fraction = Annotated[float, Field(gt=0, le=1)]
+_Fraction = Annotated[float, Field(ge=EFFICIENCY_MIN, le=1)]
 
 
 class NcclTuning(_Spec):

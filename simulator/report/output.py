@@ -6,17 +6,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from simulator import paths
 from simulator.errors import ScenarioError
 
 
 def check_output_file(path: Path, option: str) -> None:
     """``path`` can be written: not a directory, in a directory that exists and is writable."""
-    if path.is_dir():
+    if paths.is_dir(path, option):
         raise ScenarioError(f"{option} {path}: is a directory")
-    if path.exists() and not os.access(path, os.W_OK):
+    if paths.exists(path, option) and not os.access(path, os.W_OK):
         raise ScenarioError(f"{option} {path}: not writable")
     parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
+    if not paths.is_dir(parent, option):
         raise ScenarioError(f"{option} {path}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK):
         raise ScenarioError(f"{option} {path}: directory {parent} is not writable")
@@ -24,7 +25,7 @@ def check_output_file(path: Path, option: str) -> None:
 
 def check_output_dir(path: Path, option: str) -> None:
     """A directory that exists or can be made, and can be written to."""
-    if path.exists() and not path.is_dir():
+    if paths.exists(path, option) and not paths.is_dir(path, option):
         raise ScenarioError(f"{option} {path}: exists and is not a directory")
     try:
         path.mkdir(parents=True, exist_ok=True)

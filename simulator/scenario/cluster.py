@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, PositiveInt
 
-from simulator.scenario.section import MAX_GPUS, Section
+from simulator.scenario.section import GBPS_MAX, GBPS_MIN, MAX_GPUS, Section
 
 
 class ClusterConfig(Section):
@@ -15,17 +15,21 @@ class ClusterConfig(Section):
     gpus_per_node: PositiveInt | None = Field(None, description="Use only this many GPUs of each node.")
     gpu: str | None = Field(None, description="Replace the topology's GPU with another from the catalogue.")
     nics_per_node: PositiveInt | None = Field(None, le=64)
-    nic_bandwidth_gbps: float | None = Field(None, gt=0, le=1e5, description="Per NIC, gigabits per second.")
+    nic_bandwidth_gbps: float | None = Field(
+        None, ge=GBPS_MIN, le=GBPS_MAX, description="Per NIC, gigabits per second."
+    )
     oversubscription: float | None = Field(
         None, ge=1, le=1000, description="Leaf-to-spine oversubscription ratio."
     )
     pcie_bandwidth_GBps: float | None = Field(
-        None, gt=0, le=1e5, description="Per PCIe link, per direction, GB/s."
+        None, ge=GBPS_MIN, le=GBPS_MAX, description="Per PCIe link, per direction, GB/s."
     )
     nvme_drives: int | None = Field(None, ge=0, le=64, description="NVMe drives per node (striped).")
-    nvme_bandwidth_GBps: float | None = Field(None, gt=0, le=1e5, description="Per NVMe drive, GB/s.")
+    nvme_bandwidth_GBps: float | None = Field(
+        None, ge=GBPS_MIN, le=GBPS_MAX, description="Per NVMe drive, GB/s."
+    )
     cpu_optimizer_params_per_s: float | None = Field(
-        None, gt=0, le=1e13, description="CPU-Adam throughput of one host, parameters per second."
+        None, ge=1e3, le=1e13, description="CPU-Adam throughput of one host, parameters per second."
     )
     price_per_gpu_hour: float | None = Field(
         None, gt=0, le=1e4, allow_inf_nan=False, description="US dollars per GPU-hour: the cost to train."

@@ -10,11 +10,13 @@ few hundred values and about 5 deep.
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from simulator import paths
 from simulator.errors import ScenarioError
 
 MAX_FILE_BYTES = 16 * 2**20
@@ -35,7 +37,11 @@ def load_named(name: str, directory: Path, field: str, noun: str, model: type[Ba
         data = read_yaml(path, field)
     else:
         path = directory / f"{name}.yaml"
-        if not path.is_file():
+        try:
+            shipped = paths.is_file(path, field)
+        except ScenarioError:  # a name no file can have (too long for the system): simply not a shipped one
+            shipped = False
+        if not shipped:
             available = ", ".join(sorted(p.stem for p in directory.glob("*.yaml")))
             raise ScenarioError(
                 f"{field}: unknown {noun} '{name}'; available: {available} (or a path to a {noun} file)"
@@ -78,11 +84,14 @@ def _label(path: Path, what: str | None) -> str:
 def read_text(path: Path, what: str | None = None) -> str:
     """The text of ``path``; ``what`` names the file's role in messages (e.g. ``deepspeed_config``)."""
     path, label = Path(path), _label(path, what)
-    if path.is_dir():
-        raise ScenarioError(f"{label}: is a directory, not a file")
-    if not path.is_file():
+    st = paths.lookup(path, label)
+    if st is None:
         raise ScenarioError(f"{label}: file not found")
-    size = path.stat().st_size
+    if stat.S_ISDIR(st.st_mode):
+        raise ScenarioError(f"{label}: is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ScenarioError(f"{label}: not a regular file")
+    size = st.st_size
     if size > MAX_FILE_BYTES:
         raise ScenarioError(f"{label}: {size / 2**20:.1f} MiB; the limit is {MAX_FILE_BYTES / 2**20:.0f} MiB")
     try:

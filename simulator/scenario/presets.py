@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from simulator import paths
 from simulator.scenario.files import check_path_value
 from simulator.scenario.hf_config import read_hf_config
 
@@ -40,7 +41,7 @@ def expand_model_section(data, base_dir: Path | None = None):
         path = Path(given)
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
-        if not path.exists() and _HUB_ID.match(given):
+        if not paths.exists(path, "model.hf_config") and _HUB_ID.match(given):
             raise ValueError(
                 f"hf_config '{given}' looks like a Hugging Face hub id; hub ids are not downloaded: save the "
                 "model's config.json and give its path"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
+from simulator import paths
 from simulator.errors import ScenarioError
 from simulator.scenario.files import is_path
 
@@ -36,7 +37,7 @@ def describe(path: Path) -> str:
 def resolve_scenario(source: str | Path) -> Path:
     """A scenario file: an existing path, or the name (or the unique start of a name) of a shipped scenario."""
     path = Path(source)
-    if path.exists() or is_path(str(source)):
+    if is_path(str(source)) or paths.exists(path, "scenario"):
         return path
     shipped = shipped_scenarios()
     name = str(source)

@@ -153,9 +153,15 @@ def load_base(path: Path) -> tuple[dict, Path]:
 def load_sweep_file(path: Path) -> tuple[Sweep, dict]:
     """A sweep YAML: ``base:`` (a scenario path, relative to the file, or an inline scenario), ``vary:``
     (field -> list of values), optional ``zip: true``, ``out:``, ``report:``. Returns the sweep and the options."""
+    from simulator.scenario.shipped import resolve_scenario
+
+    path = resolve_scenario(path)  # a shipped scenario's name too, so the message below can say what to add
     data = read_yaml(path)
     if not isinstance(data, dict) or "vary" not in data:
-        raise ScenarioError(f"{path}: a scenario with no vary: section; a sweep file has base: and vary:")
+        raise ScenarioError(
+            f"{path}: a scenario with no vary: section; give --vary FIELD=v1,v2,... or a sweep file with base: "
+            "and vary:"
+        )
     unknown = set(data) - {"base", "vary", "zip", "out", "report"}
     if unknown:
         raise ScenarioError(
@@ -179,6 +185,9 @@ def load_sweep_file(path: Path) -> tuple[Sweep, dict]:
         fields.append(name)
         values.append(tuple(vs) if isinstance(vs, list) else (vs,))
     options = {k: data[k] for k in ("out", "report") if k in data}
+    for key, value in options.items():
+        if not isinstance(value, str) or not value.strip():
+            raise ScenarioError(f"{path}: {key}: expected a path (a string), got {value!r}")
     return Sweep(base_data, base_dir, tuple(fields), tuple(values), bool(data.get("zip", False))), options
 
 

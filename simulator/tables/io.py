@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from simulator import paths
 from simulator.errors import ScenarioError
 from simulator.scenario.files import read_yaml
 from simulator.tables.format import (
@@ -144,7 +145,7 @@ def _table_file(directory: Path, stem: str) -> Path | None:
 def read_table(directory: str | Path) -> CostTable:
     """Read a table directory; one clear :class:`ScenarioError` per problem."""
     directory = Path(directory)
-    if not directory.is_dir():
+    if not paths.is_dir(directory, "kernels"):
         raise ScenarioError(f"kernels: '{directory}' is not a table directory")
     meta_path = directory / "table.yaml"
     if not meta_path.is_file():

@@ -11,6 +11,7 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
+from simulator import paths
 from simulator.errors import ScenarioError
 from simulator.tables.format import SHIPPED_DIR, CollectiveRow, CostTable
 from simulator.tables.io import read_table
@@ -42,7 +43,7 @@ def check_choice(choice: str, field: str = "kernels", base_dir: Path | None = No
     path = Path(choice)
     if base_dir is not None and not path.is_absolute():
         path = base_dir / path
-    if not path.is_dir():
+    if not paths.is_dir(path, field):
         raise ScenarioError(
             f"{field}: '{choice}' is neither a table directory nor a shipped table ({_names()}); "
             "use auto or none for the defaults"
@@ -60,7 +61,7 @@ def resolve_table(choice: str | None, gpu_name: str) -> CostTable | None:
             return None
     else:
         path = (shipped_tables().get(choice) or Path(choice)).resolve()
-    if not path.is_dir():
+    if not paths.is_dir(path, "kernels"):
         raise ScenarioError(f"kernels: '{choice}' is not a table directory")
     return _load(str(path), _stamp(path))
 

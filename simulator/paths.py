@@ -1,0 +1,58 @@
+"""What is at a path the user gave, asked without a traceback: pathlib's ``exists`` / ``is_file`` / ``is_dir``
+raise OSError for a name the system refuses (a component over 255 bytes gives ENAMETOOLONG on Linux, a name with
+a NUL byte ValueError), so every probe of a user's path goes through these, which turn that into one
+ScenarioError naming the field the path came from."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from simulator.errors import ScenarioError
+
+
+def _refused(path: Path, field: str, e: OSError | ValueError) -> ScenarioError:
+    if isinstance(e, OSError) and e.errno == errno.ENAMETOOLONG:
+        longest = max((len(os.fsencode(part)) for part in Path(path).parts), default=0)
+        try:
+            limit = os.pathconf("/", "PC_NAME_MAX")
+        except (OSError, ValueError):
+            limit = 255
+        return ScenarioError(
+            f"{field}: name too long ({longest} bytes in one path component, {len(os.fsencode(str(path)))} in "
+            f"all; this system allows {limit} per component)"
+        )
+    if isinstance(e, ValueError):
+        return ScenarioError(f"{field}: not a usable path ({e})")
+    return ScenarioError(f"{field}: {path}: cannot look it up: {e.strerror}")
+
+
+def lookup(path: Path | str, field: str) -> os.stat_result | None:
+    """``stat`` of ``path`` following links, or None when nothing is there; a name the system refuses outright
+    (too long, a NUL byte, permission denied on a parent) is a ScenarioError starting with ``field``."""
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return None
+        raise _refused(Path(path), field, e) from None
+    except ValueError as e:
+        raise _refused(Path(path), field, e) from None
+
+
+def exists(path: Path | str, field: str) -> bool:
+    return lookup(path, field) is not None
+
+
+def is_file(path: Path | str, field: str) -> bool:
+    st = lookup(path, field)
+    return st is not None and stat.S_ISREG(st.st_mode)
+
+
+def is_dir(path: Path | str, field: str) -> bool:
+    st = lookup(path, field)
+    return st is not None and stat.S_ISDIR(st.st_mode)
