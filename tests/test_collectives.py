@@ -209,6 +209,8 @@ def reference_loads(cm: CollectiveModel, hops) -> dict:
     """The definition ``LinkLoads.loads`` (costs/traffic.py) computes per route piece with numpy: every hop adds its share to
     every link of ``cluster.route``; a class's value is its busiest link's units over that link's bandwidth."""
     cl, load, out = cm.cluster, {}, {}
+    if isinstance(hops, tuple):  # all_pairs: three arrays
+        hops = list(zip(*(x.tolist() for x in hops), strict=True))
     for a, b, share in hops:
         for link in cl.route(a, b)[0]:
             load[link] = load.get(link, 0.0) + share
@@ -249,6 +251,47 @@ def test_vectorised_link_loads_equal_adding_every_hop_along_its_route(topology, 
                 assert got[c] == pytest.approx(seconds, rel=1e-12)
             checked += len(want)
     assert checked > 20
+
+
+@pytest.mark.parametrize("placement", [{"dp": 512}, {"tp": 8, "dp": 64}])
+def test_a_large_all_to_all_on_sampled_rotations_loads_nics_and_nvlink_exactly(monkeypatch, placement):
+    """Over ALL_PAIRS_EXACT ranks an all-to-all is costed on the rotations that can stay on a node plus evenly
+    spaced others, weighted (1-bit Adam's momentum all-to-all over 16,384 GPUs has 2.7e8 pairs). Every rank
+    still sends and receives n-1 units, n-c of them off its node: NVLink, GPU-NIC and NIC link classes equal the
+    exact pairs' loads; the switch fabric (64 nodes, 4 per leaf, 2:1 oversubscribed) within 10%; the time too."""
+    from simulator.costs import traffic
+
+    spec = load_topology("dgx-a100")
+    spec = spec.model_copy(
+        update={"fabric": spec.fabric.model_copy(update={"nodes_per_leaf": 4, "oversubscription": 2.0})}
+    )
+    cluster = Cluster(spec, 64)
+    group = "dp"
+    monkeypatch.setattr(traffic, "ALL_PAIRS_EXACT", 32)
+    sampled = CollectiveModel(cluster, Placement(**placement), "auto")
+    groups = sampled.placement.groups(group)
+    n = len(groups[0])
+    assert n > traffic.ALL_PAIRS_EXACT
+    src, _, share = traffic.all_pairs(groups, 8)
+    assert len(src) < len(groups) * n * (n - 1) / 2  # sampled
+    assert share.sum() == pytest.approx(len(groups) * n * (n - 1), rel=1e-12)  # every pair's unit, once
+    got = sampled.links.loads(traffic.all_pairs(groups, 8))
+    monkeypatch.setattr(traffic, "ALL_PAIRS_EXACT", 10**6)
+    exact_model = CollectiveModel(cluster, Placement(**placement), "auto")
+    want = exact_model.links.loads(traffic.all_pairs(groups, 8))
+    assert got.keys() <= want.keys()
+    for c, seconds in want.items():
+        fabric = "leaf" in c[1] + c[2] or "spine" in c[1] + c[2]
+        if fabric and not any(x.startswith("nic") for x in c[1:]):
+            assert got.get(c, 0.0) == pytest.approx(seconds, rel=0.10), c
+        else:
+            assert got[c] == pytest.approx(seconds, rel=1e-9), c
+    t_sampled = sampled.standalone_time_s("all_to_all", group, 1e9)
+    t_exact = exact_model.standalone_time_s("all_to_all", group, 1e9)
+    assert t_sampled == pytest.approx(t_exact, rel=0.10)
+    assert sampled.cross_node_fraction("all_to_all", group) == pytest.approx(
+        1 - (len(groups) * sum(c * (c - 1) for c in [n // 64] * 64)) / (len(groups) * n * (n - 1)), rel=1e-12
+    )
 
 
 def test_routes_without_the_whole_graph_are_its_shortest_paths():

@@ -323,7 +323,14 @@ class CollectiveModel:
             # tensor-parallel groups of 8)
             total = cross = 0.0
             for grp, count in _shapes(groups, gpn):
-                hops = traffic_hops(kind, (grp,), gpn, nics) if len(grp) > 1 else []
+                if len(grp) < 2:
+                    continue
+                if kind == "all_pairs":  # n(n-1) unit pairs, of which those inside a node: sum of c(c-1)
+                    n, on_node = len(grp), np.unique(np.asarray(grp) // gpn, return_counts=True)[1]
+                    total += count * n * (n - 1)
+                    cross += count * (n * (n - 1) - float((on_node * (on_node - 1)).sum()))
+                    continue
+                hops = traffic_hops(kind, (grp,), gpn, nics)
                 total += count * sum(share for _, _, share in hops)
                 cross += count * sum(share for a, b, share in hops if a // gpn != b // gpn)
             self._cross[key] = cross / total if total else 0.0

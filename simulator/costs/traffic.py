@@ -19,10 +19,57 @@ from simulator.hardware.placement import Placement
 LinkClass = tuple[frozenset, str, str]  # (pipeline stages on the link's nodes, from, to)
 
 
-def hops(kind: str, groups, gpus_per_node: int, nics: int) -> list[tuple[int, int, float]]:
+# An all-to-all's n(n-1) pairs are n-1 rotations (rank i -> rank i+s mod n), each a permutation. Up to this many
+# ranks every rotation is taken; beyond it (1-bit Adam's momentum all-to-all over a 16,384-GPU data-parallel
+# group has 2.7e8 pairs) the rotations that can stay on a node are taken and this many others, evenly spaced,
+# stand for the rest.
+ALL_PAIRS_EXACT = 256
+SAMPLED_ROTATIONS = 16
+
+
+def all_pairs(groups, gpus_per_node: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(src GPUs, dst GPUs, shares) of an all-to-all over every group: each rank sends one unit (its chunk for
+    that peer) to each of the n-1 others.
+
+    A group of more than ALL_PAIRS_EXACT ranks keeps the rotations |s| < c exactly (c: the most ranks of the
+    group on one node, the only rotations with pairs inside a node when the group fills nodes in order) and
+    SAMPLED_ROTATIONS of the others, each weighted by the rotations it stands for. Every rank then still sends
+    n-1 units, n-c of them off its node, and receives as many: NVLink, GPU-to-NIC and NIC loads are the exact
+    ones; only how the cross-node units spread over leaf-switch pairs is sampled."""
+    by_size: dict[int, list] = defaultdict(list)
+    for grp in groups:
+        by_size[len(grp)].append(grp)
+    src, dst, share = [], [], []
+    for n, same in by_size.items():
+        if n < 2:
+            continue
+        g = np.asarray(same, dtype=np.int64)
+        rotations: list[tuple[int, float]]
+        if n <= ALL_PAIRS_EXACT:
+            rotations = [(s, 1.0) for s in range(1, n)]
+        else:
+            c = int(max(np.unique(row // gpus_per_node, return_counts=True)[1].max() for row in g[:1]))
+            middle = n - 2 * c + 1  # rotations c .. n-c: every pair crosses nodes
+            k = min(SAMPLED_ROTATIONS, middle)
+            picked = [c + (j * middle + middle // 2) // k for j in range(k)]
+            rotations = [(s, 1.0) for s in range(1, c)] + [(n - s, 1.0) for s in range(1, c)]
+            rotations += [(s, middle / k) for s in picked]
+        for s, w in rotations:
+            src.append(g.ravel())
+            dst.append(np.roll(g, -s, axis=1).ravel())
+            share.append(np.full(g.size, w))
+    if not src:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    return np.concatenate(src), np.concatenate(dst), np.concatenate(share)
+
+
+def hops(kind: str, groups, gpus_per_node: int, nics: int):
     """(src GPU, dst GPU, share of the per-step chunk) for every hop of every group of a collective whose
     communication pattern is ``kind``: ``ring`` (NCCL's rings, one per NIC rail), ``tree`` (NCCL's double binary
-    tree across nodes, chains inside them), ``pairs`` (pipeline neighbours) or ``all_pairs`` (all-to-all)."""
+    tree across nodes, chains inside them), ``pairs`` (pipeline neighbours), as a list; ``all_pairs``
+    (all-to-all) as three arrays (see all_pairs)."""
+    if kind == "all_pairs":
+        return all_pairs(groups, gpus_per_node)
     hops: list[tuple[int, int, float]] = []
     gpn = gpus_per_node
     for grp in groups:
@@ -33,7 +80,7 @@ def hops(kind: str, groups, gpus_per_node: int, nics: int) -> list[tuple[int, in
         if kind == "pairs":  # send/recv: rank i -> rank i+1 of the group (pipeline neighbours)
             hops += [(a, b, 1.0) for a, b in zip(grp[:-1], grp[1:], strict=False)]
         elif kind == "all_pairs":
-            hops += [(a, b, 1.0) for a in grp for b in grp if a != b]
+            raise ValueError("all_pairs: use all_pairs() (arrays)")
         elif kind == "ring":
             # NCCL runs one ring per NIC rail. Ring c enters and leaves every node on the same rail: it
             # crosses even nodes from GPU off to GPU off-1 and odd nodes back from off-1 to off.
@@ -100,10 +147,15 @@ class LinkLoads:
         its GPU. Loads are summed per node (one array per node-local link name), then the busiest node of each
         set of pipeline stages gives the class."""
         cl = self.cluster
-        if not hops:
+        if isinstance(hops, tuple):  # arrays (all_pairs)
+            src, dst, share = hops
+        elif hops:
+            src, dst, share = (np.asarray(x) for x in zip(*hops, strict=True))
+        else:
+            return {}
+        if len(src) == 0:
             return {}
         gpn, nn, nics = cl.gpus_per_node, cl.num_nodes, cl.spec.node.nics
-        src, dst, share = (np.asarray(x) for x in zip(*hops, strict=True))
         na, la = np.divmod(src.astype(np.int64), gpn)
         nb, lb = np.divmod(dst.astype(np.int64), gpn)
         share = share.astype(float)
