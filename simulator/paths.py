@@ -56,3 +56,40 @@ def is_file(path: Path | str, field: str) -> bool:
 def is_dir(path: Path | str, field: str) -> bool:
     st = lookup(path, field)
     return st is not None and stat.S_ISDIR(st.st_mode)
+
+
+def write_through(path: Path | str) -> bool:
+    """``path`` is a character device or a FIFO (``/dev/stdout``, ``/dev/null``, a named pipe): written through,
+    never replaced (a rename onto it would turn the device into a regular file)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)
+
+
+def check_target(path: Path | str, field: str) -> None:
+    """What is at an output file's path may be replaced or written through: nothing, a regular file, a
+    character device or a FIFO; a directory, block device or socket is refused (one ScenarioError)."""
+    st = lookup(path, field)
+    if st is None or stat.S_ISREG(st.st_mode) or stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode):
+        return
+    what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file, character device or pipe"
+    raise ScenarioError(f"{field} {path}: is {what}")
+
+
+def install(tmp: Path, path: Path, field: str) -> None:
+    """Put the finished temporary file ``tmp`` at ``path``: renamed onto a regular file or a missing path (a
+    reader never sees half a file), copied through a character device or FIFO; ``tmp`` is gone afterwards."""
+    try:
+        check_target(path, field)
+        if write_through(path):
+            with open(tmp, "rb") as src, open(path, "wb") as dst:
+                while chunk := src.read(1 << 20):
+                    dst.write(chunk)
+        else:
+            os.replace(tmp, path)
+    except OSError as e:
+        raise ScenarioError(f"{field} {path}: cannot write: {e.strerror}") from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)

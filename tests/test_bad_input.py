@@ -391,7 +391,8 @@ def test_a_topology_rate_has_the_same_floor(tmp_path):
 def test_plan_on_part_of_a_node_says_so_and_plans_those_gpus():
     """``plan --gpus 3`` on 8-GPU nodes planned 8 GPUs without a word: it plans 3 (cluster.gpus_per_node: 3) and
     says so; a count that is more than a node and not whole nodes is refused."""
-    args = "plan --model gpt3-125m --topology dgx-a100 --global-batch-size 12 --top 2".split()
+    model = ["--model", "gpt3-125m", "--topology", "dgx-a100"]
+    args = ["plan", *model, "--global-batch-size", "12", "--top", "2"]
     r = runner.invoke(app, [*args, "--gpus", "3", "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)

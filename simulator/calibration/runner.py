@@ -30,7 +30,7 @@ from simulator.tables.format import (
     SystemInfo,
     TableMeta,
 )
-from simulator.tables.io import read_table, write_table
+from simulator.tables.io import read_existing, write_table
 
 SAVE_EVERY_S = 5.0
 DEFAULT_MAX_BYTES = {"cpu": 2**30, "cuda": 8 * 2**30}  # largest memory-bound working set timed whole
@@ -176,7 +176,7 @@ def calibrate_kernels(
     if device == "cuda" and not torch.cuda.is_available():
         raise ScenarioError("--device cuda: PyTorch sees no CUDA device here (use --device cpu)")
     max_bytes = max_bytes or DEFAULT_MAX_BYTES[device]
-    old = read_table(out) if (out / "table.yaml").is_file() else None
+    old = read_existing(out)
     meta = _meta(s, out, device, old.meta if old else None)
     kernels = list(old.kernels) if old else []
     colls = list(old.collectives) if old else []

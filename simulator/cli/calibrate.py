@@ -19,6 +19,7 @@ from simulator.errors import ScenarioError
 from simulator.report.console import err, fail, note
 from simulator.report.output import check_output_file, write_atomic
 from simulator.scenario.loader import load_scenario
+from simulator.tables.io import read_existing
 
 calibrate_app = typer.Typer(
     no_args_is_help=True,
@@ -225,6 +226,7 @@ def import_kineto(
     from simulator.tables.format import SourceInfo
 
     try:
+        read_existing(out)  # a file, device or broken table at --out: said before the trace is read
         if gpu:
             get_gpu(gpu, "--gpu")
         kernels, colls, info = import_trace(trace, ranks, nodes, ranks_per_node)
@@ -274,6 +276,7 @@ def import_nccl_tests(
     if op is not None and op not in COLLECTIVE_OPS:
         fail(f"--op: '{op}' is not one of {', '.join(COLLECTIVE_OPS)}")
     try:
+        read_existing(out)
         if gpu:
             get_gpu(gpu, "--gpu")
         system = SystemInfo()

@@ -214,10 +214,13 @@ def _write_image(result, path: Path) -> None:
     tmp = temporary_beside(path)
     try:
         fig.write_image(tmp, width=1400, height=fig.layout.height)
-        tmp.replace(path)
     except Exception as e:  # kaleido missing, or no Chromium for it to drive
         tmp.unlink(missing_ok=True)
         fail(
             f"--image: static export needs kaleido and a Chromium browser (pip install kaleido; "
             f"apt-get install chromium): {str(e).splitlines()[0][:200]}"
         )
+    try:
+        paths.install(tmp, path, "--image")
+    except ScenarioError as e:
+        fail(str(e))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import stat
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -12,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
+from simulator import paths
 from simulator.errors import ScenarioError
 from simulator.report.console import err, fail, shown_warnings
 from simulator.report.output import check_output_dir, check_output_file
@@ -85,6 +87,10 @@ def sweep(
     report = report or (Path(options["report"]) if "report" in options else None)
     try:
         check_output_dir(out, "--out")
+        for name in ("points.jsonl", "results.csv", "results.parquet"):  # each a regular file or nothing
+            st = paths.lookup(out / name, "--out")
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                fail(f"--out {out}: {name} there is not a regular file (the sweep writes its results to it)")
         if report is not None:
             check_output_file(report, "--report")
     except ScenarioError as e:

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from simulator import paths
+
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     """Nested dicts as dotted keys; lists as JSON text (one cell)."""
@@ -37,7 +39,7 @@ def write_results(rows: list[dict], out: Path) -> list[str]:
         w.writeheader()
         for r in rows:
             w.writerow(r)
-    tmp.replace(out / "results.csv")
+    paths.install(tmp, out / "results.csv", "--out")
     written.append(str(out / "results.csv"))
     try:
         import pyarrow as pa
@@ -50,7 +52,7 @@ def write_results(rows: list[dict], out: Path) -> list[str]:
     )
     tmp = out / "results.parquet.tmp"
     pq.write_table(table, tmp)
-    tmp.replace(out / "results.parquet")
+    paths.install(tmp, out / "results.parquet", "--out")
     written.append(str(out / "results.parquet"))
     return written
 

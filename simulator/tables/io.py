@@ -11,6 +11,7 @@ import csv
 import math
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -203,11 +204,49 @@ def write_csv(path: Path, rows: list, columns: list[str]) -> None:
             w.writerow([_format(d[c]) for c in columns])
 
 
-def write_table(directory: str | Path, table: CostTable) -> Path:
-    """Write ``table`` to ``directory`` atomically: a complete copy is written beside it, then swapped in."""
+def check_table_dir(directory: str | Path, option: str = "--out") -> None:
+    """Where a table will be written: a missing path, an empty directory or a table directory; a file, device
+    or a directory of other things is refused before any work (it would have been renamed aside and lost)."""
     directory = Path(directory)
+    st = paths.lookup(directory, option)
+    if st is None:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        raise ScenarioError(
+            f"{option} {directory}: exists and is not a directory (a cost table is a directory of table.yaml and "
+            "CSV files): give a new path or a table directory"
+        )
+    if not (directory / "table.yaml").is_file() and any(directory.iterdir()):
+        raise ScenarioError(
+            f"{option} {directory}: holds other files and no table.yaml: give a new or empty directory, or a "
+            "table directory"
+        )
+
+
+def read_existing(directory: str | Path, option: str = "--out") -> CostTable | None:
+    """The table already at an output directory (None: none there yet); one that cannot be read says how to get
+    out of it instead of failing the same way on every import."""
+    directory = Path(directory)
+    check_table_dir(directory, option)
+    if not (directory / "table.yaml").is_file():
+        return None
+    try:
+        return read_table(directory)
+    except ScenarioError as e:
+        raise ScenarioError(
+            f"{option} {directory}: holds a table that cannot be read ({e}); repair or delete that file, or "
+            "write to a new directory"
+        ) from None
+
+
+def write_table(directory: str | Path, table: CostTable) -> Path:
+    """Write ``table`` to ``directory`` atomically: a complete copy is written beside it, then swapped in (the
+    old copy moved to a fresh hidden name and removed)."""
+    directory = Path(directory)
+    check_table_dir(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    old = None
     try:
         meta = table.meta.model_dump(exclude_defaults=True)
         (tmp / "table.yaml").write_text(
@@ -218,13 +257,13 @@ def write_table(directory: str | Path, table: CostTable) -> Path:
         if table.collectives:
             write_csv(tmp / "collectives.csv", table.collectives, COLLECTIVE_COLUMNS)
         if directory.exists():
-            old = directory.with_name(f".{directory.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(directory, old)
+            old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old.", dir=directory.parent))
+            os.replace(directory, old)  # onto the fresh empty directory
             os.replace(tmp, directory)
-            shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, directory)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     return directory

@@ -17,7 +17,7 @@ from simulator.tables.format import (
     SystemInfo,
     TableMeta,
 )
-from simulator.tables.io import read_table, write_table
+from simulator.tables.io import read_existing, write_table
 
 
 def _plain(text: str) -> str:
@@ -48,7 +48,7 @@ def merge_into(
     write it atomically."""
     if not kernels and not collectives:
         raise ScenarioError("nothing to import: no row could be read (see the notes above)")
-    old = read_table(out) if (out / "table.yaml").is_file() else None
+    old = read_existing(out)
     if old is not None:
         if gpu and old.meta.gpu and gpu != old.meta.gpu:
             raise ScenarioError(f"--out {out}: holds a table for {old.meta.gpu}, these rows are for {gpu}")
