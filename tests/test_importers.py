@@ -139,7 +139,7 @@ def test_a_gpu_trace_maps_kernels_to_their_aten_op_and_nccl_kernels_to_collectiv
 def test_a_truncated_or_foreign_trace_is_one_error_naming_the_file(tmp_path):
     good = json.dumps(gpu_trace())
     (tmp_path / "cut.json").write_text(good[: len(good) // 2])
-    with pytest.raises(ScenarioError, match=r"cut.json line 1: not valid JSON .*truncated"):
+    with pytest.raises(ScenarioError, match=r"cut.json: not valid JSON: line 1: .*truncated"):
         import_trace(tmp_path / "cut.json")
     (tmp_path / "cut.json.gz").write_bytes(gzip.compress(good.encode())[:100])
     with pytest.raises(ScenarioError, match="truncated or corrupt gzip"):

@@ -172,6 +172,7 @@ def test_cli_sweep_json_resume_sweep_file_and_report(tmp_path, base_file):
         "oom": 0,
         "interrupted": False,
         "files": [],
+        "bad_records": [],
     }
     r = runner.invoke(app, [*args, "--workers", "1", "--json"])
     assert json.loads(r.output)["ran"] == 0

@@ -237,12 +237,13 @@ def import_kineto(
             source=f"PyTorch profiler trace {trace.name}",
             licence=licence,
         )
-        table = merge_into(out, kernels, colls, source, model, gpu)
+        table = merge_into(out, kernels, colls, source, model, gpu, skipped=info["skipped"])
     except ScenarioError as e:
         fail(str(e))
     if not gpu:
         note("warning", f"device '{model}' is not in the GPU catalogue; pass --gpu so runs pick the table")
-    _report_import(table, len(kernels) + len(colls), info["skipped"], out)
+    added = len(kernels) + len(colls) - sum(v for k, v in info["skipped"].items() if "row skipped" in k)
+    _report_import(table, added, info["skipped"], out)
 
 
 @import_app.command("nccl-tests")
@@ -296,7 +297,8 @@ def import_nccl_tests(
             source="nccl-tests: " + ", ".join(p.name for p in logs),
             licence=licence,
         )
-        table = merge_into(out, [], rows, source, gpu=gpu, system=system)
+        skipped: dict[str, int] = {}
+        table = merge_into(out, [], rows, source, gpu=gpu, system=system, skipped=skipped)
     except ScenarioError as e:
         fail(str(e))
-    _report_import(table, len(rows), {}, out)
+    _report_import(table, len(rows) - sum(skipped.values()), skipped, out)

@@ -15,7 +15,7 @@ from rich.progress import Progress
 
 from simulator import paths
 from simulator.errors import ScenarioError
-from simulator.report.console import err, fail, shown_warnings
+from simulator.report.console import err, fail, note, shown_warnings
 from simulator.report.output import check_output_dir, check_output_file
 from simulator.scenario.loader import load_scenario
 
@@ -86,6 +86,7 @@ def sweep(
         fail("sweep: give --out DIR (where points.jsonl and the results go)")
     report = report or (Path(options["report"]) if "report" in options else None)
     try:
+        created = not paths.exists(out, "--out")
         check_output_dir(out, "--out")
         for name in ("points.jsonl", "results.csv", "results.parquet"):  # each a regular file or nothing
             st = paths.lookup(out / name, "--out")
@@ -114,11 +115,17 @@ def sweep(
             with shown_warnings():
                 outcome, rows = sw.run_sweep(plan, out, workers=workers, dask=dask, progress=progress)
         except ScenarioError as e:
+            if created and not any(out.iterdir()):  # nothing ran (no Dask scheduler): leave nothing behind
+                out.rmdir()
             fail(str(e))
     if report is not None:
         from simulator.study.report import write_sweep_report
 
         write_sweep_report(rows, list(plan.fields), report, f"Sweep of {plan.base.get('name', base.stem)}")
+    for line in outcome.bad_records[:8]:
+        note("warning", f"{line}; its point is simulated again")
+    if len(outcome.bad_records) > 8:
+        note("warning", f"{len(outcome.bad_records) - 8} more lines of points.jsonl were not records")
     if json_out:
         print(json.dumps(outcome.to_dict(), indent=2))
     else:
@@ -132,7 +139,11 @@ def sweep(
                 else ""
             )
         )
-        c.print("results: " + ", ".join(outcome.files) + (f"; report: {report}" if report else ""))
+        c.print(
+            "results: " + ", ".join(outcome.files) + (f"; report: {report}" if report else ""),
+            markup=False,
+            highlight=False,
+        )
     if outcome.interrupted:
         raise typer.Exit(130)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import stat
+import zlib
 from pathlib import Path
 
 import yaml
@@ -81,8 +82,9 @@ def _label(path: Path, what: str | None) -> str:
     return f"{what}: {path}" if what else str(path)
 
 
-def read_text(path: Path, what: str | None = None) -> str:
-    """The text of ``path``; ``what`` names the file's role in messages (e.g. ``deepspeed_config``)."""
+def read_bytes(path: Path, what: str | None = None, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``limit`` bytes; ``what`` names the file's role in
+    messages (e.g. ``deepspeed_config``)."""
     path, label = Path(path), _label(path, what)
     st = paths.lookup(path, label)
     if st is None:
@@ -91,15 +93,59 @@ def read_text(path: Path, what: str | None = None) -> str:
         raise ScenarioError(f"{label}: is a directory, not a file")
     if not stat.S_ISREG(st.st_mode):
         raise ScenarioError(f"{label}: not a regular file")
-    size = st.st_size
-    if size > MAX_FILE_BYTES:
-        raise ScenarioError(f"{label}: {size / 2**20:.1f} MiB; the limit is {MAX_FILE_BYTES / 2**20:.0f} MiB")
+    if st.st_size > limit:
+        raise ScenarioError(f"{label}: {st.st_size / 2**20:.1f} MiB; the limit is {limit / 2**20:.0f} MiB")
     try:
-        return path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ScenarioError(f"{label}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+        return path.read_bytes()
     except OSError as e:
         raise ScenarioError(f"{label}: cannot read: {e.strerror}") from None
+
+
+def decode(raw: bytes, label: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"{label}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+
+
+def read_text(path: Path, what: str | None = None, limit: int = MAX_FILE_BYTES) -> str:
+    """The text of ``path`` (UTF-8, at most ``limit`` bytes); ``what`` names the file's role in messages."""
+    return decode(read_bytes(path, what, limit), _label(path, what))
+
+
+def gunzip(raw: bytes, label: str, limit: int) -> bytes:
+    """A gzip file's content, refused past ``limit`` bytes as it inflates (a 1 MB file can inflate to 1 GiB)."""
+    d = zlib.decompressobj(wbits=31)
+    try:
+        out = d.decompress(raw, limit + 1)
+    except zlib.error:
+        raise ScenarioError(f"{label}: truncated or corrupt gzip file") from None
+    if len(out) > limit or d.unconsumed_tail:
+        raise ScenarioError(f"{label}: inflates to more than {limit / 2**20:.0f} MiB (the limit)")
+    if not d.eof:
+        raise ScenarioError(f"{label}: truncated or corrupt gzip file (it ends early)")
+    return out
+
+
+def parse_json(text: str, label: str) -> object:
+    """JSON text parsed, with every way a hostile file fails as one ScenarioError: syntax (with the line),
+    nesting past Python's recursion limit, an integer literal over Python's 4,300-digit limit."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        ends = " (the file ends there: truncated?)" if e.pos >= len(e.doc.rstrip()) else ""
+        raise ScenarioError(f"{label}: not valid JSON: line {e.lineno}: {e.msg}{ends}") from None
+    except RecursionError:
+        raise ScenarioError(f"{label}: nested too deep to read") from None
+    except ValueError as e:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        raise ScenarioError(f"{label}: {_digits(e)}") from None
+
+
+def _digits(e: ValueError) -> str:
+    text = str(e)
+    if "digits" in text:
+        return f"a number too long to read ({text.split(';')[0]})"
+    return f"not readable ({text[:120]})"
 
 
 class _TooDeep(Exception):
@@ -143,6 +189,8 @@ def read_yaml(path: Path, what: str | None = None) -> object:
         raise ScenarioError(f"{label}: nested deeper than {MAX_DEPTH} levels") from None
     except yaml.YAMLError as e:
         raise _yaml_error(e, label) from None
+    except ValueError as e:  # an integer literal over Python's 4,300-digit limit
+        raise ScenarioError(f"{label}: {_digits(e)}") from None
     check_tree(data, label)
     return data
 
@@ -150,12 +198,7 @@ def read_yaml(path: Path, what: str | None = None) -> object:
 def read_json(path: Path, what: str | None = None) -> object:
     """A JSON file's content, bounded as YAML is."""
     label = _label(path, what)
-    try:
-        data = json.loads(read_text(path, what))
-    except json.JSONDecodeError as e:
-        raise ScenarioError(f"{label}: not valid JSON: line {e.lineno}: {e.msg}") from None
-    except RecursionError:
-        raise ScenarioError(f"{label}: nested deeper than {MAX_DEPTH} levels") from None
+    data = parse_json(read_text(path, what), label)
     check_tree(data, label)
     return data
 

@@ -41,6 +41,13 @@ class Sweep:
             check_field(f)
             if not vs:
                 raise ScenarioError(f"sweep: {f}: no values")
+            for (
+                v
+            ) in vs:  # results.parquet stores numbers as 64-bit integers: said now, not after every point ran
+                if isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**63:
+                    raise ScenarioError(
+                        f"sweep: {f}: {v} is beyond a 64-bit integer (no scenario field is that large)"
+                    )
         if self.zipped and len({len(v) for v in self.values}) > 1:
             lengths = ", ".join(f"{f} ({len(v)})" for f, v in zip(self.fields, self.values, strict=True))
             raise ScenarioError(

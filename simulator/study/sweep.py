@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simulator import paths
 from simulator.errors import ScenarioError
 from simulator.study.grid import Sweep, assign
 from simulator.study.results import flatten, write_results
@@ -93,6 +94,9 @@ class Outcome:
     oom: int = 0
     interrupted: bool = False
     files: list[str] = field(default_factory=list)
+    bad_records: list[str] = field(
+        default_factory=list
+    )  # lines of points.jsonl that were not records: re-run
 
     def to_dict(self) -> dict:
         return {
@@ -103,23 +107,72 @@ class Outcome:
             "oom": self.oom,
             "interrupted": self.interrupted,
             "files": self.files,
+            "bad_records": self.bad_records,
         }
 
 
-def read_done(out: Path) -> dict[str, dict]:
-    """Records already in ``points.jsonl`` by key (a line cut short by an interruption is ignored)."""
+STATUSES = ("ok", "oom", "invalid", "error")
+MAX_POINTS_BYTES = 1 << 30  # points.jsonl: a record is about 2 kB, so half a million points
+
+
+def read_done(out: Path) -> tuple[dict[str, dict], list[str]]:
+    """Records already in ``points.jsonl`` by key, and what was wrong with each line that is not one (a line
+    cut short by an interruption, or a corrupted one: not UTF-8, not JSON, not a record this sweep wrote). Those
+    points run again."""
     path = out / "points.jsonl"
     done: dict[str, dict] = {}
-    if not path.is_file():
-        return done
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
+    bad: list[str] = []
+    st = paths.lookup(path, "--out")
+    if st is None:
+        return done, bad
+    if st.st_size > MAX_POINTS_BYTES:
+        raise ScenarioError(
+            f"{path}: {st.st_size / 2**20:,.0f} MiB, over the {MAX_POINTS_BYTES >> 20} MiB limit"
+        )
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ScenarioError(f"{path}: cannot read: {e.strerror}") from None
+    for number, line in enumerate(raw.splitlines(), start=1):
+        if not line.strip():
             continue
-        if isinstance(rec, dict) and "key" in rec:
+        problem = None
+        try:
+            rec = json.loads(line.decode("utf-8"))
+            problem = _record_problem(rec)
+        except UnicodeDecodeError:
+            problem = "not UTF-8"
+        except (ValueError, RecursionError):  # JSONDecodeError, a 4,300-digit integer, deep nesting
+            problem = "not a JSON record (cut short by an interruption?)"
+        if problem:
+            bad.append(f"{path.name} line {number}: {problem}")
+        else:
             done[rec["key"]] = rec
-    return done
+    return done, bad
+
+
+def _record_problem(rec: object) -> str | None:
+    """Why a parsed line is not a point record (``{key, assignment, status, reason, metrics}``), or None."""
+    if not isinstance(rec, dict):
+        return f"a {type(rec).__name__}, not a record"
+    if not isinstance(rec.get("key"), str):
+        return "no key (a string)"
+    if rec.get("status") not in STATUSES:
+        return f"status {rec.get('status')!r} is not one of {', '.join(STATUSES)}"
+    if not isinstance(rec.get("reason", ""), str):
+        return "reason is not a string"
+    if not isinstance(rec.get("metrics") or {}, dict):
+        return "metrics is not a mapping"
+    return None
+
+
+def _rewrite(out: Path, done: dict[str, dict]) -> None:
+    """points.jsonl with its good records only (the bad lines' points run again and are appended)."""
+    tmp = out / "points.jsonl.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for rec in done.values():
+            f.write(json.dumps(rec, default=str) + "\n")
+    paths.install(tmp, out / "points.jsonl", "--out")
 
 
 def run_sweep(
@@ -132,8 +185,10 @@ def run_sweep(
     """Simulate every point not yet in ``out`` and write the results; returns the outcome and the rows."""
     out.mkdir(parents=True, exist_ok=True)
     points = resolve(sweep)
-    done = read_done(out)
-    outcome = Outcome(points=len(points))
+    done, bad = read_done(out)
+    if bad:
+        _rewrite(out, done)
+    outcome = Outcome(points=len(points), bad_records=bad)
     pending: list[Point] = []
     for p in points:
         if p.key in done:

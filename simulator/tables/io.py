@@ -21,7 +21,8 @@ from pydantic import ValidationError
 
 from simulator import paths
 from simulator.errors import ScenarioError
-from simulator.scenario.files import read_yaml
+from simulator.scenario.files import read_bytes, read_text, read_yaml
+from simulator.scenario.section import MAX_GPUS
 from simulator.tables.format import (
     COLLECTIVE_OPS,
     DTYPES,
@@ -33,21 +34,29 @@ from simulator.tables.format import (
     TableMeta,
 )
 
-
 # -- reading ----------------------------------------------------------------------------------------------------
+# One table file holds at most this many bytes and rows (a full calibration is a few thousand rows), and no cell
+# is past 1e18 (bytes, microseconds, ranks all far below; int(float("1e400")) overflowed)
+MAX_TABLE_BYTES = 256 * 2**20
+MAX_TABLE_ROWS = 1_000_000
+MAX_CELL = 1e18
+
+
 def _cell(text: str, kind: type, where: str, column: str, optional: bool):
     text = (text or "").strip()
     if not text:
         if optional:
             return None
         raise ScenarioError(f"{where}: column '{column}' is empty")
+    if kind is str:
+        return text
     try:
-        value = kind(float(text)) if kind is int else kind(text)
+        value = float(text)
     except ValueError:
         raise ScenarioError(f"{where}: column '{column}': expected a number (got '{text[:40]}')") from None
-    if kind in (int, float) and not math.isfinite(value):
+    if not math.isfinite(value) or abs(value) > MAX_CELL:
         raise ScenarioError(f"{where}: column '{column}': expected a finite number (got '{text[:40]}')")
-    return value
+    return int(value) if kind is int else value
 
 
 def _rows(path: Path, cls, required: tuple[str, ...], check) -> list:
@@ -81,23 +90,35 @@ def _records(path: Path) -> list[tuple[int, dict[str, str]]]:
             import pyarrow.parquet as pq
         except ImportError:
             raise ScenarioError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+        read_bytes(path, limit=MAX_TABLE_BYTES)  # checked: a regular file within the size limit
         try:
+            meta = pq.read_metadata(path)
+            if meta.num_rows > MAX_TABLE_ROWS:
+                raise ScenarioError(
+                    f"{path}: more than {MAX_TABLE_ROWS:,} rows (the limit of one table file)"
+                )
             data = pq.read_table(path).to_pylist()
+        except ScenarioError:
+            raise
         except Exception as e:  # pyarrow raises many kinds for a bad file
             raise ScenarioError(f"{path}: not a readable Parquet file ({type(e).__name__})") from None
         return [(i + 1, {k: "" if v is None else str(v) for k, v in r.items()}) for i, r in enumerate(data)]
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ScenarioError(f"{path}: not a UTF-8 text file") from None
+    text = read_text(path, limit=MAX_TABLE_BYTES)  # a regular file, bounded, UTF-8
     reader = csv.DictReader(line for line in text.splitlines() if not line.lstrip().startswith("#"))
-    if not reader.fieldnames:
-        raise ScenarioError(f"{path}: no header line")
     out = []
-    for rec in reader:
-        if None in rec:
-            raise ScenarioError(f"{path} line {reader.line_num}: more cells than header columns")
-        out.append((reader.line_num, rec))
+    try:
+        if not reader.fieldnames:
+            raise ScenarioError(f"{path}: no header line")
+        for rec in reader:
+            if None in rec:
+                raise ScenarioError(f"{path} line {reader.line_num}: more cells than header columns")
+            out.append((reader.line_num, rec))
+            if len(out) > MAX_TABLE_ROWS:
+                raise ScenarioError(
+                    f"{path}: more than {MAX_TABLE_ROWS:,} rows (the limit of one table file)"
+                )
+    except csv.Error as e:  # a field over csv's size limit, a NUL byte
+        raise ScenarioError(f"{path} line {reader.line_num + 1}: not readable CSV ({e})") from None
     return out
 
 
@@ -134,6 +155,23 @@ def _check_collective(row: CollectiveRow, where: str) -> None:
         )
     if row.bytes <= 0 or row.median_us <= 0:
         raise ScenarioError(f"{where}: bytes and median_us must be > 0")
+
+
+def row_problem(row: KernelRow | CollectiveRow) -> str | None:
+    """Why ``row`` cannot be in a table (the checks reading applies, and finite numbers within the cell
+    limit), or None: an importer skips such rows, so every table it writes is one ``run --kernels`` reads."""
+    for f in fields(row):
+        value = getattr(row, f.name)
+        number = isinstance(value, float | int) and not isinstance(value, bool)
+        if number and (not math.isfinite(value) or abs(value) > MAX_CELL):
+            return f"{f.name} is {value:g}, not a finite number"
+    try:
+        (_check_kernel if isinstance(row, KernelRow) else _check_collective)(row, "row")
+    except ScenarioError as e:
+        return str(e).removeprefix("row: ")
+    if isinstance(row, CollectiveRow) and row.ranks > MAX_GPUS:
+        return f"{row.ranks} ranks; a simulation holds at most {MAX_GPUS:,}"
+    return None
 
 
 def _table_file(directory: Path, stem: str) -> Path | None:

@@ -17,7 +17,7 @@ from simulator.tables.format import (
     SystemInfo,
     TableMeta,
 )
-from simulator.tables.io import read_existing, write_table
+from simulator.tables.io import read_existing, row_problem, write_table
 
 
 def _plain(text: str) -> str:
@@ -35,6 +35,18 @@ def match_gpu(device_name: str) -> str | None:
     return None
 
 
+def _keep(rows: list, skipped: dict[str, int] | None) -> list:
+    kept = []
+    for row in rows:
+        problem = row_problem(row)
+        if problem is None:
+            kept.append(row)
+        elif skipped is not None:
+            key = f"{row.op} row skipped: {problem}"
+            skipped[key] = skipped.get(key, 0) + 1
+    return kept
+
+
 def merge_into(
     out: Path,
     kernels: list[KernelRow],
@@ -43,9 +55,12 @@ def merge_into(
     device_model: str = "",
     gpu: str | None = None,
     system: SystemInfo | None = None,
+    skipped: dict[str, int] | None = None,
 ) -> CostTable:
     """Add rows to the table at ``out`` (made if missing; an existing one must describe the same GPU) and
-    write it atomically."""
+    write it atomically. A row a table cannot hold (a time of zero, inf or NaN; a shape or group it cannot
+    describe) is skipped and counted in ``skipped`` by reason."""
+    kernels, collectives = _keep(kernels, skipped), _keep(collectives, skipped)
     if not kernels and not collectives:
         raise ScenarioError("nothing to import: no row could be read (see the notes above)")
     old = read_existing(out)

@@ -14,17 +14,18 @@ Ops not listed in KINDS (copies, optimizer internals, ...) are counted and repor
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
 import statistics
-import zlib
 from collections import defaultdict
 from math import prod
 from pathlib import Path
 
 from simulator.errors import ScenarioError
+from simulator.scenario.files import gunzip, parse_json, read_bytes
 from simulator.tables.format import DTYPE_BYTES, CollectiveRow, KernelRow
+
+# A profiler trace of a few training steps of a large model is tens to hundreds of MB; read and inflated, at most
+MAX_TRACE_BYTES = 512 * 2**20
 
 DTYPES = {
     "float": "fp32",
@@ -133,21 +134,15 @@ KINDS = {
 def load_trace(path: Path) -> tuple[list[dict], dict]:
     """The trace's events and its other top-level fields; one clear error for a file that is not a (complete)
     profiler trace."""
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise ScenarioError(f"{path}: cannot read ({e.strerror})") from None
+    label = str(path)
+    raw = read_bytes(path, limit=MAX_TRACE_BYTES)
     if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error):
-            raise ScenarioError(f"{path}: truncated or corrupt gzip file") from None
+        raw = gunzip(raw, label, MAX_TRACE_BYTES)
     try:
-        data = json.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ScenarioError(f"{path}: not a UTF-8 JSON trace") from None
-    except json.JSONDecodeError as e:
-        raise ScenarioError(f"{path} line {e.lineno}: not valid JSON ({e.msg}; a truncated trace?)") from None
+    data = parse_json(text, label)
     events = data.get("traceEvents") if isinstance(data, dict) else data if isinstance(data, list) else None
     if not isinstance(events, list):
         raise ScenarioError(f"{path}: no 'traceEvents' list (not a PyTorch profiler Chrome trace)")

@@ -15,11 +15,13 @@ from ``# Collective test starting: X_perf`` or the file name; the command line c
 
 from __future__ import annotations
 
-import json
+import math
 import re
 from pathlib import Path
 
 from simulator.errors import ScenarioError
+from simulator.scenario.files import parse_json, read_text
+from simulator.scenario.section import MAX_GPUS
 from simulator.tables.format import CollectiveRow
 
 TESTS = {
@@ -60,14 +62,15 @@ def _op_from(text: str, path: Path, op: str | None) -> str:
 def parse_nccl_tests(
     path: Path, op: str | None = None, ranks: int | None = None, nodes: int | None = None
 ) -> list[CollectiveRow]:
-    try:
-        text = path.read_text(encoding="utf-8", errors="strict")
-    except UnicodeDecodeError:
-        raise ScenarioError(f"{path}: not a UTF-8 text file") from None
-    except OSError as e:
-        raise ScenarioError(f"{path}: cannot read ({e.strerror})") from None
+    text = read_text(path)  # bounded: a regular file, size, UTF-8
     if text.lstrip().startswith("{"):
-        return _parse_json(path, text, op, ranks, nodes)
+        try:
+            rows = _parse_json(path, text, op, ranks, nodes)
+        except (TypeError, ValueError, OverflowError, AttributeError, KeyError) as e:
+            raise ScenarioError(
+                f"{path}: a field of the wrong type ({type(e).__name__}: {str(e)[:100]})"
+            ) from None
+        return _checked(path, rows)
     lines = [_PREFIX.sub("", line) for line in text.splitlines()]
     op = _op_from(text, path, op)
     hosts: dict[int, str] = {}
@@ -105,11 +108,28 @@ def parse_nccl_tests(
             raise ScenarioError(
                 f"{path} line {lineno}: cannot read size and time from '{line.strip()[:80]}'"
             ) from None
+        if not math.isfinite(us):
+            raise ScenarioError(
+                f"{path} line {lineno}: time '{cells[time_col]}' is not a finite number; the log is refused"
+            )
         if size <= 0 or us <= 0:
             continue
         rows.append(_row(op, n, n_nodes, size, us, int(iters.group(1)) if iters else 0, cells[2]))
     if not rows:
         raise ScenarioError(f"{path}: the table under the header has no rows (a truncated log?)")
+    return _checked(path, rows)
+
+
+def _checked(path: Path, rows: list[CollectiveRow]) -> list[CollectiveRow]:
+    """Rows a cost table can hold: finite sizes and times (a time of inf or nan is refused, with the size)
+    and group sizes within what one simulation holds."""
+    for i, r in enumerate(rows):
+        if not (math.isfinite(r.bytes) and math.isfinite(r.median_us)):
+            raise ScenarioError(
+                f"{path}: results[{i}]: size {r.bytes:g} B, time {r.median_us:g} us: not finite; the file is refused"
+            )
+        if r.ranks > MAX_GPUS:
+            raise ScenarioError(f"{path}: {r.ranks} ranks; a simulation holds at most {MAX_GPUS:,}")
     return rows
 
 
@@ -119,10 +139,7 @@ def _parse_json(
     """nccl-tests ``-J FILE.json`` output (src/util.cu, JSON file version 3): ``args`` (the command line),
     ``config`` (with ``devices``: one entry per rank, with its hostname) and ``results`` (per size:
     ``size``, ``type``, ``out_of_place: {time | cpu_time, ...}``)."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ScenarioError(f"{path} line {e.lineno}: not valid JSON ({e.msg}; a truncated file?)") from None
+    data = parse_json(text, str(path))
     results = data.get("results") if isinstance(data, dict) else None
     if not isinstance(results, list):
         raise ScenarioError(f"{path}: no 'results' list (not nccl-tests JSON output)")
