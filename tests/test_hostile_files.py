@@ -218,3 +218,32 @@ def test_sweep_values_and_paths_a_results_file_cannot_hold_are_said_up_front(tmp
     )
     assert r.exit_code == 0, r.output
     assert f"results: {markup}/results.csv" in r.stdout
+
+
+def test_an_interrupt_while_the_results_are_written_says_how_to_rebuild_them(tmp_path, monkeypatch):
+    from simulator.study import sweep
+
+    def interrupted(rows, out):
+        (out / "results.csv.tmp").write_text("half")
+        raise KeyboardInterrupt
+
+    out = tmp_path / "sw"
+    args = [
+        "sweep",
+        "quickstart",
+        "--vary",
+        "training.micro_batch_size=1,2",
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+    ]
+    monkeypatch.setattr(sweep, "write_results", interrupted)
+    r = runner.invoke(app, args)
+    assert r.exit_code == 130
+    assert "interrupted while writing results.csv: run the same command again to rebuild it" in r.stdout
+    assert not (out / "results.csv.tmp").exists() and not (out / "results.csv").exists()
+    monkeypatch.undo()
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0 and "0 simulated, 2 already done" in r.stdout
+    assert len((out / "results.csv").read_text().splitlines()) == 3

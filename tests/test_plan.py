@@ -11,6 +11,8 @@ from simulator.cli import app
 from simulator.study.layouts import Layout, candidates
 from simulator.study.plan import plan
 
+runner = CliRunner()
+
 MODEL = {
     "num_layers": 8,
     "hidden_size": 1024,
@@ -276,3 +278,133 @@ def test_plan_writes_runnable_scenarios_and_days_to_train(tmp_path):
     assert best["days_to_train"] == pytest.approx(300e9 / tokens_per_s / 86400, rel=1e-12)
     bad = CliRunner().invoke(app, [*PLAN_ARGS, "--tokens", "lots"])
     assert bad.exit_code == 2 and "--tokens" in bad.output
+
+
+def test_constraints_narrow_the_search_and_each_bad_list_is_one_line():
+    """--tp / --pp / --mbs / --sharding / --no-zero3 / --recompute / --max-memory-gib: every confirmed layout
+    keeps to them, the budget holds in the simulation too; a bad list names the option."""
+    args = [
+        "plan",
+        "--model",
+        "gpt3-350m",
+        "--topology",
+        "dgx-a100",
+        "--gpus",
+        "16",
+        "--global-batch-size",
+        "64",
+    ]
+    narrow = ["--tp", "1,2", "--pp", "1,2", "--mbs", "1,2", "--no-zero3", "--max-memory-gib", "12"]
+    r = runner.invoke(app, [*args, *narrow, "--top", "4", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["memory_budget_gib"] == 12
+    ok = [t for t in d["top"] if t["status"] == "ok"]
+    assert ok
+    for t in d["top"]:
+        assert t["tp"] in (1, 2) and t["pp"] in (1, 2) and t["mbs"] in (1, 2)
+        assert t["sharding"] not in ("zero3", "fsdp")
+    assert all(t["memory_gib"] <= 12 for t in ok)
+    for option, value, message in [
+        ("--tp", "1,x", "error: --tp: expected whole numbers separated by commas, e.g. 1,2,4 (got '1,x')"),
+        ("--pp", "0", "error: --pp: each size must be between 1 and 131,072 (got '0')"),
+        ("--sharding", "zero4", "error: --sharding: zero4 is not one of ddp, zero1, zero2, zero3, fsdp"),
+        ("--recompute", "some", "error: --recompute: some is not one of none, selective, full"),
+        ("--emit", "nemo", "error: --emit: 'nemo' is not one of megatron, deepspeed, torchtitan"),
+    ]:
+        r = runner.invoke(app, [*args, option, value])
+        assert r.exit_code == 2 and r.stderr.strip() == message, r.stderr
+
+
+def test_near_duplicates_fold_into_one_row_and_a_tie_is_said_as_one():
+    """Layouts of one shape that differ only in sharding / recompute and take the same time are one row, the
+    others named beside it; no two confirmed rows of one shape are within 0.5%; the closing sentence never says
+    'by 0.000 s'."""
+    r = plan(base(), 8, top=5, options={"micro_batch_sizes": (2,), "tp": (1,), "pp": (1,)})
+    ok = [t for t in r["top"] if t["status"] == "ok"]
+    assert r["collapsed"] > 0 and any(t["same_time"] for t in ok)
+    for i, a in enumerate(ok):
+        for b in ok[i + 1 :]:
+            same_shape = all(a[k] == b[k] for k in ("tp", "pp", "cp", "dp", "v", "mbs"))
+            assert not same_shape or abs(a["iteration_time_s"] - b["iteration_time_s"]) > 0.005 * min(
+                a["iteration_time_s"], b["iteration_time_s"]
+            )
+    assert "0.000 s" not in r["why"]
+
+
+def test_why_names_a_tie_and_the_lighter_layout():
+    from simulator.study.plan import Confirmed, why
+
+    def row(sharding, t, gib):
+        return Confirmed(Layout(1, 1, 1, 8, 1, 2, sharding, "none"), t, t, 0.5, gib, 0.0, 0.01, t, "ok")
+
+    text = why([row("ddp", 1.0000, 30.0), row("zero1", 1.0004, 20.0)])
+    assert text.startswith(
+        "TP1 PP1 DP8 mbs2 ddp rc:none and TP1 PP1 DP8 mbs2 zero1 rc:none take the same time"
+    )
+    assert text.endswith("TP1 PP1 DP8 mbs2 zero1 rc:none needs less memory (30.0 against 20.0 GiB per GPU)")
+    assert "by 45.00 ms (4.3%)" in why([row("ddp", 1.0, 30.0), row("zero1", 1.045, 20.0)])
+
+
+def test_a_layout_that_simulates_over_the_budget_says_why():
+    """The screen estimates parameters, states and activations; the simulation adds the allocator's peak, the
+    CUDA context and NCCL buffers: a layout that passes the screen and simulates over the budget is marked oom
+    with both figures."""
+    r = plan(
+        base(), 8, top=3, options={"micro_batch_sizes": (8,), "shardings": ("ddp",), "max_memory_gib": 4.0}
+    )
+    over = [t for t in r["top"] if t["status"] == "oom"]
+    assert over, r["top"]
+    assert "GiB per GPU > 4.00 GiB (--max-memory-gib); the screen estimated" in over[0]["reason"]
+
+
+def test_emit_gives_the_pick_in_each_framework_s_own_names():
+    from simulator.study.emit import emit_text
+
+    row = {
+        "tp": 4,
+        "pp": 2,
+        "cp": 1,
+        "dp": 8,
+        "v": 2,
+        "mbs": 1,
+        "sharding": "zero1",
+        "recompute": "full",
+        "ep": 1,
+        "etp": 1,
+        "scenario": {"model": {"num_layers": 32, "seq_length": 4096}, "training": {"global_batch_size": 256}},
+    }
+    megatron = emit_text(row, "megatron")
+    for arg in [
+        "--tensor-model-parallel-size 4",
+        "--pipeline-model-parallel-size 2",
+        "--num-layers-per-virtual-pipeline-stage 8",
+        "--sequence-parallel",
+        "--micro-batch-size 1",
+        "--global-batch-size 256",
+        "--use-distributed-optimizer",
+        "--recompute-granularity full",
+    ]:
+        assert arg in megatron, arg
+    ds = json.loads(emit_text(row, "deepspeed").split("\n//")[0])
+    assert ds == {
+        "train_batch_size": 256,
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 32,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 1},
+    }
+    import tomllib
+
+    titan = tomllib.loads(emit_text(row, "torchtitan"))
+    assert titan["parallelism"] == {
+        "data_parallel_replicate_degree": 8,
+        "data_parallel_shard_degree": 1,
+        "tensor_parallel_degree": 4,
+        "pipeline_parallel_degree": 2,
+        "pipeline_parallel_schedule": "Interleaved1F1B",
+        "pipeline_parallel_microbatch_size": 1,
+        "pipeline_parallel_layers_per_stage": 8,
+        "context_parallel_degree": 1,
+    }
+    assert titan["training"]["local_batch_size"] == 32 and titan["activation_checkpoint"]["mode"] == "full"

@@ -242,7 +242,7 @@ def import_kineto(
         fail(str(e))
     if not gpu:
         note("warning", f"device '{model}' is not in the GPU catalogue; pass --gpu so runs pick the table")
-    added = len(kernels) + len(colls) - sum(v for k, v in info["skipped"].items() if "row skipped" in k)
+    added = len(kernels) + len(colls) - sum(v for k, v in info["skipped"].items() if "row skipped" in str(k))
     _report_import(table, added, info["skipped"], out)
 
 

@@ -176,6 +176,8 @@ def load_sweep_file(path: Path) -> tuple[Sweep, dict]:
         )
     base = data.get("base")
     if isinstance(base, str):
+        if "\x00" in base or not base.strip():
+            raise ScenarioError(f"{path}: base: not a usable file name ({base!r})")
         base_data, base_dir = load_base((path.parent / base).resolve())
     elif isinstance(base, dict):
         base_data, base_dir = copy.deepcopy(base), path.parent

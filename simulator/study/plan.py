@@ -32,12 +32,18 @@ class Confirmed:
     reason: str = ""
     breakdown: dict = field(default_factory=dict)
     scenario: dict = field(default_factory=dict)  # the layout as a runnable scenario (non-default fields)
+    same_time: list[str] = field(default_factory=list)  # sharding / recompute variants estimated the same
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d.update(d.pop("layout"))
         d["layout"] = self.layout.label()
         return d
+
+
+# Confirmed layouts of one shape (TP, PP, CP, DP, virtual stages, micro-batch, EP) that simulate this close differ
+# only in sharding or recompute where those cost nothing: the faster is shown, the others named beside it
+SAME_TIME = 0.005
 
 
 def plan(
@@ -49,9 +55,11 @@ def plan(
     batch: int | None = None,
 ) -> dict:
     """Screen every layout of ``base``'s model (``batch`` sequences per step, default the base's) and confirm
-    the best ``top`` with the simulation. Returns the JSON-ready result."""
+    the best ``top`` distinct ones with the simulation. ``options`` narrows the search (see layouts.candidates)
+    and may set ``max_memory_gib``, a per-GPU budget below the GPU's memory. Returns the JSON-ready result."""
     from simulator.api import simulate
 
+    o = options or {}
     spec = cluster_spec(base)
     gpn = spec.node.gpus
     if gpus % gpn and gpus > gpn:
@@ -59,9 +67,15 @@ def plan(
     nodes = max(1, gpus // gpn)
     cluster = Cluster(spec, nodes)
     screen = Screen(base, cluster, batch, gpus)
-    layouts = candidates(base, gpus, gpn, options, batch)
+    budget_gib = o.get("max_memory_gib")
+    if budget_gib is not None:
+        screen.capacity = min(screen.capacity, budget_gib * 2**30)
+    capacity_gib = screen.capacity / 2**30
+    layouts = candidates(base, gpus, gpn, o, batch)
     if not layouts:
-        raise ScenarioError("plan: no layout divides this model, batch and GPU count")
+        raise ScenarioError(
+            "plan: no layout divides this model, batch and GPU count (within the constraints given)"
+        )
     t0 = time.perf_counter()
     estimates = []
     invalid = 0
@@ -73,9 +87,14 @@ def plan(
     rate = len(layouts) / max(time.perf_counter() - t0, 1e-9)
     fitting = sorted((e for e in estimates if e.fits), key=lambda e: e.iteration_s)
     confirmed: list[Confirmed] = []
-    for i, e in enumerate(fitting[:top]):
+    folded = 0
+    # confirm layouts until ``top`` differ in shape or simulated time (at most 3 x top simulations): the screen
+    # cannot tell sharding variants of one shape apart (their estimates tie), the simulation can
+    for e in fitting[: 3 * top]:
+        if sum(c.status != "folded" for c in confirmed) >= top:
+            break
         if progress:
-            progress(i, min(top, len(fitting)))
+            progress(len(confirmed), min(top, len(fitting)))
         try:
             s = screen.scenario(e.layout)
             m = simulate(s, cluster=cluster).metrics
@@ -84,22 +103,37 @@ def plan(
                 Confirmed(e.layout, e.iteration_s, None, None, None, None, None, None, "invalid", str(err))
             )
             continue
+        device_gib = m.memory_gib["device"]  # what must fit: peak allocation, CUDA context, NCCL buffers
+        status, reason = "ok", ""
+        if m.oom or device_gib > capacity_gib:
+            status = "oom"
+            reason = (
+                f"simulated {device_gib:.2f} GiB per GPU > {capacity_gib:.2f} GiB"
+                f"{' (--max-memory-gib)' if budget_gib is not None else ''}; the screen estimated "
+                f"{e.memory_gib:.2f} GiB (the simulation adds the allocator's peak, CUDA context and NCCL buffers)"
+            )
         confirmed.append(
             Confirmed(
                 e.layout,
                 e.iteration_s,
                 m.iteration_time_s,
                 m.mfu,
-                m.memory_gib["device"],  # what must fit: peak allocation, CUDA context, NCCL buffers
+                device_gib,
                 m.bubble_fraction,
                 m.comm["exposed_s"],
                 m.host.get("gpu_busy_s"),
-                "oom" if m.oom else "ok",
-                "",
+                status,
+                reason,
                 m.breakdown,
                 s.model_dump(mode="json", exclude_defaults=True),
             )
         )
+        twin = _twin(confirmed[-1], confirmed[:-1])
+        if twin is not None:  # simulated the same as a confirmed layout of its shape: named beside it
+            twin.same_time.append(f"{e.layout.sharding} rc:{e.layout.recompute}")
+            confirmed[-1].status = "folded"
+            folded += 1
+    confirmed = [c for c in confirmed if c.status != "folded"]
     ranked = sorted(
         confirmed,
         key=lambda c: (c.status != "ok", c.iteration_time_s if c.iteration_time_s is not None else math.inf),
@@ -109,18 +143,45 @@ def plan(
         "screened_per_s": rate,
         "screened_invalid": invalid,
         "fit_in_memory": len(fitting),
+        "collapsed": folded,
         "confirmed": len(confirmed),
+        "memory_budget_gib": capacity_gib,
         "top": [c.to_dict() for c in ranked],
         "why": why(ranked),
     }
 
 
+def _twin(c: Confirmed, others: list[Confirmed]) -> Confirmed | None:
+    """A confirmed layout of ``c``'s shape that simulated within SAME_TIME of it (the faster is kept)."""
+    if c.status != "ok":
+        return None
+    for o in others:
+        gap = abs(o.iteration_time_s - c.iteration_time_s) if o.status == "ok" else math.inf
+        if gap <= SAME_TIME * min(o.iteration_time_s, c.iteration_time_s) and shape(o.layout) == shape(
+            c.layout
+        ):
+            return o
+    return None
+
+
+def shape(lay: Layout) -> tuple:
+    return (lay.tp, lay.pp, lay.cp, lay.dp, lay.v, lay.mbs, lay.ep, lay.etp)
+
+
 def why(ranked: list[Confirmed]) -> str:
-    """One sentence on why the best beats the runner-up, from their simulated parts."""
+    """One sentence on why the best beats the runner-up, from their simulated parts (or that they tie)."""
     ok = [c for c in ranked if c.status == "ok"]
     if len(ok) < 2:
         return "only one layout fits" if ok else "no screened layout fits in memory"
     a, b = ok[0], ok[1]
+    gain = b.iteration_time_s - a.iteration_time_s
+    if gain <= SAME_TIME * b.iteration_time_s:
+        lighter = a if (a.memory_gib or 0) <= (b.memory_gib or 0) else b
+        return (
+            f"{a.layout.label()} and {b.layout.label()} take the same time within {SAME_TIME:.1%} "
+            f"({seconds(a.iteration_time_s)} and {seconds(b.iteration_time_s)}); "
+            f"{lighter.layout.label()} needs less memory ({a.memory_gib:.1f} against {b.memory_gib:.1f} GiB per GPU)"
+        )
     parts = [
         ("GPU compute", a.compute_s or 0.0, b.compute_s or 0.0),
         ("exposed communication", a.exposed_comm_s or 0.0, b.exposed_comm_s or 0.0),
@@ -130,9 +191,24 @@ def why(ranked: list[Confirmed]) -> str:
             (b.bubble_fraction or 0.0) * b.iteration_time_s,
         ),
     ]
+    # what is left: the GPU waiting on the host or on a dependency (ZeRO-3's host waits for a reduce-scatter)
+    rest = [c.iteration_time_s - sum(p[i] for p in parts) for i, c in ((1, a), (2, b))]
+    parts.append(("GPU waiting on the host or a dependency", rest[0], rest[1]))
     name, x, y = max(parts, key=lambda p: p[2] - p[1])
-    gain = b.iteration_time_s - a.iteration_time_s
     return (
-        f"{a.layout.label()} beats {b.layout.label()} by {gain:.3f} s ({100 * gain / b.iteration_time_s:.1f}%), "
-        f"mostly in {name}: {x:.3f} s against {y:.3f} s"
+        f"{a.layout.label()} beats {b.layout.label()} by {seconds(gain)} ({100 * gain / b.iteration_time_s:.1f}%), "
+        f"mostly in {name}: {seconds(x)} against {seconds(y)}"
     )
+
+
+def seconds(s: float) -> str:
+    """A time with the digits that matter: 12.3 s, 0.452 s, 3.21 ms, 45.6 us."""
+    if s == 0:
+        return "0 s"
+    if s >= 10:
+        return f"{s:.1f} s"
+    if s >= 0.1:
+        return f"{s:.3f} s"
+    if s >= 1e-4:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"

@@ -216,7 +216,15 @@ def run_sweep(
     rows = [_row(sweep, p, done[p.key]) for p in points if p.key in done]
     outcome.failed = sum(r["status"] in ("invalid", "error") for r in rows)
     outcome.oom = sum(r["status"] == "oom" for r in rows)
-    outcome.files = write_results(rows, out)
+    try:
+        outcome.files = write_results(rows, out)
+    except (
+        KeyboardInterrupt
+    ):  # every point is in points.jsonl: the results files are rebuilt from it next time
+        for tmp in out.glob("results.*.tmp"):
+            tmp.unlink(missing_ok=True)
+        outcome.interrupted = True
+        outcome.files = ["(interrupted while writing results.csv: run the same command again to rebuild it)"]
     return outcome, rows
 
 

@@ -266,7 +266,7 @@ def _import(events: list[dict], top: dict, ranks, nodes, ranks_per_node):
                 continue
             j = ops.outermost_known(i) if i >= 0 else -1
             if j < 0:
-                skipped[ops.ops[i]["name"] if i >= 0 else "kernel without a CPU op"] += 1
+                skipped[str(ops.ops[i]["name"]) if i >= 0 else "kernel without a CPU op"] += 1
                 continue
             per_op[j] += float(k.get("dur", 0))
         for j, us in per_op.items():
@@ -368,7 +368,7 @@ def _gloo(e: dict, out, meta, ranks, nodes, rpn, skipped) -> None:
     args = e.get("args") or {}
     dims = (args.get("Input Dims") or [[]])[0]
     if op is None or not dims or not all(isinstance(d, int) for d in dims):
-        skipped[e["name"]] += 1
+        skipped[str(e["name"])] += 1
         return
     group = _group(op, None, ranks, nodes, rpn, e["name"], skipped)
     if group is None:

@@ -63,14 +63,26 @@ def parse_nccl_tests(
     path: Path, op: str | None = None, ranks: int | None = None, nodes: int | None = None
 ) -> list[CollectiveRow]:
     text = read_text(path)  # bounded: a regular file, size, UTF-8
-    if text.lstrip().startswith("{"):
-        try:
-            rows = _parse_json(path, text, op, ranks, nodes)
-        except (TypeError, ValueError, OverflowError, AttributeError, KeyError) as e:
-            raise ScenarioError(
-                f"{path}: a field of the wrong type ({type(e).__name__}: {str(e)[:100]})"
-            ) from None
-        return _checked(path, rows)
+    parse = _parse_json if text.lstrip().startswith("{") else _parse_text
+    try:
+        rows = parse(path, text, op, ranks, nodes)
+    except (
+        TypeError,
+        ValueError,
+        OverflowError,
+        AttributeError,
+        KeyError,
+    ) as e:  # a number over 4,300 digits
+        raise ScenarioError(
+            f"{path}: a field of the wrong type ({type(e).__name__}: {str(e)[:100]})"
+        ) from None
+    return _checked(path, rows)
+
+
+def _parse_text(
+    path: Path, text: str, op: str | None, ranks: int | None, nodes: int | None
+) -> list[CollectiveRow]:
+    """nccl-tests' text output, either column layout, with MPI / Slurm prefixes."""
     lines = [_PREFIX.sub("", line) for line in text.splitlines()]
     op = _op_from(text, path, op)
     hosts: dict[int, str] = {}
@@ -117,7 +129,7 @@ def parse_nccl_tests(
         rows.append(_row(op, n, n_nodes, size, us, int(iters.group(1)) if iters else 0, cells[2]))
     if not rows:
         raise ScenarioError(f"{path}: the table under the header has no rows (a truncated log?)")
-    return _checked(path, rows)
+    return rows
 
 
 def _checked(path: Path, rows: list[CollectiveRow]) -> list[CollectiveRow]:

@@ -1,0 +1,291 @@
+"""``clustersim plan``: search the parallel layouts of a model on N GPUs (simulator/study/plan.py), with the
+search constraints, the layouts written as scenarios and the pick emitted for a framework."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from simulator.cli.study import parse_tokens
+from simulator.errors import ScenarioError
+from simulator.report.console import err, fail, note, shown_warnings
+from simulator.report.output import check_output_dir
+from simulator.scenario.loader import load_scenario
+from simulator.scenario.section import MAX_GPUS
+
+
+def _sizes(text: str | None, option: str) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ScenarioError(
+            f"{option}: expected whole numbers separated by commas, e.g. 1,2,4 (got {text!r})"
+        ) from None
+    if not values or min(values) < 1 or max(values) > MAX_GPUS:
+        raise ScenarioError(f"{option}: each size must be between 1 and {MAX_GPUS:,} (got {text!r})")
+    return values
+
+
+def _choices(text: str | None, option: str, allowed: tuple[str, ...]) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    values = tuple(x.strip() for x in text.split(",") if x.strip())
+    wrong = [v for v in values if v not in allowed]
+    if not values or wrong:
+        raise ScenarioError(f"{option}: {', '.join(wrong) or repr(text)} is not one of {', '.join(allowed)}")
+    return values
+
+
+def search_options(tp, pp, pp_max, cp, mbs, ep, sharding, no_zero3, recompute, max_memory_gib) -> dict:
+    """plan's search constraints as layouts.candidates takes them; each list checked with one message."""
+    from simulator.study.layouts import RECOMPUTE, SHARDINGS
+
+    options: dict = {}
+    for key, text, option in (("tp", tp, "--tp"), ("pp", pp, "--pp"), ("cp", cp, "--cp"), ("ep", ep, "--ep")):
+        if (values := _sizes(text, option)) is not None:
+            options[key] = values
+    if (values := _sizes(mbs, "--mbs")) is not None:
+        options["micro_batch_sizes"] = values
+    if pp_max is not None:
+        options["max_pp"] = pp_max
+        if "pp" in options:
+            options["pp"] = tuple(p for p in options["pp"] if p <= pp_max)
+    shardings = _choices(sharding, "--sharding", SHARDINGS)
+    if no_zero3:
+        shardings = tuple(x for x in shardings or SHARDINGS if x not in ("zero3", "fsdp"))
+        if not shardings:
+            raise ScenarioError("--no-zero3: leaves no sharding of those --sharding gives")
+    if shardings is not None:
+        options["shardings"] = shardings
+    if (values := _choices(recompute, "--recompute", RECOMPUTE)) is not None:
+        options["recompute"] = values
+    if max_memory_gib is not None:
+        options["max_memory_gib"] = max_memory_gib
+    return options
+
+
+def write_layouts(result: dict, directory: Path) -> list[Path]:
+    """Each simulated layout that fits, as a scenario file ``NN-layout.yaml`` in ``directory``, with what the
+    simulation gave in a header comment; returns the paths written."""
+
+    import yaml
+
+    from simulator.report.output import write_atomic
+
+    out = []
+    for i, r in enumerate(result["top"], 1):
+        if r["status"] != "ok" or not r.get("scenario"):
+            continue
+        slug = re.sub(r"[^a-z0-9]+", "-", r["layout"].lower()).strip("-")
+        path = directory / f"{i:02d}-{slug}.yaml"
+        head = (
+            f"# clustersim plan, layout {i}: {r['layout']}\n"
+            f"# simulated {r['iteration_time_s']:.3f} s per iteration, MFU {r['mfu']:.1%}, "
+            f"{r['memory_gib']:.1f} GiB per GPU; run it: clustersim run {path.name}\n"
+        )
+        write_atomic(path, head + yaml.safe_dump(r["scenario"], sort_keys=False))
+        out.append(path)
+    return out
+
+
+def plan(
+    model: Annotated[str, typer.Option("--model", help="A preset name or a Hugging Face config.json.")],
+    gpus: Annotated[int, typer.Option("--gpus", min=1, help="GPUs to lay the job out on.")],
+    topology: Annotated[str, typer.Option("--topology", help="A shipped topology name or a YAML file.")],
+    global_batch_size: Annotated[int, typer.Option("--global-batch-size", min=1, help="Sequences per step.")],
+    seq: Annotated[
+        int | None, typer.Option("--seq", min=1, help="Sequence length (default: the model's).")
+    ] = None,
+    precision: Annotated[str, typer.Option("--precision", help="bf16, fp16 or fp32.")] = "bf16",
+    attention: Annotated[
+        str, typer.Option("--attention", help="flash (default: every current stack has it) or standard.")
+    ] = "flash",
+    framework: Annotated[
+        str, typer.Option("--framework", help="Framework profile (default: auto).")
+    ] = "auto",
+    top: Annotated[int, typer.Option("--top", min=1, help="How many to confirm by simulation.")] = 10,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
+    write_scenario: Annotated[
+        Path | None,
+        typer.Option(
+            "--write-scenario", help="Write each simulated layout that fits as a runnable scenario file here."
+        ),
+    ] = None,
+    tokens: Annotated[
+        str | None, typer.Option("--tokens", help="Tokens to train on (15T, 300B): a days-to-train column.")
+    ] = None,
+    tp: Annotated[
+        str | None, typer.Option("--tp", help="Tensor-parallel sizes to search, e.g. 1,2,4,8.")
+    ] = None,
+    pp: Annotated[
+        str | None, typer.Option("--pp", help="Pipeline-parallel sizes to search, e.g. 1,2,4.")
+    ] = None,
+    pp_max: Annotated[
+        int | None, typer.Option("--pp-max", min=1, help="Largest pipeline-parallel size.")
+    ] = None,
+    cp: Annotated[
+        str | None, typer.Option("--cp", help="Context-parallel sizes to search, e.g. 1,2.")
+    ] = None,
+    mbs: Annotated[str | None, typer.Option("--mbs", help="Micro-batch sizes to search, e.g. 1,2.")] = None,
+    ep: Annotated[
+        str | None, typer.Option("--ep", help="Expert-parallel sizes (MoE models), e.g. 8,16.")
+    ] = None,
+    sharding: Annotated[
+        str | None, typer.Option("--sharding", help="Shardings to search: ddp, zero1, zero2, zero3, fsdp.")
+    ] = None,
+    no_zero3: Annotated[
+        bool, typer.Option("--no-zero3", help="Leave out full sharding (ZeRO-3 and FSDP).")
+    ] = False,
+    recompute: Annotated[
+        str | None, typer.Option("--recompute", help="Recompute policies to search: none, selective, full.")
+    ] = None,
+    max_memory_gib: Annotated[
+        float | None,
+        typer.Option("--max-memory-gib", min=0.1, help="Per-GPU memory budget (default: the GPU's memory)."),
+    ] = None,
+    emit: Annotated[
+        str | None,
+        typer.Option(
+            "--emit", help="Print the pick as megatron arguments, a deepspeed config or a torchtitan TOML."
+        ),
+    ] = None,
+) -> None:
+    """Search parallel layouts (TP, PP, CP, DP, virtual stages, micro-batch, ZeRO / FSDP, recompute) for a
+    model on N GPUs: screen every one with a fast estimate, confirm the best by simulation."""
+    from simulator.hardware.topology import load_topology
+    from simulator.study.plan import plan as run_plan
+
+    model_section: dict = {"hf_config": model} if model.endswith(".json") else {"preset": model}
+    model_section["attention"] = attention
+    if seq:
+        model_section["seq_length"] = seq
+    data = {
+        "name": f"plan-{Path(model).stem}",
+        "framework": framework,
+        "model": model_section,
+        "cluster": {"topology": topology, "num_nodes": 1},
+        "training": {"global_batch_size": global_batch_size, "micro_batch_size": 1, "precision": precision},
+        "parallelism": {"data_parallel": 1},
+    }
+    from simulator.study.emit import FRAMEWORKS, emit_text
+
+    try:
+        if emit is not None and emit not in FRAMEWORKS:
+            raise ScenarioError(f"--emit: '{emit}' is not one of {', '.join(FRAMEWORKS)}")
+        if write_scenario is not None:
+            check_output_dir(write_scenario, "--write-scenario")
+        total_tokens = parse_tokens(tokens) if tokens is not None else None
+        with shown_warnings():
+            gpn = load_topology(topology).node.gpus
+            nodes = max(1, gpus // gpn)
+            if gpus > gpn and gpus % gpn:
+                fail(f"--gpus ({gpus}) is not a whole number of {gpn}-GPU nodes of {topology}")
+            data["cluster"]["num_nodes"] = nodes
+            if gpus < gpn:  # part of one node: plan those GPUs (they keep the node's NVLink, NICs and host)
+                data["cluster"]["gpus_per_node"] = gpus
+                if not json_out:
+                    print(
+                        f"note: --gpus {gpus} is part of one {gpn}-GPU {topology} node: planning {gpus} of its "
+                        f"GPUs (cluster.gpus_per_node: {gpus})",
+                        file=sys.stderr,
+                    )
+            # a valid stand-in layout (every GPU data-parallel, one sequence each); the search replaces it
+            n = gpus
+            data["parallelism"] = {}
+            data["training"] = {**data["training"], "global_batch_size": n}
+            base = load_scenario(data)
+            show = not quiet and not json_out and sys.stderr.isatty()
+            with err.status("screening layouts...") if show else nullcontext():
+                options = search_options(
+                    tp, pp, pp_max, cp, mbs, ep, sharding, no_zero3, recompute, max_memory_gib
+                )
+                result = run_plan(base, n, top=top, batch=global_batch_size, options=options)
+    except ScenarioError as e:
+        fail(str(e))
+    seq_len = base.model.seq_length
+    for r in result["top"]:
+        if total_tokens and r.get("iteration_time_s"):
+            r["days_to_train"] = total_tokens / (global_batch_size * seq_len / r["iteration_time_s"]) / 86400
+    written = write_layouts(result, write_scenario) if write_scenario is not None else []
+    pick = next((r for r in result["top"] if r["status"] == "ok"), None)
+    emitted = emit_text(pick, emit) if emit and pick else None
+    if json_out:
+        extra = {"written": [str(w) for w in written], **({"emit": {emit: emitted}} if emitted else {})}
+        print(json.dumps({**result, **extra}, indent=2, default=str))
+        return
+    from rich import box
+    from rich.table import Table
+
+    c = Console(soft_wrap=True)
+    c.print(
+        f"screened {result['screened']:,} layouts ({result['screened_per_s']:,.0f}/s), "
+        f"{result['fit_in_memory']:,} fit in memory by the estimate; the best {result['confirmed']} simulated:"
+    )
+    heads = ["#", "layout", "est. s", "sim. s", "MFU", "GiB", "bubble", "comm s"]
+    if total_tokens:
+        heads.append("days")
+    rows = []
+    for i, r in enumerate(result["top"], 1):
+        if r["status"] != "ok":
+            rows.append(
+                [str(i), r["layout"], f"{r['estimate_s']:.3f}", r["status"], *[""] * (len(heads) - 4)]
+            )
+            continue
+        rows.append(
+            [
+                str(i),
+                r["layout"],
+                f"{r['estimate_s']:.3f}",
+                f"{r['iteration_time_s']:.3f}",
+                f"{r['mfu']:.1%}",
+                f"{r['memory_gib']:.1f}",
+                f"{r['bubble_fraction']:.1%}",
+                f"{r['exposed_comm_s']:.3f}",
+                *([f"{r['days_to_train']:,.1f}"] if total_tokens else []),
+            ]
+        )
+    # numbers are never cut: their columns keep their width and the layout column wraps (80 columns and up)
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for j, col in enumerate(heads):
+        if col == "layout":
+            t.add_column(col, justify="left", overflow="fold")
+        else:
+            width = max(len(col), *(len(row[j]) for row in rows)) if rows else len(col)
+            t.add_column(col, justify="right", no_wrap=True, min_width=width)
+    for row in rows:
+        t.add_row(*row)
+    c.print(t)
+    for i, r in enumerate(result["top"], 1):
+        if r["status"] != "ok" and r.get("reason"):
+            c.print(f"#{i} {r['status']}: {r['reason']}", markup=False, highlight=False)
+    if result.get("collapsed"):
+        first = next((r for r in result["top"] if r.get("same_time")), None)
+        example = (
+            f" (e.g. #{result['top'].index(first) + 1} also as {', '.join(first['same_time'][:3])})"
+            if first
+            else ""
+        )
+        c.print(
+            f"{result['collapsed']} near-duplicate layouts folded in: the same shape with another sharding or "
+            f"recompute, simulated within 0.5%{example}",
+            markup=False,
+            highlight=False,
+        )
+    c.print(result["why"], markup=False, highlight=False)
+    for path in written:
+        c.print(f"wrote {path}")
+    if emit and pick is None:
+        note("warning", f"--emit {emit}: no layout fits, nothing to emit")
+    elif emitted:
+        c.print(f"\n{emit} for #1 ({pick['layout']}):", markup=False, highlight=False)
+        print(emitted)

@@ -1,0 +1,151 @@
+"""A planned layout as the frameworks take it: Megatron-LM command-line arguments, a DeepSpeed config (with the
+Megatron-DeepSpeed arguments for TP / PP), or a torchtitan TOML. Where a framework has no switch for part of the
+layout, a comment line says so and names the nearest one.
+
+Names are the frameworks' own, read from their source:
+- Megatron-LM megatron/training/arguments.py (core_r0.12.0): --tensor-model-parallel-size,
+  --pipeline-model-parallel-size, --num-layers-per-virtual-pipeline-stage, --context-parallel-size,
+  --expert-model-parallel-size, --expert-tensor-parallel-size, --sequence-parallel, --use-distributed-optimizer,
+  --use-torch-fsdp2, --recompute-granularity / --recompute-method / --recompute-num-layers.
+- DeepSpeed deepspeed/runtime/config.py and zero/config.py (v0.16): train_batch_size,
+  train_micro_batch_size_per_gpu, gradient_accumulation_steps, bf16.enabled, zero_optimization.stage.
+- torchtitan torchtitan/config/job_config.py (000204a4): [training] local_batch_size, global_batch_size,
+  seq_len; [parallelism] data_parallel_replicate_degree, data_parallel_shard_degree, fsdp_reshard_after_forward,
+  tensor_parallel_degree, pipeline_parallel_degree, pipeline_parallel_schedule (1F1B, Interleaved1F1B),
+  pipeline_parallel_layers_per_stage, pipeline_parallel_microbatch_size, context_parallel_degree,
+  expert_parallel_degree; [activation_checkpoint] mode (none, selective, full).
+"""
+
+from __future__ import annotations
+
+import json
+
+FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
+
+
+def emit_text(row: dict, framework: str) -> str:
+    """The text for ``framework`` of one of plan's rows (its layout fields and runnable scenario)."""
+    if framework not in FRAMEWORKS:
+        raise ValueError(framework)
+    return {"megatron": megatron, "deepspeed": deepspeed, "torchtitan": torchtitan}[framework](row)
+
+
+def _common(row: dict) -> dict:
+    s = row["scenario"]
+    training, model = s.get("training", {}), s.get("model", {})
+    batch = training.get("global_batch_size")
+    gas = batch // (row["mbs"] * row["dp"]) if batch else None
+    return {
+        "batch": batch,
+        "gas": gas,
+        "seq": model.get("seq_length"),
+        "layers": model.get("num_layers"),
+        "precision": training.get("precision", "bf16"),
+    }
+
+
+def megatron(row: dict) -> str:
+    c = _common(row)
+    args = [
+        f"--tensor-model-parallel-size {row['tp']}",
+        f"--pipeline-model-parallel-size {row['pp']}",
+    ]
+    notes = []
+    if row["v"] > 1:
+        if c["layers"]:
+            args.append(f"--num-layers-per-virtual-pipeline-stage {c['layers'] // (row['pp'] * row['v'])}")
+        else:
+            notes.append(f"# {row['v']} virtual stages per rank: set --num-layers-per-virtual-pipeline-stage")
+    if row["cp"] > 1:
+        args.append(f"--context-parallel-size {row['cp']}")
+    if row.get("ep", 1) > 1:
+        args.append(f"--expert-model-parallel-size {row['ep']}")
+    if row.get("etp", 1) > 1:
+        args.append(f"--expert-tensor-parallel-size {row['etp']}")
+    if row["tp"] > 1:
+        args.append("--sequence-parallel")
+    args += [f"--micro-batch-size {row['mbs']}"]
+    if c["batch"]:
+        args.append(f"--global-batch-size {c['batch']}")
+    if c["seq"]:
+        args.append(f"--seq-length {c['seq']}")
+    args.append({"bf16": "--bf16", "fp16": "--fp16"}.get(c["precision"], "--bf16"))
+    sharding = row["sharding"]
+    if sharding == "zero1":
+        args.append("--use-distributed-optimizer")
+    elif sharding == "fsdp":
+        args.append("--use-torch-fsdp2")
+    elif sharding in ("zero2", "zero3"):
+        args.append("--use-distributed-optimizer")
+        notes.append(
+            f"# {sharding} is DeepSpeed's; Megatron-LM's nearest is the distributed optimizer (ZeRO-1)"
+        )
+    if row["recompute"] == "full":
+        args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+    elif row["recompute"] == "selective":
+        args.append("--recompute-granularity selective")
+    return "\n".join([*notes, " \\\n".join(args)])
+
+
+def deepspeed(row: dict) -> str:
+    c = _common(row)
+    sharding = row["sharding"]
+    stage = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}[sharding]
+    config: dict = {
+        "train_batch_size": c["batch"],
+        "train_micro_batch_size_per_gpu": row["mbs"],
+        "gradient_accumulation_steps": c["gas"],
+        "bf16" if c["precision"] != "fp16" else "fp16": {"enabled": True},
+        "zero_optimization": {"stage": stage},
+    }
+    lines = [json.dumps(config, indent=2)]
+    if sharding == "fsdp":
+        lines.append("// PyTorch FSDP's full sharding is DeepSpeed's ZeRO-3")
+    extra = [f"--tensor-model-parallel-size {row['tp']}", f"--pipeline-model-parallel-size {row['pp']}"]
+    if row["recompute"] == "full":
+        extra.append("--checkpoint-activations")
+    if row["v"] > 1 or row["cp"] > 1 or row.get("ep", 1) > 1:
+        lines.append("// virtual stages, context and expert parallelism: Megatron-Core's (--emit megatron)")
+    lines.append("// Megatron-DeepSpeed arguments: " + " ".join(extra))
+    return "\n".join(lines)
+
+
+def torchtitan(row: dict) -> str:
+    c = _common(row)
+    sharding, pp = row["sharding"], row["pp"]
+    shard = row["dp"] if sharding in ("fsdp", "zero3", "zero2") else 1
+    replicate = row["dp"] if shard == 1 else 1
+    lines = ["[training]"]
+    if pp > 1 and c["batch"]:
+        lines += [f"local_batch_size = {c['batch'] // row['dp']}"]
+    else:
+        lines += [f"local_batch_size = {row['mbs']}"]
+    if c["batch"]:
+        lines.append(f"global_batch_size = {c['batch']}")
+    if c["seq"]:
+        lines.append(f"seq_len = {c['seq']}")
+    lines += [
+        "",
+        "[parallelism]",
+        f"data_parallel_replicate_degree = {replicate}",
+        f"data_parallel_shard_degree = {shard}",
+    ]
+    if sharding == "zero2":
+        lines.append('fsdp_reshard_after_forward = "never"  # parameters kept whole after forward: ZeRO-2')
+    if sharding == "zero1":
+        lines.append(
+            "# ZeRO-1 (sharded optimizer only) has no torchtitan switch: FSDP2 or DDP are the nearest"
+        )
+    lines += [f"tensor_parallel_degree = {row['tp']}", f"pipeline_parallel_degree = {pp}"]
+    if pp > 1:
+        lines += [
+            f'pipeline_parallel_schedule = "{"Interleaved1F1B" if row["v"] > 1 else "1F1B"}"',
+            f"pipeline_parallel_microbatch_size = {row['mbs']}",
+        ]
+        if row["v"] > 1 and c["layers"]:
+            lines.append(f"pipeline_parallel_layers_per_stage = {c['layers'] // (pp * row['v'])}")
+    lines.append(f"context_parallel_degree = {row['cp']}")
+    if row.get("ep", 1) > 1:
+        lines.append(f"expert_parallel_degree = {row['ep']}")
+    lines += ["", "[activation_checkpoint]", f'mode = "{row["recompute"]}"']
+    return "\n".join(lines)
