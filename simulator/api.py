@@ -13,6 +13,7 @@ from simulator.costs.dispatch import task_cost
 from simulator.costs.host import HOST_GROUPS, HostModel
 from simulator.costs.tables import table_lookups
 from simulator.engine.engine import TaskCost, simulate_program
+from simulator.errors import ScenarioError
 from simulator.frameworks import Framework, get_framework
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
@@ -23,11 +24,11 @@ from simulator.metrics.periodic import NotPeriodic, extrapolate, sample_windows
 from simulator.metrics.sources import source_seconds, summarise_sources
 from simulator.program import Program
 from simulator.scenario.loader import load_scenario
-from simulator.scenario.schema import Scenario
+from simulator.scenario.schema import MAX_STAGE_MICROBATCHES, Scenario
 from simulator.strategy import build_program, onebit
 from simulator.strategy.groups import placement_for
 from simulator.tables.lookup import MODELLED
-from simulator.tables.select import resolve_table
+from simulator.tables.select import resolve_tables
 from simulator.timeline.timeline import Timeline
 from simulator.workload.transformer import Workload, build_workload
 
@@ -112,6 +113,22 @@ def with_microbatches(s: Scenario, microbatches: int) -> Scenario:
     )
 
 
+def check_full_replay(s: Scenario, periodic: bool, why: str) -> None:
+    """Every micro-batch of every pipeline chunk is replayed: within MAX_STAGE_MICROBATCHES stage steps (about
+    15 s). The periodic replay simulates a few short runs instead, so the limit binds only here."""
+    micro = s.gradient_accumulation_steps
+    chunks = s.parallelism.pipeline_parallel * s.parallelism.virtual_pipeline_stages
+    if micro * chunks <= MAX_STAGE_MICROBATCHES:
+        return
+    because = (
+        "a trace, report or --exact asks for every one" if not periodic else f"no periodic replay: {why}"
+    )
+    raise ScenarioError(
+        f"training: {micro:,} micro-batches x {chunks} pipeline chunks = {micro * chunks:,} stage steps to replay "
+        f"one by one ({because}); the simulator's limit is {MAX_STAGE_MICROBATCHES:,}"
+    )
+
+
 def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
     t0 = time.perf_counter()
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
@@ -119,7 +136,9 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
     framework = framework or (workload.framework if workload else get_framework(s.framework))
     workload = workload or build_workload(s, framework, cluster.gpus_per_node, cluster.gpu)
     placement = placement_for(s)
-    kernels, measured_comm, table_info = table_lookups(resolve_table(s.kernels, cluster.gpu.name), cluster)
+    kernels, measured_comm, table_info = table_lookups(
+        resolve_tables(s.kernels, cluster.gpu.name, s.kernels_only), cluster
+    )
     comm = CollectiveModel(cluster, placement, s.parallelism.collective_algorithm, measured_comm)
     compute = ComputeModel(
         cluster.gpu,
@@ -208,7 +227,8 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
         if not windows:
             raise NotPeriodic("too few micro-batches to gain")
         program, timeline, metrics = run_periodic(windows)
-    except NotPeriodic:
+    except NotPeriodic as why:
+        check_full_replay(s, periodic, str(why))
         program = build_program(s, workload, cluster)
         timeline, metrics = run(program)
     if s.training.optimizer in onebit.OPTIMIZERS:

@@ -212,12 +212,12 @@ def test_collective_rows_apply_only_to_the_fabric_they_were_measured_on(tmp_path
     path = table(tmp_path, collectives=rows, system=system)
     same = simulate(
         make(cluster={"num_nodes": 2}, training={"global_batch_size": 16}).model_copy(
-            update={"kernels": str(path)}
+            update={"kernels": str(path), "kernels_only": True}
         )
     )
     assert same.metrics.cost_tables["collective_rows"] == 2 and not same.metrics.cost_tables["notes"]
     faster = make(cluster={"num_nodes": 2, "nic_bandwidth_gbps": 400}, training={"global_batch_size": 16})
-    what_if = simulate(faster.model_copy(update={"kernels": str(path)}))
+    what_if = simulate(faster.model_copy(update={"kernels": str(path), "kernels_only": True}))
     assert what_if.metrics.cost_tables["collective_rows"] == 1  # only the row inside one node
     assert "nic_bandwidth_gbps 200.0 (cluster: 400.0)" in what_if.metrics.cost_tables["notes"][0]
 
@@ -284,3 +284,36 @@ def test_shipped_tables_say_where_their_numbers_come_from():
         assert all(
             r.nodes == 1 for r in t.collectives
         )  # rows across nodes were measured on an unnamed network
+
+
+def test_a_users_table_is_layered_over_the_shipped_one(tmp_path):
+    """--kernels DIR: the user's rows first, the shipped table of the GPU where they have none, then the model
+    (issue 32 item 6); --kernels-only DIR: the user's rows alone; both at once is one message."""
+    from typer.testing import CliRunner
+
+    from simulator.cli import app
+
+    shape = KernelRow("gemm", "bf16", 8192, 2048, 8192, 1, 999.0, "forward", 5)
+    path = table(tmp_path, kernels=[shape])
+    runner = CliRunner()
+
+    def run(*args):
+        r = runner.invoke(app, ["run", "quickstart", "--json", *args])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)
+
+    shipped, layered, alone = run(), run("--kernels", str(path)), run("--kernels-only", str(path))
+    assert layered["cost_tables"]["table"] == f"{path} over a100-sxm4-80gb"
+    assert alone["cost_tables"]["table"] == str(path)
+    assert layered["cost_tables"]["kernel_rows"] == shipped["cost_tables"]["kernel_rows"] + 1
+    # the user's row is measured; the shipped rows still cover the rest, which alone the model prices
+    assert (
+        layered["cost_sources"]["compute"]["measured"] > 0 == shipped["cost_sources"]["compute"]["measured"]
+    )
+    assert layered["cost_sources"]["compute"]["modelled"] == pytest.approx(
+        shipped["cost_sources"]["compute"]["modelled"], abs=0.02
+    )
+    assert alone["cost_sources"]["compute"]["modelled"] > 0.5
+    assert alone["cost_sources"]["communication"]["modelled"] == 1.0
+    r = runner.invoke(app, ["run", "quickstart", "--kernels", str(path), "--kernels-only", str(path)])
+    assert r.exit_code == 2 and r.stderr.strip() == "error: --kernels and --kernels-only: give one of them"

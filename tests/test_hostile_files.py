@@ -247,3 +247,49 @@ def test_an_interrupt_while_the_results_are_written_says_how_to_rebuild_them(tmp
     r = runner.invoke(app, args)
     assert r.exit_code == 0 and "0 simulated, 2 already done" in r.stdout
     assert len((out / "results.csv").read_text().splitlines()) == 3
+
+
+def test_an_nccl_tests_import_records_the_gpu_the_log_names_and_refuses_another(tmp_path):
+    """The rank lines name the device (issue 32 item 6): the table is labelled with it, --gpu naming another GPU
+    is refused, and logs of two GPUs never go into one table."""
+    from test_importers import new_layout
+
+    a100, h100 = tmp_path / "all_reduce_perf.txt", tmp_path / "all_gather_perf.log"
+    a100.write_text(old_layout([1024, 1 << 20]))  # "... device 0 [0x00] A100-SXM4-80GB"
+    h100.write_text(new_layout([1024, 1 << 30]))  # "... NVIDIA H100 80GB HBM3"
+    out = tmp_path / "t"
+    r = runner.invoke(app, ["calibrate", "import", "nccl-tests", str(a100), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert read_table(out).meta.gpu == "a100-sxm4-80gb"
+    args = ["calibrate", "import", "nccl-tests", str(h100), "--out", str(tmp_path / "u")]
+    assert (
+        error_of([*args, "--gpu", "a100-sxm4-80gb"])
+        == "error: --gpu a100-sxm4-80gb: the logs were measured on h100-sxm5-80gb"
+    )
+    both = ["calibrate", "import", "nccl-tests", str(a100), str(h100), "--out", str(tmp_path / "v")]
+    assert error_of(both) == (
+        "error: the logs were measured on a100-sxm4-80gb, h100-sxm5-80gb: one table holds one GPU's rows"
+    )
+
+
+def test_a_cpu_trace_labelled_as_a_gpu_is_warned(tmp_path):
+    trace = gpu_trace()
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") != "kernel"]
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(trace))
+    args = [
+        "calibrate",
+        "import",
+        "kineto",
+        str(path),
+        "--out",
+        str(tmp_path / "t"),
+        "--gpu",
+        "a100-sxm4-80gb",
+    ]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert (
+        "the trace has no GPU kernels (a CPU trace): its rows are CPU times, labelled a100-sxm4-80gb"
+        in r.stderr
+    )

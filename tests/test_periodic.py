@@ -113,3 +113,45 @@ def test_extrapolation_is_linear_and_refuses_what_is_not():
         extrapolate([(4, {"s": "a"}), (8, {"s": "a"}), (12, {"s": "b"})], 100)
     with pytest.raises(NotPeriodic, match="different entries"):
         extrapolate([(4, {"a": 1.0}), (8, {"a": 1.0}), (12, {"b": 1.0})], 100)
+
+
+def test_the_stage_step_limit_binds_only_where_every_micro_batch_is_replayed(monkeypatch):
+    """Issue 33 item 3: the 2^20 stage-step limit is on what is replayed one by one. A schedule the periodic replay
+    covers simulates a few short runs, so a scenario past the nominal limit runs; asking for every micro-batch
+    (periodic=False: --exact, a trace or a report) is refused with the arithmetic."""
+    import simulator.api as api
+    from simulator.errors import ScenarioError
+
+    monkeypatch.setattr(api, "MAX_STAGE_MICROBATCHES", 200)  # 64 micro-batches x 4 stages = 256 > 200
+    s = make(
+        model=LAYER8,
+        parallelism={"pipeline_parallel": 4, "data_parallel": 2, "pipeline_schedule": "1f1b"},
+        training={"global_batch_size": 128, "micro_batch_size": 1},
+    )
+    r = simulate(s)
+    assert r.metrics.periodic["microbatches"] == 64
+    with pytest.raises(ScenarioError) as e:
+        simulate(s, periodic=False)
+    assert str(e.value) == (
+        "training: 64 micro-batches x 4 pipeline chunks = 256 stage steps to replay one by one (a trace, report or "
+        "--exact asks for every one); the simulator's limit is 200"
+    )
+
+
+def test_run_exact_replays_every_micro_batch_and_says_what_it_cost():
+    import json
+
+    from typer.testing import CliRunner
+
+    from simulator.cli import app
+
+    runner = CliRunner()
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    args = ["run", str(root / "scenarios" / "published" / "nar21-t1-1t.yaml"), "--quiet"]
+    fast = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    exact = json.loads(runner.invoke(app, [*args, "--json", "--exact"]).stdout)
+    assert fast["periodic"] and not exact.get("periodic")
+    assert exact["iteration_time_s"] == pytest.approx(fast["iteration_time_s"], rel=1e-9)
+    assert exact["tasks"] > fast["tasks"]
+    r = runner.invoke(app, [*args, "--exact"])
+    assert "exact: every one of the 512 micro-batches replayed" in r.stdout

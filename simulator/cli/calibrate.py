@@ -242,8 +242,33 @@ def import_kineto(
         fail(str(e))
     if not gpu:
         note("warning", f"device '{model}' is not in the GPU catalogue; pass --gpu so runs pick the table")
+    elif not info["gpu_trace"] and gpu != "cpu":
+        note(
+            "warning",
+            f"the trace has no GPU kernels (a CPU trace): its rows are CPU times, labelled {gpu} as --gpu asks",
+        )
     added = len(kernels) + len(colls) - sum(v for k, v in info["skipped"].items() if "row skipped" in str(k))
     _report_import(table, added, info["skipped"], out)
+
+
+def _logged_gpu(logs: list[Path], gpu: str | None) -> str | None:
+    """The GPU the logs name (each a catalogue name), checked against --gpu: one table holds one GPU's rows."""
+    from simulator.calibration.importers import match_gpu
+    from simulator.calibration.importers.nccl_tests import log_devices
+
+    named = {name for log in logs for name in log_devices(log)}
+    found = {match_gpu(name) or name for name in named}
+    if len(found) > 1:
+        raise ScenarioError(
+            f"the logs were measured on {', '.join(sorted(found))}: one table holds one GPU's rows"
+        )
+    logged = next(iter(found), None)
+    if gpu and logged and logged != gpu:
+        raise ScenarioError(f"--gpu {gpu}: the logs were measured on {logged}")
+    if logged and not match_gpu(logged) and not gpu:
+        note("warning", f"device '{logged}' is not in the GPU catalogue; pass --gpu so runs pick the table")
+        return None
+    return gpu or logged
 
 
 @import_app.command("nccl-tests")
@@ -292,6 +317,7 @@ def import_nccl_tests(
             )
             gpu = gpu or spec.node.gpu
         rows = [r for log in logs for r in parse_nccl_tests(log, op, ranks, nodes)]
+        gpu = _logged_gpu(logs, gpu)
         source = SourceInfo(
             rows=f"{len(rows)} collective",
             source="nccl-tests: " + ", ".join(p.name for p in logs),

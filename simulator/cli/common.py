@@ -14,16 +14,26 @@ from simulator.tables.select import check_choice
 EXIT_OUT_OF_MEMORY = 3
 
 KERNELS_HELP = (
-    "Measured costs: a table directory, a shipped table's name, 'auto' (the shipped table of the cluster's GPU, "
-    "the default) or 'none' (the pure model)."
+    "Measured costs: a table directory (layered over the shipped table of the cluster's GPU), a shipped table's "
+    "name, 'auto' (the shipped table of the cluster's GPU, the default) or 'none' (the pure model)."
 )
 
 
-def with_kernels(s: Scenario, kernels: str | None) -> Scenario:
-    """The scenario with ``--kernels`` applied (a directory is relative to the working directory)."""
+KERNELS_ONLY_HELP = "A table directory alone, without the shipped table of the GPU beneath it."
+
+
+def with_kernels(s: Scenario, kernels: str | None, kernels_only: str | None = None) -> Scenario:
+    """The scenario with ``--kernels`` (a table directory layered over the GPU's shipped table) or
+    ``--kernels-only`` (the directory alone) applied; a directory is relative to the working directory."""
+    if kernels is not None and kernels_only is not None:
+        raise ScenarioError("--kernels and --kernels-only: give one of them")
+    if kernels_only is not None:
+        return s.model_copy(
+            update={"kernels": check_choice(kernels_only, "--kernels-only"), "kernels_only": True}
+        )
     if kernels is None:
         return s
-    return s.model_copy(update={"kernels": check_choice(kernels, "--kernels")})
+    return s.model_copy(update={"kernels": check_choice(kernels, "--kernels"), "kernels_only": False})
 
 
 TOKENS_HELP = "Tokens the whole training run sees (15T, 300B or a number): days, GPU-hours and cost to train."

@@ -19,6 +19,7 @@ from simulator.api import simulate
 from simulator.cli.common import (
     EXIT_OUT_OF_MEMORY,
     KERNELS_HELP,
+    KERNELS_ONLY_HELP,
     PRICE_HELP,
     TOKENS_HELP,
     with_goal,
@@ -51,6 +52,13 @@ def run(
         Path | None, typer.Option("--deepspeed-config", help="A DeepSpeed JSON config to take settings from.")
     ] = None,
     kernels: Annotated[str | None, typer.Option("--kernels", help=KERNELS_HELP)] = None,
+    kernels_only: Annotated[str | None, typer.Option("--kernels-only", help=KERNELS_ONLY_HELP)] = None,
+    exact: Annotated[
+        bool,
+        typer.Option(
+            "--exact", help="Replay every micro-batch instead of extrapolating a periodic schedule (slower)."
+        ),
+    ] = False,
     tokens: Annotated[str | None, typer.Option("--tokens", help=TOKENS_HELP)] = None,
     price: Annotated[float | None, typer.Option("--price", help=PRICE_HELP)] = None,
 ) -> None:
@@ -63,10 +71,12 @@ def run(
             if path is not None:
                 check_output_file(path, option)
         with shown_warnings():
-            s = with_kernels(load_scenario(scenario, deepspeed_config=deepspeed_config), kernels)
+            s = with_kernels(
+                load_scenario(scenario, deepspeed_config=deepspeed_config), kernels, kernels_only
+            )
             s = with_goal(s, tokens, price)
-            # a trace, report or image shows every micro-batch: no periodic extrapolation
-            every = bool(trace or report or image)
+            # a trace, report or image shows every micro-batch, --exact asks for it: no periodic extrapolation
+            every = bool(trace or report or image or exact)
             if quiet or not sys.stderr.isatty():
                 result = simulate(s, periodic=not every)
             else:
@@ -107,6 +117,14 @@ def run(
             Console().print(f"trace written to {trace} (open it in https://ui.perfetto.dev)")
         if report:
             Console().print(f"report written to {report}")
+        if exact:
+            micro = result.scenario.gradient_accumulation_steps
+            Console().print(
+                f"exact: every one of the {micro:,} micro-batches replayed: {m.tasks:,} tasks, {m.wall_s:.2f} s "
+                "(without --exact a periodic schedule is simulated on a few short runs and extrapolated)",
+                markup=False,
+                highlight=False,
+            )
     if fixes is not None:
         raise typer.Exit(EXIT_OUT_OF_MEMORY)
 
@@ -159,6 +177,7 @@ def compare(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
     report: Annotated[Path | None, typer.Option(help="Write a self-contained HTML comparison.")] = None,
     kernels: Annotated[str | None, typer.Option("--kernels", help=KERNELS_HELP)] = None,
+    kernels_only: Annotated[str | None, typer.Option("--kernels-only", help=KERNELS_ONLY_HELP)] = None,
     tokens: Annotated[str | None, typer.Option("--tokens", help=TOKENS_HELP)] = None,
     price: Annotated[float | None, typer.Option("--price", help=PRICE_HELP)] = None,
 ) -> None:
@@ -167,7 +186,9 @@ def compare(
     try:
         if report is not None:
             check_output_file(report, "--report")
-        loaded = [with_goal(with_kernels(load_scenario(p), kernels), tokens, price) for p in scenarios]
+        loaded = [
+            with_goal(with_kernels(load_scenario(p), kernels, kernels_only), tokens, price) for p in scenarios
+        ]
     except ScenarioError as e:
         fail(str(e))
     results = []

@@ -76,6 +76,10 @@ class GPU(_Data):
 
     name: str = Field(min_length=1)
     display_name: str = Field(min_length=1)
+    device_names: list[str] = Field(
+        [],
+        description="Names the driver reports (torch.cuda.get_device_name, nvidia-smi, nccl-tests' rank lines).",
+    )
     architecture: Architecture
     vendor: Literal["nvidia", "amd"] = "nvidia"
     peak_tflops: dict[Literal["fp32", "tf32", "fp16", "bf16", "fp8", "fp4"], float] = Field(

@@ -8,7 +8,7 @@ from simulator.errors import ScenarioError
 from simulator.frameworks import AUTO, default_framework, get_framework
 from simulator.hardware.gpus import GPU, get_gpu
 from simulator.hardware.topology import cluster_spec
-from simulator.scenario.schema import MAX_GPUS, MAX_MICROBATCHES, MAX_STAGE_MICROBATCHES, Scenario
+from simulator.scenario.schema import MAX_GPUS, MAX_MICROBATCHES, Scenario
 
 
 def resolve_cluster_degrees(scenario: Scenario) -> Scenario:
@@ -75,7 +75,6 @@ def resolve_cluster_degrees(scenario: Scenario) -> Scenario:
             f"({t.micro_batch_size}) x data_parallel ({dp}) = {t.micro_batch_size * dp}{derived}"
         )
     micro = t.global_batch_size // (t.micro_batch_size * dp)
-    chunks = p.pipeline_parallel * p.virtual_pipeline_stages
     arithmetic = (
         f"global_batch_size ({t.global_batch_size}) / (micro_batch_size ({t.micro_batch_size}) x data_parallel "
         f"({dp})) = {micro:,} micro-batches per iteration"
@@ -84,11 +83,7 @@ def resolve_cluster_degrees(scenario: Scenario) -> Scenario:
         raise ScenarioError(
             f"training: {arithmetic}; the simulator replays each one and its limit is {MAX_MICROBATCHES:,}"
         )
-    if micro * chunks > MAX_STAGE_MICROBATCHES:
-        raise ScenarioError(
-            f"training: {arithmetic}, x {chunks} pipeline chunks = {micro * chunks:,} stage steps; the simulator's "
-            f"limit is {MAX_STAGE_MICROBATCHES:,}"
-        )
+    # the stage-step limit (MAX_STAGE_MICROBATCHES) applies where every micro-batch is replayed: api.simulate
     expert = p.etp * p.expert_parallel
     if scenario.model.moe is not None and (p.tensor_parallel * p.context_parallel * dp) % expert:
         raise ScenarioError(

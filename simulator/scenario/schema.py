@@ -70,7 +70,13 @@ class Scenario(Section):
     kernels: str = Field(
         "auto",
         description="Measured kernel and collective costs (docs/calibration.md): 'auto' = the shipped table of the "
-        "cluster's GPU where there is one, 'none' = the pure model, a shipped table's name, or a table directory.",
+        "cluster's GPU where there is one, 'none' = the pure model, a shipped table's name, or a table directory "
+        "(layered over the shipped table of the cluster's GPU: its rows first, the shipped rows where it has none).",
+    )
+    kernels_only: bool = Field(
+        False,
+        description="A table directory in kernels: alone, without the shipped table beneath it (rows it lacks are "
+        "modelled).",
     )
 
     @model_validator(mode="after")

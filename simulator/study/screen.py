@@ -28,7 +28,7 @@ from simulator.scenario.schema import Scenario
 from simulator.strategy.state_bytes import grad_bytes, weight_bytes
 from simulator.strategy.zero import fetch_schedule
 from simulator.study.layouts import Layout
-from simulator.tables.select import resolve_table
+from simulator.tables.select import resolve_tables
 from simulator.workload.fp8 import fp8_plan
 from simulator.workload.memory import activation_bytes_per_layer, head_activation_bytes, state_bytes_per_param
 from simulator.workload.transformer import build_workload
@@ -57,7 +57,7 @@ class Screen:
         self.framework = get_framework(base.framework)
         # the kernel and collective tables the simulation would use (api.simulate)
         self.kernels, self.measured_comm, _ = table_lookups(
-            resolve_table(base.kernels, cluster.gpu.name), cluster
+            resolve_tables(base.kernels, cluster.gpu.name, base.kernels_only), cluster
         )
         # every layout uses all ``gpus``: its kernels run at the slowest one's pace (api.simulate)
         self.compute = ComputeModel(
@@ -152,7 +152,9 @@ class Screen:
             while (inner * dp) % (lay.ep * lay.etp):
                 dp += 1
             one = Cluster(self.cluster.spec, max(1, math.ceil(inner * dp / self.gpn)))
-            measured = table_lookups(resolve_table(self.base.kernels, one.gpu.name), one)[1]
+            measured = table_lookups(
+                resolve_tables(self.base.kernels, one.gpu.name, self.base.kernels_only), one
+            )[1]
             placement = Placement(lay.tp, lay.cp, dp, 1, ep=lay.ep, etp=lay.etp)
             self._tp_comm[key] = CollectiveModel(one, placement, "auto", measured)
         return self._tp_comm[key]

@@ -181,3 +181,17 @@ class CollectiveLookup:
             return hit, MEASURED
         curve = self.curves.get(key)
         return (curve_cost(*curve, float(nbytes)), INTERPOLATED) if curve else None
+
+
+class Layered:
+    """Lookups of several tables, first match wins: a user's table over the shipped one (tables/select.py)."""
+
+    def __init__(self, lookups: list):
+        self.lookups = lookups
+
+    def cost(self, *args) -> Cost | None:
+        for lookup in self.lookups:
+            hit = lookup.cost(*args)
+            if hit is not None:
+                return hit
+        return None

@@ -1,7 +1,9 @@
 """Which cost table a run uses, and which of its rows apply to the run's cluster.
 
 ``kernels:`` (scenario) / ``--kernels`` (command line): ``auto`` is the shipped table of the cluster's GPU where
-there is one, ``none`` the pure model, else a shipped table's name or a table directory. Kernel rows apply to
+there is one, ``none`` the pure model, else a shipped table's name or a table directory. A directory is layered
+over the shipped table of the cluster's GPU (its rows first, the shipped rows where it has none, then the
+model), unless ``kernels_only`` / ``--kernels-only`` asks for it alone. Kernel rows apply to
 the GPU they name (another GPU's rows are used when asked, with a warning); collective rows only to a cluster
 whose fabric matches the table's ``system``, so what-ifs with other links fall back to the model.
 """
@@ -64,6 +66,18 @@ def resolve_table(choice: str | None, gpu_name: str) -> CostTable | None:
     if not paths.is_dir(path, "kernels"):
         raise ScenarioError(f"kernels: '{choice}' is not a table directory")
     return _load(str(path), _stamp(path))
+
+
+def resolve_tables(choice: str | None, gpu_name: str, only: bool = False) -> list[CostTable]:
+    """The tables a run looks costs up in, first match wins: the one ``choice`` names and, for a table directory
+    (not a shipped table) unless ``only``, the shipped table of ``gpu_name`` beneath it."""
+    first = resolve_table(choice, gpu_name)
+    if first is None:
+        return []
+    if only or choice in (None, "auto") or choice in shipped_tables():
+        return [first]
+    beneath = resolve_table("auto", gpu_name)
+    return [first] if beneath is None or beneath.path == first.path else [first, beneath]
 
 
 def collective_rows_for(

@@ -30,7 +30,7 @@ def match_gpu(device_name: str) -> str | None:
     if not want:
         return None
     for name, gpu in gpu_catalogue().items():
-        if _plain(gpu.display_name) == want or _plain(name) == want:
+        if want in {_plain(gpu.display_name), _plain(name), *(_plain(d) for d in gpu.device_names)}:
             return name
     return None
 

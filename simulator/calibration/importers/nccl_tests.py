@@ -15,6 +15,7 @@ from ``# Collective test starting: X_perf`` or the file name; the command line c
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -57,6 +58,22 @@ def _op_from(text: str, path: Path, op: str | None) -> str:
             f"name); pass --op ({', '.join(TESTS.values())})"
         )
     return TESTS[name]
+
+
+_DEVICE = re.compile(r"#\s*Rank\s+\d+.*?\bdevice\s+\d+\s+\[[^\]]*\]\s+(.+?)\s*$", re.MULTILINE)
+
+
+def log_devices(path: Path) -> set[str]:
+    """The GPU names nccl-tests' rank lines give ("#  Rank  0 Group  0 Pid 1 on node1 device  0 [0x07] NVIDIA
+    A100-SXM4-80GB"), or the JSON's devices[].name; empty where the log does not say."""
+    text = read_text(path)
+    if text.lstrip().startswith("{"):
+        try:
+            devices = json.loads(text).get("config", {}).get("devices") or []
+            return {str(d["name"]) for d in devices if isinstance(d, dict) and d.get("name")}
+        except (ValueError, AttributeError, TypeError, RecursionError):
+            return set()
+    return {m.group(1) for m in _DEVICE.finditer(_PREFIX.sub("", text))}
 
 
 def parse_nccl_tests(
