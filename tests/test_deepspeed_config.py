@@ -127,8 +127,12 @@ def test_auto_values_take_the_scenarios_settings(tmp_path):
     ],
 )
 def test_contradictions_with_the_scenario_are_errors(tmp_path, cfg, message):
+    """A config the scenario file names itself must agree with it (one handed in on the command line replaces
+    the scenario's values instead: test_a_typical_ds_config_replaces_the_init_starters_defaults)."""
     with pytest.raises(ScenarioError, match=message):
-        load_scenario({**BASE, "training": {"global_batch_size": 32}}, deepspeed_config=write(tmp_path, cfg))
+        load_scenario(
+            {**BASE, "training": {"global_batch_size": 32}, "deepspeed_config": write(tmp_path, cfg)}
+        )
 
 
 def test_cli_flag_and_scenario_key_run_the_example_configs(tmp_path):
@@ -151,7 +155,12 @@ def test_cli_flag_and_scenario_key_run_the_example_configs(tmp_path):
             str(ROOT / "scenarios/deepspeed/ds_config_zero3_offload.json"),
         ],
     )
-    assert bad.exit_code == 2 and "contradicts training.global_batch_size" in bad.output
+    # the config's batch replaces the scenario's; its own accumulation steps do not add up on 8 GPUs
+    assert bad.exit_code == 2 and "train_batch_size 256 replaces training.global_batch_size 64" in bad.output
+    assert (
+        "gradient_accumulation_steps (4) contradicts global_batch_size (256) / (micro_batch_size (4) x"
+        in bad.output
+    )
 
 
 def test_grad_accum_dtype_comes_from_data_types_and_a_bad_one_is_named(tmp_path):
@@ -194,3 +203,40 @@ def test_an_invalid_value_is_named_by_its_deepspeed_key_and_the_field_it_sets(tm
         load_scenario({**BASE, "name": "t"}, deepspeed_config=write(tmp_path, cfg))
     assert str(e.value).startswith(message), str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_a_typical_ds_config_replaces_the_init_starters_defaults(tmp_path, monkeypatch):
+    """Issue 32 item 8: `clustersim init` then `run --deepspeed-config ds.json` with AdamW and ZeRO-2: the config
+    handed in on the command line replaces the starter's batch and ZeRO stage (said in one warning line); the
+    same config named inside the scenario file must agree with it (a contradiction there is an error)."""
+    import json as _json
+
+    from typer.testing import CliRunner
+
+    from simulator.cli import app
+
+    runner = CliRunner()
+    monkeypatch.chdir(tmp_path)
+    assert runner.invoke(app, ["init"]).exit_code == 0
+    ds = {
+        "train_batch_size": 512,
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 16,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 2, "overlap_comm": True, "contiguous_gradients": True},
+    }
+    (tmp_path / "ds.json").write_text(_json.dumps(ds))
+    r = runner.invoke(app, ["run", "scenario.yaml", "--deepspeed-config", "ds.json", "--json"])
+    assert r.exit_code == 0, r.output
+    d = _json.loads(r.stdout)
+    assert d["strategy"] == "zero-2, DP8"
+    assert (
+        "deepspeed_config ds.json: train_batch_size 512 replaces training.global_batch_size 64; "
+        "zero_optimization.stage 2 replaces parallelism.zero_stage 0" in r.stderr
+    )
+    text = (tmp_path / "scenario.yaml").read_text() + "deepspeed_config: ds.json\n"
+    (tmp_path / "named.yaml").write_text(text)
+    r = runner.invoke(app, ["run", "named.yaml"])
+    assert r.exit_code == 2
+    assert "train_batch_size (512) contradicts training.global_batch_size (64)" in r.stderr

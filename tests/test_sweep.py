@@ -92,7 +92,12 @@ def test_a_rerun_simulates_nothing_and_invalid_points_are_rows_with_their_reason
     g, dropped = sweep_grid.derived_data_parallel(g)
     assert dropped  # tensor_parallel is varied: data_parallel is derived at each point
     first, rows = sw.run_sweep(g, tmp_path, workers=1)
-    assert (first.points, first.ran, first.skipped, first.failed) == (4, 4, 0, 2)
+    assert (first.points, first.ran, first.skipped, first.failed) == (
+        4,
+        2,
+        0,
+        2,
+    )  # invalid points are not simulated
     bad = [r for r in rows if r["status"] == "invalid"]
     assert len(bad) == 2 and all(
         "num_attention_heads (4) is not divisible by tensor_parallel (3)" in r["reason"] for r in bad
@@ -184,7 +189,7 @@ def test_cli_sweep_json_resume_sweep_file_and_report(tmp_path, base_file):
         app, ["sweep", str(spec), "--out", str(tmp_path / "f"), "--workers", "1", "--report", str(report)]
     )
     assert r.exit_code == 0, r.output
-    assert "2 points: 2 simulated" in r.output and report.stat().st_size > 100_000
+    assert "2 points: 1 simulated, 0 already done, 1 invalid" in r.output and report.stat().st_size > 100_000
     assert "Pareto front" in report.read_text()
 
 

@@ -106,6 +106,8 @@ def run(
 
         layers = [row.to_dict() for row in microbatch_view(result)]
         extra = {} if fixes is None else {"would_fit": [asdict(f) for f in fixes]}
+        if result.scenario.note:
+            extra["note"] = result.scenario.note
         print(
             json.dumps({"name": result.scenario.name, **m.to_dict(), **extra, "microbatch": layers}, indent=2)
         )
@@ -113,6 +115,8 @@ def run(
         if fixes is not None:
             print_oom_headline(m, fixes)
         print_table([(result.scenario.name, m)])
+        if result.scenario.note:
+            Console(soft_wrap=True).print(f"note: {result.scenario.note}", markup=False, highlight=False)
         if trace:
             Console().print(f"trace written to {trace} (open it in https://ui.perfetto.dev)")
         if report:

@@ -139,8 +139,12 @@ def read_deepspeed_config(path: str | Path) -> dict:
     return ds
 
 
-def merge_deepspeed_config(data: dict, ds: dict, label: str = "deepspeed_config") -> dict:
-    """The scenario dict with the DeepSpeed config's settings filled in (or checked against it)."""
+def merge_deepspeed_config(
+    data: dict, ds: dict, label: str = "deepspeed_config", override: bool = False
+) -> dict:
+    """The scenario dict with the DeepSpeed config's settings filled in (or checked against it). A value the
+    scenario states otherwise is a contradiction, unless ``override`` (``run --deepspeed-config``: the config
+    the user hands in on the command line replaces the scenario's values, each replacement said once)."""
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
     training = data.setdefault("training", {})
     parallelism = data.setdefault("parallelism", {})
@@ -148,6 +152,7 @@ def merge_deepspeed_config(data: dict, ds: dict, label: str = "deepspeed_config"
     unmodelled: list[str] = []
 
     sources: dict[str, str] = {}  # scenario field -> the ds_config key that set it, for validation messages
+    replaced: list[str] = []  # with override: the scenario values the config replaced
 
     def put(section: dict, key: str, value, source: str, where: str | None = None) -> None:
         if value == "auto" or value is None:
@@ -160,7 +165,9 @@ def merge_deepspeed_config(data: dict, ds: dict, label: str = "deepspeed_config"
             else "parallelism.zero"
         )
         if key in section and section[key] != value:
-            raise ScenarioError(f"{label}: {source} ({value}) contradicts {where}.{key} ({section[key]})")
+            if not override:
+                raise ScenarioError(f"{label}: {source} ({value}) contradicts {where}.{key} ({section[key]})")
+            replaced.append(f"{source} {value} replaces {where}.{key} {section[key]}")
         section[key] = value
         sources[f"{where}.{key}"] = source
 
@@ -262,6 +269,8 @@ def merge_deepspeed_config(data: dict, ds: dict, label: str = "deepspeed_config"
             DeepSpeedConfigWarning,
             stacklevel=2,
         )
+    if replaced:
+        warnings.warn(f"{label}: {'; '.join(replaced)}", DeepSpeedConfigWarning, stacklevel=2)
     if gas not in (None, "auto"):
         data["_deepspeed_gradient_accumulation_steps"] = gas
     data["_deepspeed_sources"] = sources

@@ -41,7 +41,14 @@ def load_scenario(
         path = Path(ds_path)
         if not path.is_absolute() and base_dir is not None and not deepspeed_config:
             path = base_dir / path
-        data = merge_deepspeed_config(data, read_deepspeed_config(path), f"deepspeed_config {path.name}")
+        # a config handed in beside the scenario (run --deepspeed-config) replaces the scenario's values; one the
+        # scenario file names itself must agree with it
+        data = merge_deepspeed_config(
+            data,
+            read_deepspeed_config(path),
+            f"deepspeed_config {path.name}",
+            override=bool(deepspeed_config),
+        )
         ds_gas = data.pop("_deepspeed_gradient_accumulation_steps", None)
         ds_sources = {
             k: f"deepspeed_config {path.name}: {v}" for k, v in data.pop("_deepspeed_sources").items()

@@ -73,6 +73,12 @@ class Scenario(Section):
         "cluster's GPU where there is one, 'none' = the pure model, a shipped table's name, or a table directory "
         "(layered over the shipped table of the cluster's GPU: its rows first, the shipped rows where it has none).",
     )
+    note: str | None = Field(
+        None,
+        max_length=2000,
+        description="What a reader of this scenario's results should know (printed under run's table): e.g. why "
+        "the simulated MFU differs from a published one.",
+    )
     kernels_only: bool = Field(
         False,
         description="A table directory in kernels: alone, without the shipped table beneath it (rows it lacks are "

@@ -193,10 +193,9 @@ def run_sweep(
     for p in points:
         if p.key in done:
             outcome.skipped += 1
-        elif p.scenario is None:  # invalid: its row needs no simulation
+        elif p.scenario is None:  # invalid: its row needs no simulation (counted as invalid, not simulated)
             done[p.key] = _record(p, {"status": "invalid", "reason": p.reason})
             _append(out, done[p.key])
-            outcome.ran += 1
         else:
             pending.append(p)
     total = len(pending)
