@@ -225,3 +225,61 @@ def test_cli_sweep_bad_input_is_one_line_and_exit_2(tmp_path, base_file):
         r = runner.invoke(app, args)
         assert r.exit_code == 2, (args, r.output)
         assert message in r.output and "Traceback" not in r.output
+
+
+def test_ctrl_c_under_dask_saves_the_finished_points_and_prints_no_worker_tracebacks(tmp_path):
+    """Issue 34 item 5: Ctrl-C reaches the whole process group; the Dask workers start with SIGINT ignored and the
+    sweep alone stops the cluster, so stderr holds no worker traceback or distributed warning, the exit status
+    is 130 and every finished point is in points.jsonl (a run resumes from it)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pytest.importorskip("dask.distributed")
+    out = tmp_path / "sw"
+    code = (
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "  # as a terminal's shell does
+        "from simulator.cli import main; sys.argv = ['clustersim'] + sys.argv[1:]; main()"
+    )
+    vary = [
+        "--vary",
+        "training.global_batch_size=2048,4096,8192,16384",
+        "--vary",
+        "cluster.nic_bandwidth_gbps=" + ",".join(str(100 * k) for k in range(1, 41)),
+    ]
+    args = [
+        sys.executable,
+        "-c",
+        code,
+        "sweep",
+        "llama3-405b-4d-cp1-16384xh100",
+        *vary,
+        "--out",
+        str(out),
+        "--dask",
+        "local",
+        "--workers",
+        "2",
+        "--quiet",
+    ]
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    points = out / "points.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (points.exists() and len(points.read_text().splitlines()) >= 3):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (stdout, stderr)
+    assert "Traceback" not in stderr and "distributed" not in stderr, stderr
+    assert "interrupted: every finished point is saved" in stdout
+    done = len(points.read_text().splitlines())
+    assert 3 <= done < 160

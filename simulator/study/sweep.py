@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -271,6 +273,12 @@ def _execute(pending: list[Point], workers: int | None, dask: str | None):
     pool.shutdown()
 
 
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
 def _on_dask(pending: list[Point], workers: int | None, address: str):
     try:
         from dask.distributed import Client, LocalCluster, as_completed
@@ -280,24 +288,43 @@ def _on_dask(pending: list[Point], workers: int | None, address: str):
         ) from None
     cluster = None
     if address == "local":
-        cluster = LocalCluster(
-            n_workers=workers or os.cpu_count() or 1,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-        )
+        # the worker processes start with SIGINT ignored (a disposition that survives their exec): Ctrl-C reaches
+        # the whole process group, and only this process, which stops the cluster, should act on it (each worker
+        # printed a KeyboardInterrupt traceback)
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
+        try:
+            cluster = LocalCluster(
+                n_workers=workers or os.cpu_count() or 1,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=None,
+                silence_logs=logging.ERROR,  # the workers' own INFO / WARNING lines
+            )
+        finally:
+            if handler is not None:
+                signal.signal(signal.SIGINT, handler)
         client = Client(cluster)
     else:
         try:
             client = Client(address, timeout="10s")
         except Exception as e:  # OSError, TimeoutError, ValueError for a malformed address
             raise ScenarioError(f"--dask {address}: cannot reach the scheduler: {e}") from None
+    futures = []
     try:
         futures = client.map(simulate_point, [p.scenario for p in pending], pure=False)
         index = {f.key: p for f, p in zip(futures, pending, strict=True)}
         for f in as_completed(futures):
             yield index[f.key], f.result()
     finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
+        # after Ctrl-C the scheduler, nannies and workers log every task they drop and every worker they stop
+        # (warnings, not results): the interrupt is said once by the sweep itself
+        quiet = logging.getLogger("distributed")
+        level = quiet.level
+        quiet.setLevel(logging.CRITICAL)
+        try:
+            client.cancel(futures)
+            client.close()
+            if cluster is not None:
+                cluster.close()
+        finally:
+            quiet.setLevel(level)
