@@ -192,3 +192,19 @@ def test_cross_validation_refits_each_profile_without_the_source_it_predicts(mon
     # the per-GPU factor fitted on an MPT run goes with the source
     foundry = crossval.reference(get_framework("llm-foundry-2023"))
     assert "h100-sxm5-80gb" not in foundry.gpus and foundry.gemm_efficiency == 1.0
+
+
+def test_measured_peak_memory_is_a_validation_metric_and_no_run_that_trained_simulates_oom():
+    """Issue 31 item 4: simulator/validation/memory.yaml holds measured peak memory (the 2-node Megatron-DeepSpeed
+    report, torchtitan's FSDP runs); the predicted value is the simulated allocator peak, and none of the runs
+    that trained is flagged out of memory."""
+    from pathlib import Path
+
+    from simulator.validation.runner import case_scenario, run_case
+
+    cases = load_cases(Path(__file__).resolve().parents[1] / "simulator" / "validation" / "memory.yaml")
+    assert len(cases) >= 12 and {c["published"]["metric"] for c in cases} == {"peak_memory_gib"}
+    results = [run_case(c) for c in cases]
+    assert all(r.status in ("ok", "off") for r in results), [(r.id, r.status, r.message) for r in results]
+    first = simulate(load_scenario(case_scenario(cases[0]))).metrics
+    assert results[0].predicted == first.memory_gib["peak"]

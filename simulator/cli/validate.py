@@ -105,6 +105,7 @@ UNITS = {
     "iteration_time_s": "s/iter",
     "tokens_per_s_per_gpu": "tokens/s/GPU",
     "model_tflops_per_gpu": "TFLOP/s/GPU",
+    "peak_memory_gib": "GiB peak",
 }
 
 

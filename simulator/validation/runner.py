@@ -27,7 +27,10 @@ DEFAULT_CASES = Path(__file__).parent / "published.yaml"
 GATE_MEDIAN_ABS_ERROR_PCT = 10.0
 GATE_MAX_ABS_ERROR_PCT = 25.0
 
-METRICS = ("iteration_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu")
+# peak_memory_gib: the caching allocator's peak (what torch.cuda.max_memory_reserved, torchtitan's memory line and
+# DeepSpeed's / Megatron's memory reports give: model states, activations, buffers, fragmentation; not the CUDA
+# context or NCCL's own buffers, which nvidia-smi adds)
+METRICS = ("iteration_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "peak_memory_gib")
 
 
 @dataclass
@@ -88,6 +91,8 @@ def source_group(case: dict) -> str:
 
 def predicted_value(m: Metrics, published: dict, params: float, s=None) -> float:
     metric = published["metric"]
+    if metric == "peak_memory_gib":
+        return m.memory_gib["peak"]
     if metric != "model_tflops_per_gpu":
         return getattr(m, metric)
     convention = published.get("flop_convention", "megatron-model")
