@@ -283,3 +283,26 @@ def test_ctrl_c_under_dask_saves_the_finished_points_and_prints_no_worker_traceb
     assert "interrupted: every finished point is saved" in stdout
     done = len(points.read_text().splitlines())
     assert 3 <= done < 160
+
+
+def test_sweep_report_plots_grid_values_on_categorical_axes_in_grid_order():
+    """Issue 32 item 5: each varied field is a categorical axis in the grid's order (numbers by value), so 100 and
+    3,200 Gb/s sit evenly beside the values between instead of at a numeric axis's ends."""
+    from simulator.study.report import metric_figures
+
+    rows = [
+        {
+            "status": "ok",
+            "cluster.nic_bandwidth_gbps": bw,
+            "training.micro_batch_size": mbs,
+            "iteration_time_s": 1.0 / bw,
+        }
+        for bw in (3200, 100, 400, 12.5)
+        for mbs in (2, 1)
+    ]
+    figs = metric_figures(rows, ["cluster.nic_bandwidth_gbps", "training.micro_batch_size"])
+    first = figs[0]
+    assert first.layout.xaxis.type == "category"
+    assert list(first.layout.xaxis.categoryarray) == ["12.5", "100", "400", "3200"]
+    assert {x for trace in first.data for x in trace.x} == {"12.5", "100", "400", "3200"}
+    assert list(figs[1].layout.xaxis.categoryarray) == ["1", "2"]

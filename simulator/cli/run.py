@@ -83,7 +83,7 @@ def run(
                 with err.status(f"simulating {s.name} ({s.cluster.num_nodes} nodes)..."):
                     result = simulate(s, periodic=not every)
         if trace:
-            write_trace(result.timeline, trace)
+            write_trace(result, trace)
         if report:
             from simulator.report.html import write_report
 

@@ -78,24 +78,14 @@ def timeline_figure(timeline: Timeline, title: str = "", max_tasks: int = 20000)
         # collectives inside a compute task (tensor-parallel, pipeline send, ring attention): their own rows, one
         # bar per task and collective group, as long as they last together (a step of 12 layers holds dozens of TP
         # collectives: drawn one by one they made a 3D run's report 13 MB); the hover says how many and where
-        offset = start
-        spans: dict[tuple[str, str], list] = {}
-        for part in timeline.parts.get(t.id, ()):
-            if part.kind != "compute" and part.duration_s > 0:
-                span = spans.setdefault((part.kind, part.group), [offset, 0.0, 0, 0.0, 0.0])
-                span[1] = offset + part.duration_s
-                span[2] += 1
-                span[3] += part.duration_s
-                span[4] += part.bytes
-            offset += part.duration_s
-        for (kind, group), (first, last, count, seconds, nbytes) in spans.items():
+        for sp in timeline.inner_spans(t.id):
             bar(  # as long as they last together, from the first; the hover says where they are spread
-                kind,
-                f"{rank} · {group} (inside compute)",
-                first,
-                seconds,
-                f"{count} x {kind.replace('_', '-')} in {t.name}, spread over {(last - first) * 1e3:.3f} ms<br>"
-                f"{nbytes / 2**20:.1f} MiB in all",
+                sp.kind,
+                f"{rank} · {sp.group} (inside compute)",
+                sp.first_s,
+                sp.seconds,
+                f"{sp.count} x {sp.kind.replace('_', '-')} in {t.name}, spread over "
+                f"{(sp.last_s - sp.first_s) * 1e3:.3f} ms<br>{sp.bytes / 2**20:.1f} MiB in all",
             )
     fig = go.Figure()
     for kind, d in rows.items():

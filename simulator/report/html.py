@@ -11,10 +11,10 @@ import networkx as nx
 import plotly.graph_objects as go
 
 from simulator.api import Result
-from simulator.costs.host import HOST_GROUPS
 from simulator.metrics.layers import microbatch_view
 from simulator.metrics.metrics import Metrics
 from simulator.report.figures import COLOURS, figures_html, timeline_figure
+from simulator.report.links import link_name, link_utilisation
 from simulator.report.output import write_atomic
 
 MEMORY_PARTS = [
@@ -122,49 +122,14 @@ def layers_figure(result: Result) -> go.Figure:
 
 
 def link_figure(result: Result, top: int = 6, bins: int = 200) -> go.Figure:
-    """Utilisation over time of the busiest link classes (share of the class's bandwidth in use, from the
-    bytes each collective put on it while it ran): the first simulated rank's collective tasks and the
-    collectives inside its compute steps (tensor-parallel all-reduces, pipeline sends), each where it ran."""
-    tl, tasks = result.timeline, result.program.tasks
-    T = tl.makespan_s or 1.0
-    busy: dict = defaultdict(lambda: [0.0] * bins)
-    stage_of = [r.stage for r in result.program.ranks]
-
-    def load(phases, start: float, end: float) -> None:
-        if end <= start:
-            return
-        width = T / bins
-        for phase in phases:
-            for cls, seconds in phase.demand_s.items():
-                use = min(seconds / (end - start), 1.0)  # the link's share while the collective runs
-                for b in range(int(start / T * bins), min(int(end / T * bins) + 1, bins)):
-                    covered = min(end, (b + 1) * width) - max(start, b * width)  # of this bin
-                    if covered > 0:
-                        busy[cls][b] = min(busy[cls][b] + use * covered / width, 1.0)
-
-    for t in tasks:
-        if t.rank != 0:
-            continue
-        if t.is_collective:
-            load(result.task_phases(t, stage_of[t.rank]), tl.start[t.id], tl.end[t.id])
-            continue
-        offset = tl.start[t.id]
-        for part in tl.parts.get(t.id, ()):
-            span = part.duration_s + part.hidden_s
-            if part.kind != "compute" and part.group and part.group not in HOST_GROUPS:
-                load(
-                    result.comm.phases(part.kind, part.group, part.bytes, stage_of[t.rank]),
-                    offset,
-                    offset + span,
-                )
-            offset += part.duration_s
+    """Utilisation over time of the busiest link classes (report/links.py): the first simulated rank's collective
+    tasks and the collectives inside its compute steps (tensor-parallel all-reduces, pipeline sends)."""
+    xs, busy = link_utilisation(result, bins)
     ranked = sorted(busy.items(), key=lambda kv: -sum(kv[1]))[:top]
     fig = go.Figure()
-    xs = [(i + 0.5) * T / bins for i in range(bins)]
-    names = [f"{cls[1]} -> {cls[2]}" for cls, _ in ranked]
-    for (cls, ys), name in zip(ranked, names, strict=True):
-        if names.count(name) > 1:  # the same link name on nodes of different pipeline stages
-            name += f" [stages {','.join(str(x) for x in sorted(cls[0]))}]"
+    names = [link_name(cls) for cls, _ in ranked]
+    for cls, ys in ranked:
+        name = link_name(cls, names)  # the same link name on nodes of different pipeline stages: their stages
         kind = _link_kind(result, cls)
         fig.add_trace(go.Scatter(x=xs, y=[100 * y for y in ys], mode="lines", name=f"{name} ({kind})"))
     fig.update_layout(

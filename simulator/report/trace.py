@@ -1,19 +1,26 @@
 """Chrome-trace JSON (opens in Perfetto, ui.perfetto.dev, and chrome://tracing): a process per simulated rank,
-a thread per stream, complete events ("X") in microseconds with the operation's details as arguments, flow
-arrows from each step to the step on another rank that waits for it (pipeline sends), and counters per rank:
-activations in flight and memory."""
+a thread per stream, complete events ("X") in microseconds with the operation's details as arguments, the
+collectives inside compute steps (TP all-reduces, pipeline sends, ring attention) on threads of their own as
+the HTML report draws them, flow arrows from each step to the step on another rank that waits for it (pipeline
+sends), counters per rank (activations in flight, memory) and, given the whole result, a "links" process with
+the busiest link classes' utilisation as counter tracks (report/links.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from simulator.api import Result
 from simulator.program import COMPUTE
+from simulator.report.links import link_name, link_utilisation
 from simulator.report.output import write_atomic
 from simulator.timeline.timeline import Timeline
 
 
-def chrome_trace(timeline: Timeline) -> dict:
+def chrome_trace(source: Timeline | Result, links: int = 8, bins: int = 400) -> dict:
+    """The trace of a timeline; of a Result, with the ``links`` busiest link classes as counters over ``bins``
+    time bins."""
+    timeline = source.timeline if isinstance(source, Result) else source
     program = timeline.program
     events: list[dict] = []
     streams: dict[tuple[int, str], int] = {}
@@ -21,19 +28,19 @@ def chrome_trace(timeline: Timeline) -> dict:
         events.append(
             {"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}: {rc.label}"}}
         )
-    for t in program.tasks:
-        key = (t.rank, t.stream)
+
+    def thread(rank: int, name: str) -> int:
+        """The thread id of ``name`` on ``rank``'s process, named on first use."""
+        key = (rank, name)
         if key not in streams:
-            streams[key] = len([k for k in streams if k[0] == t.rank])
+            streams[key] = len([k for k in streams if k[0] == rank])
             events.append(
-                {
-                    "ph": "M",
-                    "name": "thread_name",
-                    "pid": t.rank,
-                    "tid": streams[key],
-                    "args": {"name": t.stream},
-                }
+                {"ph": "M", "name": "thread_name", "pid": rank, "tid": streams[key], "args": {"name": name}}
             )
+        return streams[key]
+
+    for t in program.tasks:
+        tid = thread(t.rank, t.stream)
         start, end = timeline.start[t.id], timeline.end[t.id]
         args = {"kind": t.kind, "phase": t.phase}
         if t.microbatch >= 0:
@@ -42,24 +49,41 @@ def chrome_trace(timeline: Timeline) -> dict:
             args.update(group=t.group, bytes=int(t.bytes))
         else:
             args["flops"] = float(sum(op.flops for op in t.ops))
-            parts = timeline.parts.get(t.id)
-            if parts:
-                args["collectives_inside"] = [
-                    f"{p.name}: {p.duration_s * 1e3:.3f} ms" for p in parts if p.kind != "compute"
-                ]
         events.append(
             {
                 "ph": "X",
                 "name": t.name,
                 "cat": t.kind,
                 "pid": t.rank,
-                "tid": streams[key],
+                "tid": tid,
                 "ts": start * 1e6,
                 "dur": (end - start) * 1e6,
                 "args": args,
             }
         )
+        for sp in () if t.is_collective else timeline.inner_spans(t.id):
+            inner = thread(t.rank, f"{sp.group} (inside compute)")
+            events.append(
+                {
+                    "ph": "X",
+                    "name": f"{sp.count} x {sp.kind.replace('_', '-')}",
+                    "cat": sp.kind,
+                    "pid": t.rank,
+                    "tid": inner,
+                    "ts": sp.first_s * 1e6,
+                    "dur": sp.seconds * 1e6,  # as long as they last together, from the first
+                    "args": {
+                        "in": t.name,
+                        "group": sp.group,
+                        "count": sp.count,
+                        "bytes": int(sp.bytes),
+                        "spread_ms": round((sp.last_s - sp.first_s) * 1e3, 6),
+                    },
+                }
+            )
     events += _flows(timeline, streams) + _counters(timeline)
+    if isinstance(source, Result):
+        events += _link_counters(source, len(program.ranks), links, bins)
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
@@ -144,5 +168,27 @@ def _counters(timeline: Timeline) -> list[dict]:
     return out
 
 
-def write_trace(timeline: Timeline, path: str | Path) -> None:
-    write_atomic(Path(path), json.dumps(chrome_trace(timeline)))
+def _link_counters(result: Result, pid: int, top: int, bins: int) -> list[dict]:
+    """A "links" process: the ``top`` busiest link classes' utilisation (% of bandwidth) as counter tracks."""
+    xs, busy = link_utilisation(result, bins)
+    ranked = sorted(busy.items(), key=lambda kv: -sum(kv[1]))[:top]
+    names = [link_name(cls) for cls, _ in ranked]
+    half = (xs[1] - xs[0]) / 2 if len(xs) > 1 else 0.0
+    out = [
+        {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": "links (first rank's collectives)"}}
+    ]
+    for cls, ys in ranked:
+        name = f"{link_name(cls, names)} (% busy)"
+        previous = None
+        for x, y in zip(xs, ys, strict=True):
+            value = round(100 * y, 2)
+            if value != previous:  # a counter holds its value until the next sample
+                out.append(
+                    {"ph": "C", "name": name, "pid": pid, "ts": (x - half) * 1e6, "args": {"%": value}}
+                )
+                previous = value
+    return out
+
+
+def write_trace(source: Timeline | Result, path: str | Path) -> None:
+    write_atomic(Path(path), json.dumps(chrome_trace(source)))

@@ -37,7 +37,7 @@ def metric_figures(rows: list[dict], fields: list[str]) -> list[go.Figure]:
             for value, sel in groups.items():
                 fig.add_trace(
                     go.Scatter(
-                        x=[_axis(r[f]) for r in sel],
+                        x=[_category(r[f]) for r in sel],
                         y=[r[column] for r in sel],
                         mode="markers",
                         name=f"{other} = {value}" if other else "points",
@@ -52,6 +52,12 @@ def metric_figures(rows: list[dict], fields: list[str]) -> list[go.Figure]:
                         hovertemplate="%{text}<br>%{x}: %{y}<extra></extra>",
                     )
                 )
+            # the grid's values as categories, evenly spaced in grid order (a numeric axis put 100 and 3,200 Gb/s
+            # at the ends with the points between crowded to one side)
+            grid = sorted({_category(r[f]): r[f] for r in rows if r.get(f) is not None}.values(), key=_order)
+            fig.update_xaxes(
+                type="category", categoryorder="array", categoryarray=[_category(v) for v in grid]
+            )
             fig.update_layout(
                 title=f"{title} vs {f} (crosses: out of memory)",
                 xaxis_title=f,
@@ -122,6 +128,15 @@ def write_sweep_report(rows: list[dict], fields: list[str], path: Path, title: s
 
 def _axis(v):
     return v if isinstance(v, int | float | str) else str(v)
+
+
+def _category(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _order(v) -> tuple:
+    """Numbers by value, then everything else by its text."""
+    return (0, v, "") if isinstance(v, int | float) and not isinstance(v, bool) else (1, 0, str(v))
 
 
 def _escape(text: str) -> str:

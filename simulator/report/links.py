@@ -1,0 +1,58 @@
+"""Link utilisation over an iteration, without plotting: the share of each link class's bandwidth in use per
+time bin, from the bytes each collective put on it while it ran (the HTML report's "busiest links" chart and
+the Perfetto trace's link counters)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from simulator.api import Result
+from simulator.costs.host import HOST_GROUPS
+
+
+def link_utilisation(result: Result, bins: int = 200) -> tuple[list[float], dict]:
+    """(bin centres in seconds, per link class the share of its bandwidth in use in each bin): the first simulated
+    rank's collective tasks and the collectives inside its compute steps (tensor-parallel all-reduces, pipeline
+    sends), each where it ran; a bin gets a collective's rate weighted by how much of the bin it covers."""
+    tl, tasks = result.timeline, result.program.tasks
+    T = tl.makespan_s or 1.0
+    busy: dict = defaultdict(lambda: [0.0] * bins)
+    stage_of = [r.stage for r in result.program.ranks]
+
+    def load(phases, start: float, end: float) -> None:
+        if end <= start:
+            return
+        width = T / bins
+        for phase in phases:
+            for cls, seconds in phase.demand_s.items():
+                use = min(seconds / (end - start), 1.0)  # the link's share while the collective runs
+                for b in range(int(start / T * bins), min(int(end / T * bins) + 1, bins)):
+                    covered = min(end, (b + 1) * width) - max(start, b * width)  # of this bin
+                    if covered > 0:
+                        busy[cls][b] = min(busy[cls][b] + use * covered / width, 1.0)
+
+    for t in tasks:
+        if t.rank != 0:
+            continue
+        if t.is_collective:
+            load(result.task_phases(t, stage_of[t.rank]), tl.start[t.id], tl.end[t.id])
+            continue
+        offset = tl.start[t.id]
+        for part in tl.parts.get(t.id, ()):
+            span = part.duration_s + part.hidden_s
+            if part.kind != "compute" and part.group and part.group not in HOST_GROUPS:
+                load(
+                    result.comm.phases(part.kind, part.group, part.bytes, stage_of[t.rank]),
+                    offset,
+                    offset + span,
+                )
+            offset += part.duration_s
+    return [(i + 0.5) * T / bins for i in range(bins)], dict(busy)
+
+
+def link_name(cls, all_names: list[str] | None = None) -> str:
+    """``nic0 -> leaf0``; with the stages of the link's nodes where the same name recurs on other stages."""
+    name = f"{cls[1]} -> {cls[2]}"
+    if all_names is not None and all_names.count(name) > 1:
+        name += f" [stages {','.join(str(x) for x in sorted(cls[0]))}]"
+    return name
