@@ -122,3 +122,41 @@ def test_json_of_a_calibrated_run_names_the_table(tmp_path):
     r = runner.invoke(app, ["run", str(path), "--kernels-only", str(out), "--json"])
     d = json.loads(r.stdout)
     assert d["cost_tables"]["table"] == str(out) and d["cost_sources"]["compute"]["measured"] >= 0.95
+
+
+def test_the_estimate_is_said_before_and_a_budget_stops_new_shapes(tmp_path):
+    """Issue 32 item 7: before the first shape is timed the command says how many there are and about how long
+    they take here (a probe of the device's matmul and copy rates); --budget stops starting new shapes once
+    spent, saves what is done and says how many are left; a later run goes on from the table."""
+    path = scenario(tmp_path)
+    out = tmp_path / "t"
+    args = ["calibrate", "kernels", str(path), "--out", str(out), "--device", "cpu", "--repeats", "1"]
+    r = runner.invoke(app, [*args, "--no-collectives", "--budget", "0.001s"])
+    assert r.exit_code == 0, r.output
+    said = " ".join(r.stderr.split())  # the console wraps at its width
+    assert (
+        " shapes to time on cpu (0 kept from before): about " in said and "--budget 0.001s stops it" in said
+    )
+    assert "--budget 0.001s spent: " in said and " shapes left, saved so far" in said
+    left = int(said.split("--budget 0.001s spent: ")[1].split()[0])
+    shapes = int(said.split()[0])
+    assert 0 < left < shapes  # one shape was timed before the budget was checked again
+    r = runner.invoke(app, [*args, "--no-collectives"])
+    assert r.exit_code == 0 and f"({left} measured now, {shapes - left} kept from before)" in r.stdout
+
+
+def test_durations_read_as_people_write_them():
+    from simulator.cli.calibrate import parse_duration
+    from simulator.errors import ScenarioError
+
+    assert [parse_duration(x, "--budget") for x in ("90s", "10m", "1h30m", "2h", "45", "0.5m")] == [
+        90,
+        600,
+        5400,
+        7200,
+        45,
+        30,
+    ]
+    for bad in ("", "soon", "10x", "0s", "40d"):
+        with pytest.raises(ScenarioError, match="--budget"):
+            parse_duration(bad, "--budget")

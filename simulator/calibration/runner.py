@@ -22,6 +22,7 @@ from simulator.errors import ScenarioError
 from simulator.hardware.topology import cluster_spec
 from simulator.scenario.schema import Scenario
 from simulator.tables.format import (
+    DTYPE_BYTES,
     CollectiveRow,
     CostTable,
     DeviceInfo,
@@ -31,6 +32,7 @@ from simulator.tables.format import (
     TableMeta,
 )
 from simulator.tables.io import read_existing, write_table
+from simulator.tables.lookup import SHAPED, work
 
 SAVE_EVERY_S = 5.0
 DEFAULT_MAX_BYTES = {"cpu": 2**30, "cuda": 8 * 2**30}  # largest memory-bound working set timed whole
@@ -46,6 +48,8 @@ class Summary:
     kept: int = 0  # rows found from an earlier run
     skipped: list[str] = field(default_factory=list)  # shapes not measured here, with the reason
     interrupted: bool = False
+    estimate_s: float = 0.0  # what the shapes to time were expected to take (a probe of this device)
+    left: int = 0  # shapes not timed when the --budget ran out (a later run goes on from the table)
 
 
 def require_torch() -> None:
@@ -128,15 +132,18 @@ def _free_port() -> int:
 
 
 def _measure_collectives(
-    groups: dict[int, list[CollectiveShape]], device, dtype, repeats, on_row, progress
+    groups: dict[int, list[CollectiveShape]], device, dtype, repeats, on_row, progress, over_budget
 ) -> None:
-    """One set of processes per group size; rows arrive as each size is timed."""
+    """One set of processes per group size; rows arrive as each size is timed; no new group starts once
+    ``over_budget()`` says the time is spent."""
     import torch.multiprocessing as mp
 
     from simulator.calibration.torch_ops import collective_worker
 
     ctx = mp.get_context("spawn")
     for n, shapes in groups.items():
+        if over_budget():
+            raise _BudgetSpent
         queue = ctx.Queue()
         work = [(shape.key, shape.op, shape.bytes) for shape in shapes]
         port = _free_port()
@@ -159,6 +166,63 @@ def _measure_collectives(
                     p.terminate()
 
 
+class _BudgetSpent(Exception):
+    pass
+
+
+# Per timed call beyond the kernel's own time: the launch (GPU) or Python dispatch (CPU), and, for memory-bound
+# kernels, the L2 flush of twice the cache before each (torch_ops.time_call); a collective group's processes
+# take seconds to spawn and join
+CALL_OVERHEAD_S = {"cuda": 15e-6, "cpu": 30e-6}
+FLUSH_BYTES = 2 * 50 * 2**20
+GROUP_START_S = 5.0
+
+
+def probe(device: str) -> tuple[float, float]:
+    """(FLOP/s of a 1,024-cube matmul, bytes/s of a 64 MiB copy) on ``device``: what the estimate scales by."""
+    import torch
+
+    def synchronize(device: str) -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    a = torch.randn(1024, 1024, dtype=dtype, device=device)
+    x = torch.empty(16 * 2**20, dtype=torch.float32, device=device)
+    y = torch.empty_like(x)
+    rates = []
+    for fn, amount in ((lambda: a @ a, 2 * 1024**3), (lambda: y.copy_(x), 2 * x.numel() * 4)):
+        fn()
+        synchronize(device)
+        t = time.perf_counter()
+        for _ in range(3):
+            fn()
+        synchronize(device)
+        rates.append(3 * amount / max(time.perf_counter() - t, 1e-9))
+    return rates[0], rates[1]
+
+
+def estimate_s(kernels, groups, device: str, repeats: int, rates: tuple[float, float]) -> float:
+    """Seconds the shapes should take here: each kernel's work at the probed rate (GEMM-like ops by FLOPs,
+    the rest by bytes moved), plus per-call overhead, for the warm-up and timed calls; each collective group's
+    start, and each size's bytes at the copy rate."""
+    from simulator.calibration.torch_ops import MEMORY_BOUND, WARMUP
+
+    flops, bandwidth = rates
+    calls = WARMUP + repeats
+    total = 0.0
+    for sh in kernels:
+        if sh.op in SHAPED:
+            seconds = work(sh.op, sh.direction, sh.m, sh.n, sh.k, sh.batch) / flops
+        else:
+            seconds = 3 * sh.m * sh.n * sh.batch * DTYPE_BYTES.get(sh.dtype, 4) / bandwidth
+        flush = FLUSH_BYTES / bandwidth if sh.op in MEMORY_BOUND else 0.0
+        total += calls * (seconds + flush + CALL_OVERHEAD_S[device])
+    for shapes in groups.values():
+        total += GROUP_START_S + sum(calls * (2 * sh.bytes / bandwidth + 50e-6) for sh in shapes)
+    return total
+
+
 def calibrate_kernels(
     s: Scenario,
     out: Path,
@@ -167,7 +231,12 @@ def calibrate_kernels(
     max_bytes: float | None = None,
     progress: Progress | None = None,
     collectives: bool = True,
+    budget_s: float | None = None,
+    announce: Callable[[Summary, int], None] | None = None,
 ) -> Summary:
+    """Time the shapes ``s`` costs that ``out`` lacks, saving as it goes. ``announce(summary, shapes)`` is told
+    the estimate before the first is timed; past ``budget_s`` seconds no new shape starts (what is timed is
+    saved, and a later run goes on from it)."""
     require_torch()
     import torch
 
@@ -201,8 +270,16 @@ def calibrate_kernels(
             continue
         groups.setdefault(sh.ranks, []).append(sh)
     total = len(todo_k) + sum(len(v) for v in groups.values())
+    if total:
+        summary.estimate_s = estimate_s(todo_k, groups, device, repeats, probe(device))
+    if announce:
+        announce(summary, total)
     done, last_save = 0, time.monotonic()
+    started = time.monotonic()
     tell = progress or (lambda *_: None)
+
+    def over_budget() -> bool:
+        return budget_s is not None and time.monotonic() - started > budget_s
 
     def save(force: bool = False) -> None:
         nonlocal last_save
@@ -212,6 +289,8 @@ def calibrate_kernels(
 
     try:
         for sh in todo_k:
+            if over_budget():
+                raise _BudgetSpent
             tell(done, total, f"{sh.op} {sh.direction} {sh.m}x{sh.n}x{sh.k}")
             try:
                 fn = kernel_call(sh.op, sh.direction, sh.dtype, sh.m, sh.n, sh.k, sh.batch, device)
@@ -266,9 +345,11 @@ def calibrate_kernels(
             save()
 
         if groups:
-            _measure_collectives(groups, device, s.training.precision, repeats, on_row, counted)
+            _measure_collectives(groups, device, s.training.precision, repeats, on_row, counted, over_budget)
     except KeyboardInterrupt:
         summary.interrupted = True
+    except _BudgetSpent:
+        summary.left = total - done
     if kernels or colls:
         save(force=True)
     return summary

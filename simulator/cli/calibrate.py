@@ -7,6 +7,7 @@ calibrate profile --filter IDS          fit a framework-generation profile to me
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -125,6 +126,13 @@ def calibrate_kernels(
             "layers' GEMMs through torch._scaled_mm, the rest in bf16; needs an FP8 GPU)."
         ),
     ] = None,
+    budget: Annotated[
+        str | None,
+        typer.Option(
+            help="Stop starting new shapes after this long (90s, 10m, 1h30m); what is timed is saved and a later "
+            "run goes on from it."
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
     """Time every kernel shape and collective SCENARIO's simulation costs, on this machine, into a table."""
@@ -142,6 +150,7 @@ def calibrate_kernels(
             fail(
                 "--dtype fp8: FP8 GEMMs run on a GPU with FP8 tensor cores (torch._scaled_mm); use --device cuda"
             )
+        budget_s = parse_duration(budget, "--budget") if budget is not None else None
         require_torch()
         s = load_scenario(scenario) if dtype is None else with_precision(scenario, dtype)
         columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
@@ -153,7 +162,19 @@ def calibrate_kernels(
             def progress(done: int, total: int, what: str) -> None:
                 bar.update(task, completed=done, total=total, description=what[:50])
 
-            summary = run_calibration(s, out, device, repeats, max_bytes, progress, collectives)
+            def announce(summary, shapes: int) -> None:
+                if shapes and not quiet:
+                    cap = f"; --budget {budget} stops it at {duration(budget_s)}" if budget_s else ""
+                    err.print(
+                        f"{shapes} shapes to time on {device} ({summary.kept} kept from before): about "
+                        f"{duration(summary.estimate_s)} by a probe of this device{cap}; Ctrl-C keeps what is done",
+                        markup=False,
+                        highlight=False,
+                    )
+
+            summary = run_calibration(
+                s, out, device, repeats, max_bytes, progress, collectives, budget_s, announce
+            )
     except ScenarioError as e:
         fail(str(e))
     t = summary.table
@@ -168,7 +189,38 @@ def calibrate_kernels(
     if summary.interrupted:
         err.print("interrupted: what was measured is saved; run the same command again to resume")
         raise typer.Exit(130)
+    if summary.left:
+        err.print(
+            f"--budget {budget} spent: {summary.left} shapes left, saved so far; run the same command again to go on",
+            markup=False,
+            highlight=False,
+        )
     print(f"use it: clustersim run {scenario} --kernels {out}")
+
+
+def parse_duration(text: str, option: str) -> float:
+    """90s, 10m, 1h30m, 2h or a number of seconds."""
+    parts = re.fullmatch(
+        r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text
+    )
+    if not text.strip() or parts is None or not any(parts.groups()):
+        raise ScenarioError(f"{option}: expected a duration such as 90s, 10m or 1h30m (got {text!r})")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in parts.groups())
+    total = 3600 * hours + 60 * minutes + seconds
+    if not 0 < total <= 30 * 86400:
+        raise ScenarioError(f"{option}: {text} is not between 1 s and 30 days")
+    return total
+
+
+def duration(seconds: float) -> str:
+    """12 s, 3.4 min, 2.1 h."""
+    if seconds < 1:
+        return "under 1 s"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def with_precision(path: Path, dtype: str):
