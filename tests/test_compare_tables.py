@@ -38,3 +38,26 @@ def test_every_row_shows_for_some_shipped_scenario_and_each_run_prints_alone(run
         print_table([(name, m)], Console(file=io.StringIO(), width=120))
         shown |= {label for label, get, fmt, *cond in ROWS if not cond or cond[0](m)}
     assert shown == {label for label, *_ in ROWS}
+
+
+@pytest.mark.slow
+def test_every_shipped_scenario_writes_a_report_and_a_trace_and_each_neighbour_pair_a_comparison(tmp_path):
+    """Issue 32's acceptance: `run --report --trace` for every shipped scenario and `compare --report` for each
+    scenario beside the next one (the table of every pair is checked above, in the default run)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from simulator.cli import app
+
+    runner = CliRunner()
+    names = sorted(shipped_scenarios())
+    for i, name in enumerate(names):
+        report, trace = tmp_path / f"{i}.html", tmp_path / f"{i}.json"
+        r = runner.invoke(app, ["run", name, "--quiet", "--report", str(report), "--trace", str(trace)])
+        assert r.exit_code in (0, 3), (name, r.output)
+        assert report.stat().st_size > 100_000 and json.loads(trace.read_text())["traceEvents"], name
+    for a, b in zip(names, names[1:], strict=False):
+        out = tmp_path / "c.html"
+        r = runner.invoke(app, ["compare", a, b, "--report", str(out)])
+        assert r.exit_code in (0, 3) and out.stat().st_size > 100_000, (a, b, r.output)

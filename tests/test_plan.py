@@ -408,3 +408,13 @@ def test_emit_gives_the_pick_in_each_framework_s_own_names():
         "context_parallel_degree": 1,
     }
     assert titan["training"]["local_batch_size"] == 32 and titan["activation_checkpoint"]["mode"] == "full"
+
+
+def test_confirming_on_a_process_pool_gives_the_same_plan():
+    """--jobs N simulates N layouts at once and folds them in estimate order: the same rows, times and folds as
+    one at a time."""
+    one = plan(base(), 8, top=4, options={"micro_batch_sizes": (2,), "jobs": 1})
+    two = plan(base(), 8, top=4, options={"micro_batch_sizes": (2,), "jobs": 2})
+    keys = ("layout", "iteration_time_s", "status", "same_time")
+    assert [tuple(t[k] for k in keys) for t in one["top"]] == [tuple(t[k] for k in keys) for t in two["top"]]
+    assert one["collapsed"] == two["collapsed"] and one["why"] == two["why"]

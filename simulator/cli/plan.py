@@ -4,6 +4,7 @@ search constraints, the layouts written as scenarios and the pick emitted for a 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from contextlib import nullcontext
@@ -153,6 +154,12 @@ def plan(
         float | None,
         typer.Option("--max-memory-gib", min=0.1, help="Per-GPU memory budget (default: the GPU's memory)."),
     ] = None,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            "--jobs", min=1, max=1024, help="Processes confirming layouts at once (default: one per core)."
+        ),
+    ] = None,
     emit: Annotated[
         str | None,
         typer.Option(
@@ -209,6 +216,7 @@ def plan(
                 options = search_options(
                     tp, pp, pp_max, cp, mbs, ep, sharding, no_zero3, recompute, max_memory_gib
                 )
+                options["jobs"] = jobs or os.cpu_count() or 1
                 result = run_plan(base, n, top=top, batch=global_batch_size, options=options)
     except ScenarioError as e:
         fail(str(e))

@@ -56,9 +56,8 @@ def plan(
 ) -> dict:
     """Screen every layout of ``base``'s model (``batch`` sequences per step, default the base's) and confirm
     the best ``top`` distinct ones with the simulation. ``options`` narrows the search (see layouts.candidates)
-    and may set ``max_memory_gib``, a per-GPU budget below the GPU's memory. Returns the JSON-ready result."""
-    from simulator.api import simulate
-
+    and may set ``max_memory_gib``, a per-GPU budget below the GPU's memory, and ``jobs``, processes that
+    confirm at once. Returns the JSON-ready result."""
     o = options or {}
     spec = cluster_spec(base)
     gpn = spec.node.gpus
@@ -88,51 +87,53 @@ def plan(
     fitting = sorted((e for e in estimates if e.fits), key=lambda e: e.iteration_s)
     confirmed: list[Confirmed] = []
     folded = 0
+    jobs = max(1, int(o.get("jobs", 1)))
+    pool = None
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(max_workers=jobs)
     # confirm layouts until ``top`` differ in shape or simulated time (at most 3 x top simulations): the screen
-    # cannot tell sharding variants of one shape apart (their estimates tie), the simulation can
-    for e in fitting[: 3 * top]:
-        if sum(c.status != "folded" for c in confirmed) >= top:
-            break
-        if progress:
-            progress(len(confirmed), min(top, len(fitting)))
-        try:
-            s = screen.scenario(e.layout)
-            m = simulate(s, cluster=cluster).metrics
-        except ScenarioError as err:
-            confirmed.append(
-                Confirmed(e.layout, e.iteration_s, None, None, None, None, None, None, "invalid", str(err))
+    # cannot tell sharding variants of one shape apart (their estimates tie), the simulation can. With ``jobs``
+    # processes, as many are simulated at once and folded in estimate order, as one by one would.
+    queue = fitting[: 3 * top]
+    try:
+        while queue and sum(c.status != "folded" for c in confirmed) < top:
+            batch_ = queue[: min(jobs, top - sum(c.status != "folded" for c in confirmed))]
+            queue = queue[len(batch_) :]
+            if progress:
+                progress(len(confirmed), min(top, len(fitting)))
+            scenarios = []
+            for e in batch_:
+                try:
+                    scenarios.append(screen.scenario(e.layout))
+                except ScenarioError as err:
+                    scenarios.append(err)
+            todo = [sc for sc in scenarios if not isinstance(sc, ScenarioError)]
+            done = (
+                list(pool.map(_confirm, todo))
+                if pool and len(todo) > 1
+                else [_confirm(sc, cluster) for sc in todo]
             )
-            continue
-        device_gib = m.memory_gib["device"]  # what must fit: peak allocation, CUDA context, NCCL buffers
-        status, reason = "ok", ""
-        if m.oom or device_gib > capacity_gib:
-            status = "oom"
-            reason = (
-                f"simulated {device_gib:.2f} GiB per GPU > {capacity_gib:.2f} GiB"
-                f"{' (--max-memory-gib)' if budget_gib is not None else ''}; the screen estimated "
-                f"{e.memory_gib:.2f} GiB (the simulation adds the allocator's peak, CUDA context and NCCL buffers)"
-            )
-        confirmed.append(
-            Confirmed(
-                e.layout,
-                e.iteration_s,
-                m.iteration_time_s,
-                m.mfu,
-                device_gib,
-                m.bubble_fraction,
-                m.comm["exposed_s"],
-                m.host.get("gpu_busy_s"),
-                status,
-                reason,
-                m.breakdown,
-                s.model_dump(mode="json", exclude_defaults=True),
-            )
-        )
-        twin = _twin(confirmed[-1], confirmed[:-1])
-        if twin is not None:  # simulated the same as a confirmed layout of its shape: named beside it
-            twin.same_time.append(f"{e.layout.sharding} rc:{e.layout.recompute}")
-            confirmed[-1].status = "folded"
-            folded += 1
+            outcomes = iter(done)
+            for e, sc in zip(batch_, scenarios, strict=True):
+                got = sc if isinstance(sc, ScenarioError) else next(outcomes)
+                if isinstance(got, (ScenarioError, str)):
+                    confirmed.append(
+                        Confirmed(
+                            e.layout, e.iteration_s, None, None, None, None, None, None, "invalid", str(got)
+                        )
+                    )
+                    continue
+                confirmed.append(_confirmed(e, sc, got, capacity_gib, budget_gib))
+                twin = _twin(confirmed[-1], confirmed[:-1])
+                if twin is not None:  # simulated the same as a confirmed layout of its shape: named beside it
+                    twin.same_time.append(f"{e.layout.sharding} rc:{e.layout.recompute}")
+                    confirmed[-1].status = "folded"
+                    folded += 1
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     confirmed = [c for c in confirmed if c.status != "folded"]
     ranked = sorted(
         confirmed,
@@ -149,6 +150,52 @@ def plan(
         "top": [c.to_dict() for c in ranked],
         "why": why(ranked),
     }
+
+
+def _confirm(s: Scenario, cluster: Cluster | None = None) -> dict | str:
+    """The simulated numbers plan keeps for one layout (a process-pool worker builds its own cluster), or the
+    reason it is invalid."""
+    from simulator.api import simulate
+
+    try:
+        m = simulate(s, cluster=cluster).metrics
+    except ScenarioError as err:
+        return str(err)
+    return {
+        "iteration_time_s": m.iteration_time_s,
+        "mfu": m.mfu,
+        "device_gib": m.memory_gib["device"],  # what must fit: peak allocation, CUDA context, NCCL buffers
+        "bubble_fraction": m.bubble_fraction,
+        "exposed_s": m.comm["exposed_s"],
+        "gpu_busy_s": m.host.get("gpu_busy_s"),
+        "oom": m.oom,
+        "breakdown": m.breakdown,
+    }
+
+
+def _confirmed(e, s: Scenario, m: dict, capacity_gib: float, budget_gib: float | None) -> Confirmed:
+    status, reason = "ok", ""
+    if m["oom"] or m["device_gib"] > capacity_gib:
+        status = "oom"
+        reason = (
+            f"simulated {m['device_gib']:.2f} GiB per GPU > {capacity_gib:.2f} GiB"
+            f"{' (--max-memory-gib)' if budget_gib is not None else ''}; the screen estimated "
+            f"{e.memory_gib:.2f} GiB (the simulation adds the allocator's peak, CUDA context and NCCL buffers)"
+        )
+    return Confirmed(
+        e.layout,
+        e.iteration_s,
+        m["iteration_time_s"],
+        m["mfu"],
+        m["device_gib"],
+        m["bubble_fraction"],
+        m["exposed_s"],
+        m["gpu_busy_s"],
+        status,
+        reason,
+        m["breakdown"],
+        s.model_dump(mode="json", exclude_defaults=True),
+    )
 
 
 def _twin(c: Confirmed, others: list[Confirmed]) -> Confirmed | None:
