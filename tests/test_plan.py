@@ -418,3 +418,16 @@ def test_confirming_on_a_process_pool_gives_the_same_plan():
     keys = ("layout", "iteration_time_s", "status", "same_time")
     assert [tuple(t[k] for k in keys) for t in one["top"]] == [tuple(t[k] for k in keys) for t in two["top"]]
     assert one["collapsed"] == two["collapsed"] and one["why"] == two["why"]
+
+
+def test_plan_says_what_validation_says_of_its_profile():
+    """Issue 32 item 4: the caveat line under the table is the profile's own accuracy note (held out first); every
+    shipped profile that published runs validate has one."""
+    from simulator.frameworks import get_framework
+
+    r = plan(base(), 8, top=1, options={"micro_batch_sizes": (2,), "shardings": ("ddp",)})
+    assert (
+        r["caveat"] == "caveat (ideal profile): no published run validates this profile; docs/validation.md"
+    )
+    for name in ("megatron-2021", "megatron-2022", "megatron-core-2024", "llm-foundry-2023", "pytorch-2024"):
+        assert "%" in get_framework(name).accuracy, name

@@ -290,6 +290,7 @@ def plan(
             highlight=False,
         )
     c.print(result["why"], markup=False, highlight=False)
+    c.print(result["caveat"], markup=False, highlight=False)
     for path in written:
         c.print(f"wrote {path}")
     if emit and pick is None:

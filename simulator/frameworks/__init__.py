@@ -149,6 +149,12 @@ class Framework(BaseModel):
         "(pytorch/pytorch#86509: 274 vs 636 MiB for one small tensor; #109888).",
     )
     fitted: str = Field("", description="How the numbers were obtained: cases, command, date.")
+    accuracy: str = Field(
+        "",
+        max_length=400,
+        description="What validation says of predictions on this profile, held out first (docs/validation.md): "
+        "shown under plan's table.",
+    )
     fit_params: tuple[str, ...] = Field(
         (),
         description="The parameters fitted on published.yaml cases (clustersim validate --cross-validate refits them).",

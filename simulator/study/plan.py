@@ -149,7 +149,17 @@ def plan(
         "memory_budget_gib": capacity_gib,
         "top": [c.to_dict() for c in ranked],
         "why": why(ranked),
+        "caveat": caveat(base.framework),
     }
+
+
+def caveat(framework: str) -> str:
+    """What validation says of the profile the plan simulated with (its ``accuracy``, docs/validation.md)."""
+    from simulator.frameworks import get_framework
+
+    profile = get_framework(framework)
+    text = profile.accuracy or "no published run validates this profile"
+    return f"caveat ({profile.name} profile): {text}; docs/validation.md"
 
 
 def _confirm(s: Scenario, cluster: Cluster | None = None) -> dict | str:
