@@ -260,3 +260,87 @@ def test_the_3d_trace_carries_the_collectives_inside_steps_and_link_counters(tmp
     assert 1 <= len(names) <= 8 and any("nvswitch" in n for n in names)
     busiest = max(e["args"]["%"] for e in counters)
     assert 5 < busiest <= 100
+
+
+CHECK_SCRIPT = """<script>
+window.addEventListener('load', () => setTimeout(() => {
+  const out = [];
+  document.querySelectorAll('.js-plotly-plot').forEach((div) => {
+    const box = div.getBoundingClientRect();
+    const legend = div.querySelector('g.legend');
+    const l = legend ? legend.getBoundingClientRect() : null;
+    const ticks = Array.from(div.querySelectorAll('.ytick text')).map((t) => t.textContent);
+    out.push({id: div.id, box: [box.left, box.top, box.right, box.bottom],
+              legend: l && [l.left, l.top, l.right, l.bottom], yticks: ticks});
+  });
+  document.body.setAttribute('data-check', JSON.stringify(out));
+}, 1500));
+</script>"""
+
+
+def rendered_layout(page, tmp_path) -> list[dict]:
+    """Each plotly panel of ``page`` as headless Chromium lays it out: its box, its legend's box, its y ticks."""
+    import html
+    import re
+
+    probe = tmp_path / f"probe-{page.name}"
+    probe.write_text(page.read_text().replace("</body>", CHECK_SCRIPT + "</body>"))
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'p'}",
+    ]
+    dom = subprocess.run(
+        [
+            CHROMIUM,
+            *flags,
+            "--virtual-time-budget=10000",
+            "--window-size=1400,2600",
+            "--dump-dom",
+            probe.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    ).stdout
+    found = re.search(r'data-check="([^"]*)"', dom)
+    assert found, "the page did not finish drawing"
+    return json.loads(html.unescape(found.group(1)))
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)")
+def test_the_3d_report_and_a_sweep_report_lay_out_right_in_chromium(tmp_path):
+    """Issue 32's acceptance: in headless Chromium, the 384-GPU 3D run's timeline lists its 8 stages in numeric
+    order, and no panel's legend (of it or of a sweep report) runs past its box (plotly's default legend beside
+    the plot cut long names at the right edge)."""
+    import re
+
+    report = tmp_path / "3d.html"
+    r = CliRunner().invoke(app, ["run", "gpt3-175b-megatron-deepspeed-3d-384xa100", "--report", str(report)])
+    assert r.exit_code == 0, r.output
+    sweep = tmp_path / "sweep.html"
+    args = [
+        "sweep",
+        "quickstart",
+        "--vary",
+        "training.micro_batch_size=1,2",
+        "--vary",
+        "cluster.num_nodes=1,2",
+    ]
+    r = CliRunner().invoke(
+        app, [*args, "--out", str(tmp_path / "sw"), "--report", str(sweep), "--workers", "1"]
+    )
+    assert r.exit_code == 0, r.output
+    for page in (report, sweep):
+        panels = rendered_layout(page, tmp_path)
+        assert panels
+        for p in panels:
+            if p["legend"]:
+                (bl, bt, br, bb), (ll, lt, lr, lb) = p["box"], p["legend"]
+                assert bl - 1 <= ll and lr <= br + 1 and bt - 1 <= lt and lb <= bb + 1, (page.name, p)
+    timeline = rendered_layout(report, tmp_path)[0]
+    stages = [int(re.match(r"stage (\d+)", t).group(1)) for t in timeline["yticks"]]
+    assert sorted(set(stages)) == list(range(8))
+    assert stages == sorted(stages) or stages == sorted(stages, reverse=True)  # the PP diagonal, in order

@@ -45,7 +45,14 @@ def plotly_script() -> str:
 
 
 def figures_html(figures: list, **kw) -> str:
-    """The figures as one self-contained HTML fragment: plotly.js once, then each figure's div."""
+    """The figures as one self-contained HTML fragment: plotly.js once, then each figure's div. A vertical legend
+    beside the plot (plotly's default) is moved below it, laid out across the figure's width: beside it, long
+    trace names ran past the div's right edge and were cut."""
+    for fig in figures:
+        if fig.layout.showlegend is not False and fig.layout.legend.orientation != "h":
+            fig.update_layout(
+                legend={"orientation": "h", "yanchor": "top", "y": -0.18, "xanchor": "left", "x": 0}
+            )
     parts = [
         fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"panel{i}", **kw)
         for i, fig in enumerate(figures)
