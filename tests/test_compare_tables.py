@@ -61,3 +61,15 @@ def test_every_shipped_scenario_writes_a_report_and_a_trace_and_each_neighbour_p
         out = tmp_path / "c.html"
         r = runner.invoke(app, ["compare", a, b, "--report", str(out)])
         assert r.exit_code in (0, 3) and out.stat().st_size > 100_000, (a, b, r.output)
+
+
+@pytest.mark.slow
+def test_every_pair_of_shipped_scenarios_draws_the_comparison_page(runs):
+    """The comparison page's figures (compare --report) for every pair of shipped scenarios, serialised as the
+    page embeds them: a value only some runs have never breaks a chart (the files themselves are written for
+    neighbour pairs above)."""
+    from simulator.report.compare_html import compare_figures
+
+    for pair in itertools.combinations(runs, 2):
+        figures = compare_figures(list(pair))
+        assert len(figures) == 3 and all(f.to_json() for f in figures), [name for name, _ in pair]
