@@ -160,3 +160,35 @@ def test_durations_read_as_people_write_them():
     for bad in ("", "soon", "10x", "0s", "40d"):
         with pytest.raises(ScenarioError, match="--budget"):
             parse_duration(bad, "--budget")
+
+
+def test_ctrl_c_inside_a_shape_keeps_its_finished_samples_as_a_row(tmp_path, monkeypatch):
+    """Issue 32 item 7: Ctrl-C during a shape's timed calls keeps the samples already taken (the row says how
+    many), saves the table and stops; the next run goes on from the shapes after it."""
+    from simulator.calibration import torch_ops
+
+    calls = {"n": 0}
+    real = torch_ops.kernel_call
+
+    def flaky(*args, **kw):
+        fn = real(*args, **kw)
+
+        def call():
+            calls["n"] += 1
+            if calls["n"] == torch_ops.WARMUP + 3 + 1:  # the 4th timed call of the first shape
+                raise KeyboardInterrupt
+            return fn()
+
+        return call
+
+    monkeypatch.setattr(torch_ops, "kernel_call", flaky)
+    path = scenario(tmp_path)
+    out = tmp_path / "t"
+    args = ["calibrate", "kernels", str(path), "--out", str(out), "--device", "cpu", "--repeats", "5"]
+    r = runner.invoke(app, [*args, "--no-collectives"])
+    assert r.exit_code == 130, r.output
+    assert "interrupted: what was measured is saved" in " ".join(r.stderr.split())
+    from simulator.tables.io import read_table
+
+    rows = read_table(out).kernels
+    assert len(rows) == 1 and rows[0].repeats == 3 and rows[0].median_us > 0

@@ -240,7 +240,7 @@ def calibrate_kernels(
     require_torch()
     import torch
 
-    from simulator.calibration.torch_ops import MEMORY_BOUND, kernel_call, time_call
+    from simulator.calibration.torch_ops import MEMORY_BOUND, Interrupted, kernel_call, time_call
 
     if device == "cuda" and not torch.cuda.is_available():
         raise ScenarioError("--device cuda: PyTorch sees no CUDA device here (use --device cpu)")
@@ -292,29 +292,22 @@ def calibrate_kernels(
             if over_budget():
                 raise _BudgetSpent
             tell(done, total, f"{sh.op} {sh.direction} {sh.m}x{sh.n}x{sh.k}")
+            stop = None
             try:
                 fn = kernel_call(sh.op, sh.direction, sh.dtype, sh.m, sh.n, sh.k, sh.batch, device)
-                us, spread, host = time_call(fn, device, repeats, flush=sh.op in MEMORY_BOUND)
+                us, spread, host, samples = time_call(fn, device, repeats, flush=sh.op in MEMORY_BOUND)
+            except Interrupted as e:  # Ctrl-C mid-shape: its finished samples make the row, then stop
+                (us, spread, host, samples), stop = e.partial, e
             except (RuntimeError, ValueError) as e:  # out of memory, or an op this PyTorch lacks
                 summary.skipped.append(f"{sh.op} {sh.m}x{sh.n}x{sh.k}: {str(e).splitlines()[0][:120]}")
-            else:
-                kernels.append(
-                    KernelRow(
-                        sh.op,
-                        sh.dtype,
-                        sh.m,
-                        sh.n,
-                        sh.k,
-                        sh.batch,
-                        us,
-                        sh.direction,
-                        repeats,
-                        round(spread, 1),
-                        host,
-                        sh.name,
-                    )
-                )
-                summary.measured += 1
+                done += 1
+                save()
+                continue
+            row = (sh.op, sh.dtype, sh.m, sh.n, sh.k, sh.batch, us, sh.direction, samples, round(spread, 1))
+            kernels.append(KernelRow(*row, host, sh.name))
+            summary.measured += 1
+            if stop is not None:
+                raise KeyboardInterrupt
             done += 1
             save()
 

@@ -133,8 +133,9 @@ def _forward(op: str, m: int, n: int, k: int, batch: int, t, device: str):
     raise ValueError(f"no PyTorch kernel for '{op}'")
 
 
-def time_call(fn: Callable, device: str, repeats: int, flush: bool) -> tuple[float, float, float | None]:
-    """(median us, spread %, host us or None) of ``repeats`` samples of ``fn`` after warm-up.
+def time_call(fn: Callable, device: str, repeats: int, flush: bool) -> tuple[float, float, float | None, int]:
+    """(median us, spread %, host us or None, samples) of ``repeats`` samples of ``fn`` after warm-up; Ctrl-C
+    after a sample raises Interrupted with what the samples so far give.
 
     On CUDA a sample is ``CALLS`` calls queued back to back behind a GPU spin longer than their issue (so the
     events time the kernels, not the host), divided by ``CALLS``: the kernel's time in a stream of kernels,
@@ -155,6 +156,31 @@ def time_call(fn: Callable, device: str, repeats: int, flush: bool) -> tuple[flo
     if cuda:
         torch.cuda.synchronize(device)
     times, host = [], []
+    try:
+        _samples(fn, cuda, scratch, hold, calls, repeats, times, host)
+    except KeyboardInterrupt:  # Ctrl-C: the samples taken so far are a row too (with fewer repeats)
+        if not times:
+            raise
+        raise Interrupted(_summary(times, host)) from None
+    return _summary(times, host)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C inside a shape's timing, with what its finished samples give: (median us, spread %, host us or
+    None, samples)."""
+
+    def __init__(self, partial: tuple[float, float, float | None, int]):
+        super().__init__()
+        self.partial = partial
+
+
+def _summary(times: list[float], host: list[float]) -> tuple[float, float, float | None, int]:
+    mid = statistics.median(times)
+    spread = 100.0 * (max(times) - min(times)) / mid if mid > 0 else 0.0
+    return mid, spread, statistics.median(host) if host else None, len(times)
+
+
+def _samples(fn, cuda: bool, scratch, hold: int, calls: int, repeats: int, times: list, host: list) -> None:
     for _ in range(repeats):
         if cuda:
             if scratch is not None:
@@ -173,9 +199,6 @@ def time_call(fn: Callable, device: str, repeats: int, flush: bool) -> tuple[flo
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e6)
-    mid = statistics.median(times)
-    spread = 100.0 * (max(times) - min(times)) / mid if mid > 0 else 0.0
-    return mid, spread, statistics.median(host) if host else None
 
 
 # -- collectives ------------------------------------------------------------------------------------------------
