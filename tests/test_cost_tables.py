@@ -317,3 +317,24 @@ def test_a_users_table_is_layered_over_the_shipped_one(tmp_path):
     assert alone["cost_sources"]["communication"]["modelled"] == 1.0
     r = runner.invoke(app, ["run", "quickstart", "--kernels", str(path), "--kernels-only", str(path)])
     assert r.exit_code == 2 and r.stderr.strip() == "error: --kernels and --kernels-only: give one of them"
+
+
+def test_a_shipped_table_is_parsed_once_and_read_back_from_the_cache(tmp_path, monkeypatch):
+    """Issue 33 item 1: the shipped table's CSVs (~0.1 s to parse, every process) are pickled under
+    $CLUSTERSIM_CACHE keyed by the files' sizes and times; a later read gives the same rows, and a cache file
+    that cannot be read is parsed again and rewritten, never an error."""
+    from simulator.tables import select
+    from simulator.tables.io import read_table
+
+    monkeypatch.setenv("CLUSTERSIM_CACHE", str(tmp_path))
+    path = select.shipped_tables()["a100-sxm4-80gb"]
+    stamp = select._stamp(path)
+    first = select._cached_shipped(path, stamp)
+    (cached,) = (tmp_path / "tables").glob("a100-sxm4-80gb-*.pickle")
+    again = select._cached_shipped(path, stamp)
+    parsed = read_table(path)
+    assert again.kernels == first.kernels == parsed.kernels and again.collectives == parsed.collectives
+    assert again.meta == parsed.meta and again.path == path
+    cached.write_bytes(b"not a pickle")
+    assert select._cached_shipped(path, stamp).kernels == parsed.kernels
+    assert cached.read_bytes() != b"not a pickle"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-import yaml
+from simulator.scenario.files import load_shipped_yaml
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 _DATA = Path(__file__).with_name("nccl.yaml")
@@ -32,7 +32,7 @@ class ProtocolCost:
 
 @cache
 def defaults() -> dict:
-    return yaml.safe_load(_DATA.read_text())
+    return load_shipped_yaml(_DATA.read_text())
 
 
 def protocol_costs(

@@ -6,10 +6,8 @@ import re
 from functools import cache
 from pathlib import Path
 
-import yaml
-
 from simulator import paths
-from simulator.scenario.files import check_path_value
+from simulator.scenario.files import check_path_value, load_shipped_yaml
 from simulator.scenario.hf_config import read_hf_config
 
 _PRESETS_FILE = Path(__file__).parent / "presets" / "models.yaml"
@@ -19,7 +17,7 @@ MODEL_SOURCE_KEYS = ("preset", "hf_config")
 
 @cache
 def model_presets() -> dict[str, dict]:
-    return yaml.safe_load(_PRESETS_FILE.read_text())
+    return load_shipped_yaml(_PRESETS_FILE.read_text())
 
 
 def expand_model_section(data, base_dir: Path | None = None):

@@ -28,6 +28,7 @@ from simulator.tables.format import (
     DTYPES,
     KERNEL_OPS,
     PASSES,
+    SHIPPED_DIR,
     CollectiveRow,
     CostTable,
     KernelRow,
@@ -191,7 +192,8 @@ def read_table(directory: str | Path) -> CostTable:
         raise ScenarioError(
             f"{directory}: no table.yaml (a table is a directory with table.yaml + CSV files)"
         )
-    data = read_yaml(meta_path)  # bounded: UTF-8, size, depth, alias expansion
+    # bounded (UTF-8, size, depth, alias expansion) unless it is one of the package's own
+    data = read_yaml(meta_path, shipped=directory.resolve().parent == SHIPPED_DIR.resolve())
     try:
         meta = TableMeta.model_validate(data)
     except ValidationError as e:

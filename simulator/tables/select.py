@@ -10,6 +10,9 @@ whose fabric matches the table's ``system``, so what-ifs with other links fall b
 
 from __future__ import annotations
 
+import hashlib
+import os
+import pickle
 from functools import cache
 from pathlib import Path
 
@@ -34,7 +37,48 @@ def _stamp(path: Path) -> tuple:
 
 @cache
 def _load(path: str, stamp: tuple) -> CostTable:
+    if Path(path).parent == SHIPPED_DIR.resolve() or Path(path).parent == SHIPPED_DIR:
+        return _cached_shipped(Path(path), stamp)
     return read_table(path)
+
+
+CACHE_VERSION = 1  # bump when CostTable, KernelRow or CollectiveRow change shape
+
+
+def cache_dir() -> Path:
+    """Where parsed shipped tables are kept between processes: $CLUSTERSIM_CACHE, else the user's cache
+    directory (XDG), ``clustersim/tables``."""
+    root = os.environ.get("CLUSTERSIM_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "clustersim"
+    )
+    return Path(root) / "tables"
+
+
+def _cached_shipped(path: Path, stamp: tuple) -> CostTable:
+    """A shipped table parsed once per install: its rows pickled under cache_dir(), keyed by the table's name,
+    files' sizes and modification times and the cache version (parsing its CSVs took ~0.1 s of every process's
+    start; unpickling takes a few ms). Any problem with the cache is a reason to parse, never an error."""
+    files = sorted(p for p in path.iterdir() if p.is_file())
+    key = hashlib.sha256(
+        repr((CACHE_VERSION, path.name, [(p.name, p.stat().st_size) for p in files], stamp)).encode()
+    ).hexdigest()[:24]
+    target = cache_dir() / f"{path.name}-{key}.pickle"
+    try:
+        with open(target, "rb") as f:
+            meta, kernels, collectives = pickle.load(f)
+        return CostTable(meta, kernels, collectives, path)
+    except Exception:  # missing, stale format, unreadable: parse the CSVs
+        pass
+    table = read_table(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump((table.meta, table.kernels, table.collectives), f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, target)
+    except OSError:  # a read-only home: parse every time
+        pass
+    return table
 
 
 def check_choice(choice: str, field: str = "kernels", base_dir: Path | None = None) -> str:
