@@ -48,7 +48,7 @@ def all_pairs(groups, gpus_per_node: int) -> tuple[np.ndarray, np.ndarray, np.nd
         if n <= ALL_PAIRS_EXACT:
             rotations = [(s, 1.0) for s in range(1, n)]
         else:
-            c = int(max(np.unique(row // gpus_per_node, return_counts=True)[1].max() for row in g[:1]))
+            c = int(np.unique(g[0] // gpus_per_node, return_counts=True)[1].max())
             middle = n - 2 * c + 1  # rotations c .. n-c: every pair crosses nodes
             k = min(SAMPLED_ROTATIONS, middle)
             picked = [c + (j * middle + middle // 2) // k for j in range(k)]
@@ -79,8 +79,6 @@ def hops(kind: str, groups, gpus_per_node: int, nics: int):
         segs = list(by_node.values())
         if kind == "pairs":  # send/recv: rank i -> rank i+1 of the group (pipeline neighbours)
             hops += [(a, b, 1.0) for a, b in zip(grp[:-1], grp[1:], strict=False)]
-        elif kind == "all_pairs":
-            raise ValueError("all_pairs: use all_pairs() (arrays)")
         elif kind == "ring":
             # NCCL runs one ring per NIC rail. Ring c enters and leaves every node on the same rail: it
             # crosses even nodes from GPU off to GPU off-1 and odd nodes back from off-1 to off.

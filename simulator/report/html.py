@@ -14,7 +14,7 @@ from simulator.api import Result
 from simulator.metrics.layers import microbatch_view
 from simulator.metrics.metrics import Metrics
 from simulator.report.figures import COLOURS, figures_html, timeline_figure
-from simulator.report.links import link_name, link_utilisation
+from simulator.report.links import busiest
 from simulator.report.output import write_atomic
 
 MEMORY_PARTS = [
@@ -124,12 +124,9 @@ def layers_figure(result: Result) -> go.Figure:
 def link_figure(result: Result, top: int = 6, bins: int = 200) -> go.Figure:
     """Utilisation over time of the busiest link classes (report/links.py): the first simulated rank's collective
     tasks and the collectives inside its compute steps (tensor-parallel all-reduces, pipeline sends)."""
-    xs, busy = link_utilisation(result, bins)
-    ranked = sorted(busy.items(), key=lambda kv: -sum(kv[1]))[:top]
+    xs, ranked = busiest(result, top, bins)
     fig = go.Figure()
-    names = [link_name(cls) for cls, _ in ranked]
-    for cls, ys in ranked:
-        name = link_name(cls, names)  # the same link name on nodes of different pipeline stages: their stages
+    for cls, name, ys in ranked:
         kind = _link_kind(result, cls)
         fig.add_trace(go.Scatter(x=xs, y=[100 * y for y in ys], mode="lines", name=f"{name} ({kind})"))
     fig.update_layout(

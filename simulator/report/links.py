@@ -50,7 +50,16 @@ def link_utilisation(result: Result, bins: int = 200) -> tuple[list[float], dict
     return [(i + 0.5) * T / bins for i in range(bins)], dict(busy)
 
 
-def link_name(cls, all_names: list[str] | None = None) -> str:
+def busiest(result: Result, top: int, bins: int) -> tuple[list[float], list[tuple]]:
+    """(bin centres in seconds, the ``top`` busiest link classes as (class, name, utilisation per bin)), busiest
+    first by time-integrated use; a link name that recurs on nodes of other pipeline stages carries its stages."""
+    xs, busy = link_utilisation(result, bins)
+    ranked = sorted(busy.items(), key=lambda kv: -sum(kv[1]))[:top]
+    names = [_name(cls) for cls, _ in ranked]
+    return xs, [(cls, _name(cls, names), ys) for cls, ys in ranked]
+
+
+def _name(cls, all_names: list[str] | None = None) -> str:
     """``nic0 -> leaf0``; with the stages of the link's nodes where the same name recurs on other stages."""
     name = f"{cls[1]} -> {cls[2]}"
     if all_names is not None and all_names.count(name) > 1:

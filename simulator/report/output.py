@@ -50,16 +50,8 @@ def write_atomic(path: Path, text: str, option: str = "") -> None:
     """Write ``text`` to ``path`` whole: a reader never sees half a file, a failure leaves none; a character
     device or FIFO at ``path`` is written through, never replaced."""
     path = Path(path)
-    label = option or str(path)
-    if paths.write_through(path):
-        try:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-        except OSError as e:
-            raise ScenarioError(f"{label}: cannot write: {e.strerror}") from None
-        return
     paths.check_target(path, option or "output")
-    tmp = temporary_beside(path)
+    tmp = temporary_beside(path)  # for a device or FIFO, in the temporary directory; paths.install copies it
     try:
         tmp.write_text(text, encoding="utf-8")
     except OSError as e:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from simulator.api import Result
 from simulator.program import COMPUTE
-from simulator.report.links import link_name, link_utilisation
+from simulator.report.links import busiest
 from simulator.report.output import write_atomic
 from simulator.timeline.timeline import Timeline
 
@@ -170,15 +170,13 @@ def _counters(timeline: Timeline) -> list[dict]:
 
 def _link_counters(result: Result, pid: int, top: int, bins: int) -> list[dict]:
     """A "links" process: the ``top`` busiest link classes' utilisation (% of bandwidth) as counter tracks."""
-    xs, busy = link_utilisation(result, bins)
-    ranked = sorted(busy.items(), key=lambda kv: -sum(kv[1]))[:top]
-    names = [link_name(cls) for cls, _ in ranked]
+    xs, ranked = busiest(result, top, bins)
     half = (xs[1] - xs[0]) / 2 if len(xs) > 1 else 0.0
     out = [
         {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": "links (first rank's collectives)"}}
     ]
-    for cls, ys in ranked:
-        name = f"{link_name(cls, names)} (% busy)"
+    for _, link, ys in ranked:
+        name = f"{link} (% busy)"
         previous = None
         for x, y in zip(xs, ys, strict=True):
             value = round(100 * y, 2)

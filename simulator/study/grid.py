@@ -41,9 +41,8 @@ class Sweep:
             check_field(f)
             if not vs:
                 raise ScenarioError(f"sweep: {f}: no values")
-            for (
-                v
-            ) in vs:  # results.parquet stores numbers as 64-bit integers: said now, not after every point ran
+            # results.parquet stores numbers as 64-bit integers: said now, not after every point ran
+            for v in vs:
                 if isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**63:
                     raise ScenarioError(
                         f"sweep: {f}: {v} is beyond a 64-bit integer (no scenario field is that large)"

@@ -32,7 +32,7 @@ class Confirmed:
     reason: str = ""
     breakdown: dict = field(default_factory=dict)
     scenario: dict = field(default_factory=dict)  # the layout as a runnable scenario (non-default fields)
-    same_time: list[str] = field(default_factory=list)  # sharding / recompute variants estimated the same
+    same_time: list[str] = field(default_factory=list)  # sharding / recompute variants simulated the same
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -98,8 +98,8 @@ def plan(
     # processes, as many are simulated at once and folded in estimate order, as one by one would.
     queue = fitting[: 3 * top]
     try:
-        while queue and sum(c.status != "folded" for c in confirmed) < top:
-            batch_ = queue[: min(jobs, top - sum(c.status != "folded" for c in confirmed))]
+        while queue and len(confirmed) < top:
+            batch_ = queue[: min(jobs, top - len(confirmed))]
             queue = queue[len(batch_) :]
             if progress:
                 progress(len(confirmed), min(top, len(fitting)))
@@ -125,16 +125,16 @@ def plan(
                         )
                     )
                     continue
-                confirmed.append(_confirmed(e, sc, got, capacity_gib, budget_gib))
-                twin = _twin(confirmed[-1], confirmed[:-1])
-                if twin is not None:  # simulated the same as a confirmed layout of its shape: named beside it
+                c = _confirmed(e, sc, got, capacity_gib, budget_gib)
+                twin = _twin(c, confirmed)
+                if twin is None:
+                    confirmed.append(c)
+                else:  # simulated the same as a confirmed layout of its shape: named beside it
                     twin.same_time.append(f"{e.layout.sharding} rc:{e.layout.recompute}")
-                    confirmed[-1].status = "folded"
                     folded += 1
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-    confirmed = [c for c in confirmed if c.status != "folded"]
     ranked = sorted(
         confirmed,
         key=lambda c: (c.status != "ok", c.iteration_time_s if c.iteration_time_s is not None else math.inf),

@@ -28,6 +28,7 @@ from typing import Any
 
 from simulator import paths
 from simulator.errors import ScenarioError
+from simulator.scenario.files import read_bytes
 from simulator.study.grid import Sweep, assign
 from simulator.study.results import flatten, write_results
 
@@ -96,9 +97,8 @@ class Outcome:
     oom: int = 0
     interrupted: bool = False
     files: list[str] = field(default_factory=list)
-    bad_records: list[str] = field(
-        default_factory=list
-    )  # lines of points.jsonl that were not records: re-run
+    # lines of points.jsonl that were not records (their points run again)
+    bad_records: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -124,17 +124,9 @@ def read_done(out: Path) -> tuple[dict[str, dict], list[str]]:
     path = out / "points.jsonl"
     done: dict[str, dict] = {}
     bad: list[str] = []
-    st = paths.lookup(path, "--out")
-    if st is None:
+    if not paths.exists(path, "--out"):
         return done, bad
-    if st.st_size > MAX_POINTS_BYTES:
-        raise ScenarioError(
-            f"{path}: {st.st_size / 2**20:,.0f} MiB, over the {MAX_POINTS_BYTES >> 20} MiB limit"
-        )
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise ScenarioError(f"{path}: cannot read: {e.strerror}") from None
+    raw = read_bytes(path, limit=MAX_POINTS_BYTES)  # a regular file within the limit, one message otherwise
     for number, line in enumerate(raw.splitlines(), start=1):
         if not line.strip():
             continue

@@ -19,6 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 SHIPPED_DIR = Path(__file__).parent / "shipped"
 
+
+def is_shipped(directory: str | Path) -> bool:
+    """``directory`` is one of the package's own tables (trusted, immutable: parsed fast, cached)."""
+    return Path(directory).resolve().parent == SHIPPED_DIR.resolve()
+
+
 # The kernel vocabulary (what the workload's ops call themselves, simulator/workload/)
 KERNEL_OPS = {
     "gemm": "C[m,n] = A[m,k] B[k,n]",

@@ -28,11 +28,11 @@ from simulator.tables.format import (
     DTYPES,
     KERNEL_OPS,
     PASSES,
-    SHIPPED_DIR,
     CollectiveRow,
     CostTable,
     KernelRow,
     TableMeta,
+    is_shipped,
 )
 
 # -- reading ----------------------------------------------------------------------------------------------------
@@ -193,7 +193,7 @@ def read_table(directory: str | Path) -> CostTable:
             f"{directory}: no table.yaml (a table is a directory with table.yaml + CSV files)"
         )
     # bounded (UTF-8, size, depth, alias expansion) unless it is one of the package's own
-    data = read_yaml(meta_path, shipped=directory.resolve().parent == SHIPPED_DIR.resolve())
+    data = read_yaml(meta_path, shipped=is_shipped(directory))
     try:
         meta = TableMeta.model_validate(data)
     except ValidationError as e:

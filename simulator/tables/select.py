@@ -18,7 +18,7 @@ from pathlib import Path
 
 from simulator import paths
 from simulator.errors import ScenarioError
-from simulator.tables.format import SHIPPED_DIR, CollectiveRow, CostTable
+from simulator.tables.format import SHIPPED_DIR, CollectiveRow, CostTable, is_shipped
 from simulator.tables.io import read_table
 
 
@@ -37,7 +37,7 @@ def _stamp(path: Path) -> tuple:
 
 @cache
 def _load(path: str, stamp: tuple) -> CostTable:
-    if Path(path).parent == SHIPPED_DIR.resolve() or Path(path).parent == SHIPPED_DIR:
+    if is_shipped(path):
         return _cached_shipped(Path(path), stamp)
     return read_table(path)
 

@@ -178,9 +178,8 @@ class _Ops:
         self.parent: list[int] = [-1] * len(ops)
         self.outer: list[int] = []  # per op: its outermost ancestor (or itself) that KINDS imports, else -1
         self.in_backward: list[bool] = []
-        self.comms: list[
-            int
-        ] = []  # per op: the nearest record_param_comms at or above it (NCCL's args), else -1
+        # per op: the nearest record_param_comms at or above it (NCCL's args), else -1
+        self.comms: list[int] = []
         self.by_external: dict = {}
         stack: list[int] = []
         thread = None
