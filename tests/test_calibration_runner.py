@@ -192,3 +192,16 @@ def test_ctrl_c_inside_a_shape_keeps_its_finished_samples_as_a_row(tmp_path, mon
 
     rows = read_table(out).kernels
     assert len(rows) == 1 and rows[0].repeats == 3 and rows[0].median_us > 0
+
+
+def test_a_grouped_gemm_shape_runs_every_experts_rows_by_its_own_weights():
+    from simulator.calibration.importers.kineto import KINDS
+    from simulator.calibration.torch_ops import kernel_call
+
+    out = kernel_call("grouped_gemm", "forward", "fp32", 16, 24, 32, 4, "cpu")()
+    assert tuple(out.shape) == (4 * 16, 24)  # 4 experts x 16 rows, each [16, 32] @ [32, 24]
+    with pytest.raises(ValueError, match="grouped GEMM"):
+        kernel_call("grouped_gemm", "forward", "fp8", 16, 24, 32, 4, "cpu")
+    # a profiler trace's torch._grouped_mm becomes the same row: [rows, k] x [experts, k, n] -> m = rows / experts
+    kind, _, shape_of = KINDS["aten::_grouped_mm"]
+    assert (kind, shape_of([[64, 32], [4, 32, 24], [4]])) == ("grouped_gemm", (16, 24, 32, 4))

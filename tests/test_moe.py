@@ -291,3 +291,64 @@ def test_hugging_face_moe_configs_run(name):
     )
     m = simulate(s).metrics
     assert m.iteration_time_s > 0 and m.moe["expert_comm_s"] > 0 and 0 < m.mfu < 1
+
+
+# -- grouped GEMM: each expert its own problem ------------------------------------------------------------------
+def test_grouped_experts_are_one_grouped_gemm_of_local_experts_x_mean_rows_with_the_same_flops():
+    s = scenario(expert_parallel=4)  # 8 experts over EP 4: 2 local experts
+    layer = build_workload(s).layers[0]
+    fc1 = op(layer.forward, "experts fc1")
+    tokens, k, h = 2 * 2048, 2, 1024
+    rows = tokens * k  # uniform load: this rank's 2 experts compute every copy the EP group routes to them
+    assert (fc1.kernel, fc1.batch, fc1.m) == ("grouped_gemm", 2, rows // 2)
+    assert fc1.flops == 2.0 * rows * fc1.n * h  # as many FLOPs as one GEMM of every row
+    dgrad, wgrad = op(layer.backward, "experts fc1 dgrad"), op(layer.backward, "experts fc1 wgrad")
+    assert (dgrad.kernel, wgrad.kernel, wgrad.batch) == ("grouped_gemm", "grouped_gemm", 2)
+    assert (wgrad.m, wgrad.n, wgrad.k) == (h, fc1.n, rows // 2)  # each expert's wgrad reduces its own rows
+    # one local expert is a plain GEMM
+    one = op(build_workload(scenario(expert_parallel=8)).layers[0].forward, "experts fc1")
+    assert (one.kernel, one.batch) == ("gemm", 1)
+
+
+def test_few_rows_per_expert_leave_tiles_part_empty_and_many_rows_cost_what_one_gemm_costs():
+    from simulator.costs.compute import ComputeModel
+    from simulator.hardware.gpus import get_gpu
+    from simulator.workload.ops import gemm
+
+    model = ComputeModel(get_gpu("h200-sxm-141gb"), "bf16")
+    # 16 experts x 128 rows, Qwen3-30B's fc1 (2048 -> 1536): 16 x ceil(128/128) x ceil(1536/256) = 96 tiles of
+    # 128x256 fill 96 of 132 SMs in one wave; one GEMM of 2,048 rows takes 16 x 6 tiles too but could use
+    # 128x128 tiles: 192 tiles, 2 waves of 132 -> 192/264 of the SMs busy (0.93 tile efficiency)
+    few = model.op_time_s(gemm("g", 128, 1536, 2048, 16, grouped=True))
+    one = model.op_time_s(gemm("g", 16 * 128, 1536, 2048))
+    assert few >= one
+    # 7 rows per expert: every expert's weights are still read whole (16 x 1536 x 2048 x 2 bytes from HBM), so
+    # a row costs over 10x what it costs at 128 rows
+    tiny = model.op_time_s(gemm("g", 7, 1536, 2048, 16, grouped=True))
+    assert tiny > 16 * 1536 * 2048 * 2 / get_gpu("h200-sxm-141gb").hbm_bytes_per_s
+    assert tiny / 7 > 10 * few / 128
+    # 8,192 rows per expert: within 3% of one GEMM of all rows
+    many = model.op_time_s(gemm("g", 8192, 1536, 2048, 16, grouped=True))
+    assert many == pytest.approx(model.op_time_s(gemm("g", 16 * 8192, 1536, 2048)), rel=0.03)
+
+
+def test_the_h200_table_holds_the_measured_grouped_gemms_and_a_lookup_returns_them():
+    from functools import partial
+
+    from simulator.costs.compute import ComputeModel, shape_roofline_s
+    from simulator.hardware.gpus import get_gpu
+    from simulator.tables.lookup import MEASURED, KernelLookup
+    from simulator.tables.select import resolve_table
+    from simulator.workload.ops import gemm
+
+    table = resolve_table("h200-sxm-141gb-pt211", "h200-sxm-141gb")
+    rows = {(r.op, r.m, r.n, r.k, r.batch): r.median_us for r in table.kernels}
+    # Qwen3-30B EP 8 fc1: 16 experts x 128 rows grouped vs the same 2,048 rows as one GEMM (measured 2.1x)
+    grouped, single = rows[("grouped_gemm", 128, 1536, 2048, 16)], rows[("gemm", 2048, 1536, 2048, 1)]
+    assert 1.7 < grouped / single < 2.6
+    # at 8,192 rows per expert the two are within 15%
+    assert rows[("grouped_gemm", 8192, 1536, 2048, 16)] / rows[("gemm", 16 * 8192, 1536, 2048, 1)] < 1.15
+    gpu = get_gpu("h200-sxm-141gb")
+    model = ComputeModel(gpu, "bf16", kernels=KernelLookup(table.kernels, partial(shape_roofline_s, gpu)))
+    cost, source = model.op_cost(gemm("g", 128, 1536, 2048, 16, grouped=True))
+    assert source == MEASURED and cost == pytest.approx(grouped * 1e-6 + gpu.kernel_launch_s, rel=1e-9)

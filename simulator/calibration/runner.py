@@ -65,7 +65,7 @@ def require_torch() -> None:
 def _scaled(shape: KernelShape, max_bytes: float) -> KernelShape:
     """A memory-bound kernel too large to time whole is timed on fewer rows (the lookup keeps the largest
     measured size's bandwidth above it, so the row still serves the full size)."""
-    if shape.op in ("gemm", "batched_gemm", "flash_attention"):
+    if shape.op in SHAPED:
         return shape
     # bytes per row: fp32 parameter, gradient and two Adam states; else a few fp32 tensors of the row
     per_row = shape.n * (16 if shape.op in ("adam_step", "sgd_step") else 4 * 4)

@@ -63,6 +63,8 @@ def kernel_call(
     if op == "batched_gemm":
         a, b = t(batch, m, k, requires_grad=False), t(batch, k, n, requires_grad=False)
         return lambda: torch.bmm(a, b)
+    if op == "grouped_gemm":
+        return _grouped_gemm(m, n, k, batch, dtype, t, device)
     if op in ("adam_step", "sgd_step"):
         p = torch.zeros(m, device=device, dtype=torch.float32, requires_grad=True)
         p.grad = torch.randn_like(p)
@@ -89,6 +91,18 @@ def _fp8_gemm(m: int, n: int, k: int, device: str) -> Callable:
     b = torch.randn(n, k, device=device).to(e4m3).t()
     one = torch.ones((), device=device)
     return lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+
+def _grouped_gemm(m: int, n: int, k: int, batch: int, dtype: str, t, device: str) -> Callable:
+    """One grouped GEMM over ``batch`` experts of ``m`` rows each (torch._grouped_mm: CUTLASS's grouped GEMM on
+    Hopper, what torchtitan's MoE runs; the weights column-major as it takes them). FP8 grouped GEMMs are not
+    timed: their kernels (TE's, DeepGEMM's) are not PyTorch's."""
+    if dtype == "fp8" or not hasattr(torch, "_grouped_mm"):
+        raise ValueError("no PyTorch grouped GEMM for this type in this PyTorch")
+    a = t(batch * m, k, requires_grad=False)
+    w = t(batch, n, k, requires_grad=False).transpose(-2, -1)
+    offs = torch.arange(1, batch + 1, device=device, dtype=torch.int32) * m
+    return lambda: torch._grouped_mm(a, w, offs=offs)
 
 
 def _forward(op: str, m: int, n: int, k: int, batch: int, t, device: str):

@@ -23,7 +23,7 @@ from simulator.costs.variability import slowest_gpu_factor
 from simulator.frameworks import Framework
 from simulator.hardware.gpus import GPU
 from simulator.tables.format import DTYPE_BYTES
-from simulator.tables.lookup import INTERPOLATED, MODELLED, SHAPED, KernelLookup, work
+from simulator.tables.lookup import GEMMS, INTERPOLATED, MODELLED, SHAPED, KernelLookup, work
 from simulator.workload.ops import Op
 
 
@@ -157,7 +157,7 @@ class ComputeModel:
 
     def _factor(self, kernel: str) -> float:
         f = self.framework
-        if kernel in ("gemm", "batched_gemm"):
+        if kernel in GEMMS:
             return f.gemm_efficiency
         return f.attention_efficiency if kernel == "flash_attention" else f.memory_efficiency
 

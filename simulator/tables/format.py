@@ -29,6 +29,7 @@ def is_shipped(directory: str | Path) -> bool:
 KERNEL_OPS = {
     "gemm": "C[m,n] = A[m,k] B[k,n]",
     "batched_gemm": "batch x (m x k) @ (k x n), e.g. unfused attention QK^T and PV",
+    "grouped_gemm": "one kernel over batch experts' (m x k) @ (k x n), m = rows per expert (MoE experts)",
     "flash_attention": "fused attention: batch = samples x heads, m = queries, n = keys, k = head dim (causal)",
     "softmax": "softmax over rows of m x n (attention probabilities: m = samples x heads x queries, n = keys)",
     "dropout": "dropout on m x n",

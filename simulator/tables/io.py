@@ -34,6 +34,7 @@ from simulator.tables.format import (
     TableMeta,
     is_shipped,
 )
+from simulator.tables.lookup import SHAPED
 
 # -- reading ----------------------------------------------------------------------------------------------------
 # One table file holds at most this many bytes and rows (a full calibration is a few thousand rows), and no cell
@@ -136,7 +137,7 @@ def _check_kernel(row: KernelRow, where: str) -> None:
         raise ScenarioError(
             f"{where}: shape m={row.m} n={row.n} k={row.k} batch={row.batch} must be positive"
         )
-    if row.op in ("gemm", "batched_gemm", "flash_attention") and row.k < 1:
+    if row.op in SHAPED and row.k < 1:
         raise ScenarioError(f"{where}: column 'k': a {row.op} needs k >= 1")
     if row.median_us <= 0:
         raise ScenarioError(f"{where}: column 'median_us': must be > 0 (got {row.median_us})")

@@ -35,8 +35,10 @@ MEASURED, INTERPOLATED, MODELLED = "measured", "interpolated", "modelled"
 SHAPED = (
     "gemm",
     "batched_gemm",
+    "grouped_gemm",
     "flash_attention",
 )  # interpolated over their shape, relative to the roofline
+GEMMS = ("gemm", "batched_gemm", "grouped_gemm")  # a pass of each is GEMMs of other shapes
 NEIGHBOURS = 8
 MAX_LOG2_GAP = 1.0  # the nearest measured row must lie within a factor 2 in every dimension
 _SAME_WIDTH = {"fp16": "bf16", "bf16": "fp16"}
@@ -48,7 +50,7 @@ Roofline = Callable[[str, str, str, int, int, int, int], float]  # (op, directio
 def table_pass(op: str, direction: str) -> str:
     """The pass a table row of this kernel is looked up by: a GEMM's backward is GEMMs of other shapes (the
     workload lists them), so for GEMMs the pass does not matter and every row counts as forward."""
-    return "forward" if op in ("gemm", "batched_gemm") else direction
+    return "forward" if op in GEMMS else direction
 
 
 def work(op: str, direction: str, m: int, n: int, k: int, batch: int) -> float:

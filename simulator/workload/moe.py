@@ -120,12 +120,25 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
         if p.moe.grouped_gemm
         else list(zip(load.rows, load.real_rows, strict=True))
     )
+    # A grouped GEMM (Megatron-Core GroupedMLP / TEGroupedMLP, torch._grouped_mm) is one kernel over every local
+    # expert's rows, but each expert is its own problem: its rows fill output tiles of their own, so few rows per
+    # expert leave tiles part-empty and short wgrad reductions (K = its rows). Costed as ``local`` problems of
+    # the mean rows each (kernel grouped_gemm), not as one GEMM of all rows: measured on an H200 with
+    # torch._grouped_mm, 128 rows per expert take 1.8-2.3x one GEMM of the same FLOPs, 512 rows 1.1-1.4x,
+    # 2,048 and more 1.02-1.1x (benchmarks/moe_grouped_gemm.py, docs/moe.md).
+    local_experts = len(load.rows)
     for i, (n, real) in enumerate(groups):
         n_int = max(round(n), 1)
         name = "experts" if p.moe.grouped_gemm else f"expert {i}"
         share = real / n if n else 0.0
-        fc1 = _scaled(linear(f"{name} fc1", n_int, f_up, h), share)
-        fc2 = _scaled(linear(f"{name} fc2", n_int, h, f_rank), share)
+        if p.moe.grouped_gemm and local_experts > 1:
+            per = max(round(n / local_experts), 1)
+            fc1 = gemm(f"{name} fc1", per, f_up, h, local_experts, linear=True, grouped=True)
+            fc2 = gemm(f"{name} fc2", per, h, f_rank, local_experts, linear=True, grouped=True)
+            fc1, fc2 = _scaled(fc1, share), _scaled(fc2, share)
+        else:
+            fc1 = _scaled(linear(f"{name} fc1", n_int, f_up, h), share)
+            fc2 = _scaled(linear(f"{name} fc2", n_int, h, f_rank), share)
         act, act_bwd = activation(
             m, f"{name} {m.activation} (probability-weighted)", e, n_int, f_rank, n * PROB_BYTES
         )

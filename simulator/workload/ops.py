@@ -85,11 +85,13 @@ def gemm(
     elem_bytes: int = 2,
     direction: str = "forward",
     linear: bool = False,
+    grouped: bool = False,
 ) -> Op:
     """A (batched) matrix multiply C[m,n] = A[m,k] B[k,n]: 2mnk FLOPs, reads A and B, writes C. ``linear``: a
-    linear layer's weight GEMM (X W^T), which FP8 training runs in FP8."""
+    linear layer's weight GEMM (X W^T), which FP8 training runs in FP8. ``grouped``: one grouped-GEMM kernel over
+    ``batch`` problems (MoE experts, ``m`` rows each), not a batched GEMM of attention."""
     flops = 2.0 * m * n * k * batch
-    kernel = "gemm" if batch == 1 else "batched_gemm"
+    kernel = "gemm" if batch == 1 else "grouped_gemm" if grouped else "batched_gemm"
     nbytes = elem_bytes * batch * (m * k + k * n + m * n)
     return Op(
         name, "gemm", flops, nbytes, m, n, k, batch, flops, kernel=kernel, direction=direction, linear=linear
@@ -115,7 +117,8 @@ def gemm_backward(op: Op, has_weight: bool = True) -> tuple[Op, Op]:
     Only a GEMM with a weight has a "wgrad" (which zero-bubble schedules may defer); attention's batched GEMMs
     multiply two activations, so both their gradients are input gradients."""
     second = "wgrad" if has_weight else "dgrad (second input)"
+    kw = {"direction": "backward", "linear": op.linear, "grouped": op.kernel == "grouped_gemm"}
     return (
-        gemm(f"{op.name} dgrad", op.m, op.k, op.n, op.batch, direction="backward", linear=op.linear),
-        gemm(f"{op.name} {second}", op.k, op.n, op.m, op.batch, direction="backward", linear=op.linear),
+        gemm(f"{op.name} dgrad", op.m, op.k, op.n, op.batch, **kw),
+        gemm(f"{op.name} {second}", op.k, op.n, op.m, op.batch, **kw),
     )

@@ -69,6 +69,14 @@ def _bmm(a, b):
     return (a[1], b[2], a[2], a[0]) if len(a) == 3 and len(b) == 3 else None
 
 
+def _grouped(a, b):
+    """torch._grouped_mm of every expert's rows [rows, k] by the experts' weights [experts, k, n]: the mean rows
+    per expert (the offsets are not in the trace's Input Dims)."""
+    if len(a) != 2 or len(b) != 3 or not b[0]:
+        return None
+    return (max(round(a[0] / b[0]), 1), b[2], a[1], b[0])
+
+
 def _sdpa(q, k):  # [B, H, L, E] x [B, H, S, E]
     return (q[2], k[2], q[3], q[0] * q[1]) if len(q) == 4 and len(k) == 4 else None
 
@@ -106,6 +114,7 @@ KINDS = {
     "aten::addmm": ("gemm", "forward", lambda d: _mm(d[1], d[2])),
     "aten::bmm": ("batched_gemm", "forward", lambda d: _bmm(d[0], d[1])),
     "aten::baddbmm": ("batched_gemm", "forward", lambda d: _bmm(d[1], d[2])),
+    "aten::_grouped_mm": ("grouped_gemm", "forward", lambda d: _grouped(d[0], d[1])),
     **{f"aten::_scaled_dot_product_{a}": ("flash_attention", "forward", _sdpa_forward) for a in _SDPA},
     **{
         f"aten::_scaled_dot_product_{a}_backward": ("flash_attention", "backward", _sdpa_backward)
@@ -248,7 +257,7 @@ def _import(events: list[dict], top: dict, ranks, nodes, ranks_per_node):
         if not shape or min(shape[0], shape[1], shape[3]) < 1:
             skipped[f"{e['name']} (no usable Input Dims: record with record_shapes=True)"] += 1
             return
-        if kind in ("gemm", "batched_gemm"):
+        if kind in ("gemm", "batched_gemm", "grouped_gemm"):
             direction = "backward" if ops.backward(i) else "forward"
         key = (kind, direction, _dtype(args), *shape)
         times[key].append((us, host))
