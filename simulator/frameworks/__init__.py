@@ -195,6 +195,13 @@ class Framework(BaseModel):
         description="Who shards optimizer states for zero_stage 1: DeepSpeed's ZeRO (its gradient reduction by "
         "release) or Megatron-Core's distributed optimizer (reduce-scatter of gradient buckets).",
     )
+    elementwise: Literal["fused", "eager"] = Field(
+        "fused",
+        description="How the layer's elementwise chains run (workload/elementwise.py): 'fused' = one kernel each "
+        "(Transformer Engine / Megatron-Core fused RoPE and SwiGLU, or torch.compile); 'eager' = as PyTorch model "
+        "code writes them (torchtitan, Hugging Face): RoPE in fp32 complex numbers, SiLU then multiply, autograd's "
+        "residual-gradient sums. training.compile fuses all but the complex RoPE.",
+    )
     loss: Literal["megatron", "torch"] = Field(
         "megatron",
         description="How the cross-entropy loss runs on fp32 logits: 'megatron' = vocab_parallel_cross_entropy's "

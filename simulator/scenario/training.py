@@ -130,6 +130,12 @@ class TrainingConfig(Section):
         False,
         description="DeepSpeed activation checkpointing: keep the (partitioned) checkpoints in host memory.",
     )
+    compile: bool = Field(
+        False,
+        description="torch.compile of each transformer block (torchtitan --compile.enable, Inductor's default "
+        "mode): an eager framework's elementwise chains run fused, except RoPE in complex numbers, which Inductor "
+        "leaves to eager kernels (workload/elementwise.py).",
+    )
     cuda_graphs: bool = Field(
         False,
         description="Forward and backward steps captured as CUDA graphs: one launch per step instead of one host "

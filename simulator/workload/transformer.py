@@ -20,7 +20,7 @@ from simulator.frameworks import Framework, get_framework
 from simulator.hardware.gpus import GPU, get_gpu
 from simulator.hardware.topology import cluster_spec
 from simulator.scenario.schema import Scenario
-from simulator.workload import framework_kernels
+from simulator.workload import elementwise, framework_kernels
 from simulator.workload.attention import attention_ops, projection_ops
 from simulator.workload.block import Block, Part, present
 from simulator.workload.embedding import embedding_block, head_block
@@ -124,19 +124,24 @@ def tensors_per_layer(m) -> int:
     return 4 + (4 if m.add_bias_linear else 0) + 2 * norm_tensors
 
 
-def dense_mlp_part(s: Scenario, sh: LayerShape, tp, mlp_bias: Op | None) -> Part:
+def dense_mlp_part(s: Scenario, sh: LayerShape, tp, mlp_bias: Op | None, eager: bool = False) -> Part:
     """The dense MLP: up projection (with the gate for SwiGLU), activation, down projection, between the
-    tensor-parallel collectives of its input and output."""
+    tensor-parallel collectives of its input and output. ``eager``: SwiGLU as separate SiLU and multiply
+    kernels (workload/elementwise.py)."""
     m = s.model
     gather_in, scatter_out, grad_in, grad_out = tp
     e, tokens, h, f, t = sh.e, sh.tokens, sh.h, sh.f, sh.t
     up = linear("mlp up projection", tokens, sh.f_up // t, h)
     down = linear("mlp down projection", tokens, h, f // t)
     act, act_bwd = activation(m, f"{m.activation}", e, tokens, f // t)
-    forward = present(gather_in("mlp input"), up, act, down, scatter_out("mlp output"), mlp_bias)
+    split, split_bwd = (
+        elementwise.swiglu_eager(e, tokens, f // t) if eager and m.activation == "swiglu" else (None, None)
+    )
+    forward = present(gather_in("mlp input"), up, act, split, down, scatter_out("mlp output"), mlp_bias)
     backward = present(
         grad_out("mlp output gradient"),
         *gemm_backward(down),
+        split_bwd,
         act_bwd,
         *gemm_backward(up),
         grad_in("mlp input gradient"),
@@ -189,6 +194,11 @@ def build_workload(
         for _ in range(fw.host.syncs.layer_forward)
     )
     ckpt = checkpoint_bytes_per_layer(s)
+    chains, rope_style = elementwise.styles(fw, tr)
+    rope_fwd, rope_bwd = (
+        elementwise.rope(sh, rope_style) if m.position_embedding == "rope" and m.mla is None else (None, None)
+    )
+    residual_sums = elementwise.residual_gradient_sums(sh) if chains == "eager" else None
 
     def layer(name: str, mlp: Part, moe: bool) -> Block:
         params = attention_params + mlp.params
@@ -197,6 +207,7 @@ def build_workload(
             gather_in("attention input"),
             *proj_fwd,
             qkv_bias,
+            rope_fwd,
             *attn_fwd,
             context_copy,
             proj,
@@ -215,9 +226,11 @@ def build_workload(
             grad_out("attention output gradient"),
             *gemm_backward(proj),
             *attn_bwd,
+            rope_bwd,
             *proj_bwd,
             grad_in("attention input gradient"),
             norm_backward(sh, "input layernorm backward"),
+            residual_sums,
             *extra_bwd,
             framework_kernels.grad_accumulation(
                 fw, tr.precision, "layer", params + mlp.expert_params, tensors_per_layer(m)
@@ -253,7 +266,9 @@ def build_workload(
 
     pattern = [m.is_moe_layer(i) for i in range(m.num_layers)]
     dense = (
-        layer("transformer layer", dense_mlp_part(s, sh, tp, mlp_bias), False) if not all(pattern) else None
+        layer("transformer layer", dense_mlp_part(s, sh, tp, mlp_bias, chains == "eager"), False)
+        if not all(pattern)
+        else None
     )
     moe = (
         layer("moe transformer layer", moe_part(s, sh, fw, tp, gpus_per_node), True) if any(pattern) else None
