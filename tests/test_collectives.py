@@ -229,6 +229,19 @@ def reference_loads(cm: CollectiveModel, hops) -> dict:
         ("dgx-a100", 4, {"fabric": {"nodes_per_leaf": 1, "rail_optimized": False}}, {"dp": 32}),
         ("dgx-a100", 4, {"node": {"nics": 4}}, {"tp": 8, "dp": 2, "pp": 2}),  # two GPUs per NIC
         ("pcie-8gpu", 3, {}, {"tp": 2, "dp": 6, "pp": 2}),  # PCIe switches and CPUs on the path
+        # 512 GPUs on a 2:1 oversubscribed fat tree: 16 leaves per rail under the spine, stages on 16 nodes each
+        (
+            "dgx-a100",
+            64,
+            {"fabric": {"nodes_per_leaf": 4, "oversubscription": 2.0}},
+            {"tp": 8, "dp": 16, "pp": 4},
+        ),
+        (
+            "dgx-a100",
+            64,
+            {"fabric": {"nodes_per_leaf": 4, "oversubscription": 2.0}},
+            {"tp": 2, "dp": 64, "pp": 4},
+        ),
     ],
 )
 def test_vectorised_link_loads_equal_adding_every_hop_along_its_route(topology, nodes, update, placement):
@@ -317,3 +330,32 @@ def test_routes_without_the_whole_graph_are_its_shortest_paths():
         assert sum(g.edges[e]["cost"] for e in edges) == pytest.approx(shortest, rel=1e-12)
         assert latency == pytest.approx(sum(g.edges[e]["info"].latency_s for e in edges), rel=1e-12)
     assert g.number_of_nodes() == 5 * len(cluster._node0_graph) + len(cluster._switch_graph)
+
+
+@pytest.mark.parametrize("kind", ["ring", "tree", "pairs"])
+@pytest.mark.parametrize("placement", [{"tp": 2, "dp": 12, "pp": 2}, {"dp": 24}, {"tp": 8, "dp": 3}])
+def test_hops_laid_out_with_numpy_are_the_hops_of_each_group_in_turn(kind, placement):
+    """traffic.hops lays out groups of one shape together; each group alone, node by node (_loop_hops), gives the
+    same hops. A group spread unevenly over nodes (5 ranks on 2 nodes) takes the loop."""
+    from simulator.costs.traffic import _loop_hops
+
+    pm = Placement(**placement)
+    for group in ("dp", "tp", "pp"):
+        groups = pm.groups(group)
+        if len(groups[0]) < 2:
+            continue
+        got = sorted(zip(*(x.tolist() for x in pattern_hops(kind, groups, 8, 8)), strict=True))
+        if kind == "pairs":
+            want = sorted((a, b, 1.0) for g in groups for a, b in zip(g[:-1], g[1:], strict=False))
+        else:
+            want = sorted(
+                h
+                for g in groups
+                for h in zip(*(x.tolist() for x in _loop_hops(kind, sorted(g), 8, 8)), strict=True)
+            )
+        assert got == want
+    if kind != "pairs":
+        uneven = (6, 7, 8, 9, 10)  # 2 ranks on node 0, 3 on node 1
+        got = sorted(zip(*(x.tolist() for x in pattern_hops(kind, (uneven,), 8, 8)), strict=True))
+        assert got == sorted(zip(*(x.tolist() for x in _loop_hops(kind, list(uneven), 8, 8)), strict=True))
+        assert any(a // 8 != b // 8 for a, b, _ in got)

@@ -330,9 +330,9 @@ class CollectiveModel:
                     total += count * n * (n - 1)
                     cross += count * (n * (n - 1) - float((on_node * (on_node - 1)).sum()))
                     continue
-                hops = traffic_hops(kind, (grp,), gpn, nics)
-                total += count * sum(share for _, _, share in hops)
-                cross += count * sum(share for a, b, share in hops if a // gpn != b // gpn)
+                src, dst, share = traffic_hops(kind, (grp,), gpn, nics)
+                total += count * float(share.sum())
+                cross += count * float(share[src // gpn != dst // gpn].sum())
             self._cross[key] = cross / total if total else 0.0
         return self._cross[key]
 

@@ -9,7 +9,7 @@ interchangeable, so their links of one name form a class whose load is its busie
 from __future__ import annotations
 
 from collections import defaultdict
-from functools import cached_property
+from functools import cache, cached_property
 
 import numpy as np
 
@@ -63,52 +63,117 @@ def all_pairs(groups, gpus_per_node: int) -> tuple[np.ndarray, np.ndarray, np.nd
     return np.concatenate(src), np.concatenate(dst), np.concatenate(share)
 
 
-def hops(kind: str, groups, gpus_per_node: int, nics: int):
-    """(src GPU, dst GPU, share of the per-step chunk) for every hop of every group of a collective whose
+def hops(kind: str, groups, gpus_per_node: int, nics: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(src GPUs, dst GPUs, shares of the per-step chunk) of every hop of every group of a collective whose
     communication pattern is ``kind``: ``ring`` (NCCL's rings, one per NIC rail), ``tree`` (NCCL's double binary
-    tree across nodes, chains inside them), ``pairs`` (pipeline neighbours), as a list; ``all_pairs``
-    (all-to-all) as three arrays (see all_pairs)."""
+    tree across nodes, chains inside them), ``pairs`` (pipeline neighbours), ``all_pairs`` (all-to-all, see
+    all_pairs). Groups of one shape (as many ranks on each of as many nodes) are laid out together with numpy:
+    at 131,072 GPUs a data-parallel ring is 131,072 hops, built without a Python loop over them."""
     if kind == "all_pairs":
         return all_pairs(groups, gpus_per_node)
-    hops: list[tuple[int, int, float]] = []
-    gpn = gpus_per_node
+    if kind not in ("pairs", "ring", "tree"):
+        raise ValueError(kind)
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    by_size: dict[int, list] = defaultdict(list)
     for grp in groups:
-        by_node: dict[int, list[int]] = defaultdict(list)
-        for g in sorted(grp):
-            by_node[g // gpn].append(g)
-        segs = list(by_node.values())
-        if kind == "pairs":  # send/recv: rank i -> rank i+1 of the group (pipeline neighbours)
-            hops += [(a, b, 1.0) for a, b in zip(grp[:-1], grp[1:], strict=False)]
-        elif kind == "ring":
-            # NCCL runs one ring per NIC rail. Ring c enters and leaves every node on the same rail: it
-            # crosses even nodes from GPU off to GPU off-1 and odd nodes back from off-1 to off.
-            k = len(segs[0])
-            channels = min(k, nics) if len(segs) > 1 else 1
-            for c in range(channels):
-                off = c * k // channels
-                order = []
-                for j, seg in enumerate(segs):
-                    rot = seg[off:] + seg[:off]
-                    order += rot if j % 2 == 0 else rot[::-1]
-                hops += [(order[i], order[(i + 1) % len(order)], 1 / channels) for i in range(len(order))]
-        elif kind == "tree":
-            k = len(segs[0])
-            channels = min(k, nics)
-            for c in range(channels):
-                off = c * k // channels
-                chains = [seg[off:] + seg[:off] for seg in segs]
-                for ch in chains:  # reduce up the chain and broadcast back down
-                    for a, b in zip(ch[:-1], ch[1:], strict=False):
-                        hops += [(b, a, 1 / channels), (a, b, 1 / channels)]
-                leaders = [ch[0] for ch in chains]
-                for t in range(2):  # two mirrored binary trees, each with half the data
-                    order = leaders if t == 0 else leaders[::-1]
-                    for i in range(1, len(order)):
-                        parent, child = order[(i - 1) // 2], order[i]
-                        hops += [(child, parent, 0.5 / channels), (parent, child, 0.5 / channels)]
-        else:
-            raise ValueError(kind)
-    return hops
+        by_size[len(grp)].append(grp)
+    for n, same in by_size.items():
+        g = np.asarray(same, dtype=np.int64)
+        if kind == "pairs":  # rank i -> rank i+1 of the group, in the group's order (pipeline neighbours)
+            if n > 1:
+                parts.append((g[:, :-1].ravel(), g[:, 1:].ravel(), np.ones(g[:, 1:].size)))
+            continue
+        g = np.sort(g, axis=1)
+        node = g // gpus_per_node
+        count = 1 + (np.diff(node, axis=1) != 0).sum(axis=1)  # nodes each group spans
+        for nodes in np.unique(count).tolist():
+            rows = g[count == nodes]
+            k = n // nodes
+            segs = rows.reshape(len(rows), nodes, k) if nodes * k == n else None
+            if segs is not None:  # as many ranks on every node: [group, node, rank on the node]
+                seg_nodes = segs // gpus_per_node
+                even = (seg_nodes[:, :, 0] == seg_nodes[:, :, -1]).all(axis=1)
+                if even.any():
+                    parts.append((_ring if kind == "ring" else _tree)(segs[even], nodes, k, nics))
+                rows = rows[~even]
+            parts += [_loop_hops(kind, r.tolist(), gpus_per_node, nics) for r in rows]
+    parts = [p for p in parts if len(p[0])]
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    return tuple(np.concatenate(x) for x in zip(*parts, strict=True))  # type: ignore[return-value]
+
+
+def _ring(segs: np.ndarray, nodes: int, k: int, nics: int):
+    """NCCL runs one ring per NIC rail. Ring c enters and leaves every node on the same rail: it crosses even
+    nodes from GPU off to GPU off-1 and odd nodes back from off-1 to off."""
+    channels = min(k, nics) if nodes > 1 else 1
+    src, dst = [], []
+    for c in range(channels):
+        rot = np.roll(segs, -(c * k // channels), axis=2)
+        rot[:, 1::2] = rot[:, 1::2, ::-1]
+        order = rot.reshape(len(segs), nodes * k)
+        src.append(order.ravel())
+        dst.append(np.roll(order, -1, axis=1).ravel())
+    src_a, dst_a = np.concatenate(src), np.concatenate(dst)
+    return src_a, dst_a, np.full(src_a.size, 1 / channels)
+
+
+def _tree(segs: np.ndarray, nodes: int, k: int, nics: int):
+    """NCCL's trees: a chain inside each node (reduced up, broadcast down), two mirrored binary trees over the
+    chains' first ranks, each with half the data; one per NIC rail."""
+    channels = min(k, nics)
+    src, dst, share = [], [], []
+    for c in range(channels):
+        chains = np.roll(segs, -(c * k // channels), axis=2)
+        a, b = chains[:, :, :-1].ravel(), chains[:, :, 1:].ravel()
+        src += [b, a]
+        dst += [a, b]
+        share += [np.full(2 * a.size, 1 / channels)]
+        leaders = chains[:, :, 0]
+        for order in (leaders, leaders[:, ::-1]):
+            i = np.arange(1, nodes)
+            parent, child = order[:, (i - 1) // 2].ravel(), order[:, i].ravel()
+            src += [child, parent]
+            dst += [parent, child]
+            share += [np.full(2 * child.size, 0.5 / channels)]
+    return np.concatenate(src), np.concatenate(dst), np.concatenate(share)
+
+
+def _loop_hops(kind: str, ranks: list[int], gpus_per_node: int, nics: int):
+    """The hops of one group whose nodes hold different numbers of its ranks, one node at a time."""
+    by_node: dict[int, list[int]] = defaultdict(list)
+    for g in ranks:
+        by_node[g // gpus_per_node].append(g)
+    segs = list(by_node.values())
+    out: list[tuple[int, int, float]] = []
+    k = len(segs[0])
+    if kind == "ring":
+        channels = min(k, nics) if len(segs) > 1 else 1
+        for c in range(channels):
+            off = c * k // channels
+            order = []
+            for j, seg in enumerate(segs):
+                rot = seg[off:] + seg[:off]
+                order += rot if j % 2 == 0 else rot[::-1]
+            out += [(order[i], order[(i + 1) % len(order)], 1 / channels) for i in range(len(order))]
+    else:
+        channels = min(k, nics)
+        for c in range(channels):
+            off = c * k // channels
+            chains = [seg[off:] + seg[:off] for seg in segs]
+            for ch in chains:
+                for a, b in zip(ch[:-1], ch[1:], strict=False):
+                    out += [(b, a, 1 / channels), (a, b, 1 / channels)]
+            leaders = [ch[0] for ch in chains]
+            for t in range(2):
+                order = leaders if t == 0 else leaders[::-1]
+                for i in range(1, len(order)):
+                    parent, child = order[(i - 1) // 2], order[i]
+                    out += [(child, parent, 0.5 / channels), (parent, child, 0.5 / channels)]
+    if not out:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    src, dst, share = zip(*out, strict=True)
+    return np.asarray(src, np.int64), np.asarray(dst, np.int64), np.asarray(share, float)
 
 
 class LinkLoads:
@@ -120,12 +185,15 @@ class LinkLoads:
         self._fabric_stages: dict = {}
         # nodes that host the same pipeline stages are interchangeable; others are not (their links carry
         # other stages' traffic at other times), so link classes carry the set of stages of their nodes
-        stage = placement.coordinates("pp")
-        memo: dict[tuple, frozenset] = {}
-        self.node_stages = []
-        for k in range(cluster.num_nodes):
-            here = tuple(np.unique(stage[k * gpn : (k + 1) * gpn]).tolist())
-            self.node_stages.append(memo.setdefault(here, frozenset(here)))
+        stage = np.asarray(placement.coordinates("pp"))
+        if stage.size == cluster.num_nodes * gpn:  # every GPU placed: one row per node
+            rows, which = np.unique(np.sort(stage.reshape(-1, gpn), axis=1), axis=0, return_inverse=True)
+            sets = [frozenset(r.tolist()) for r in rows]
+            self.node_stages = [sets[i] for i in which.ravel().tolist()]
+        else:  # fewer ranks than GPUs (part of a node)
+            self.node_stages = [
+                frozenset(stage[k * gpn : (k + 1) * gpn].tolist()) for k in range(cluster.num_nodes)
+            ]
 
     def stages_of(self, link) -> frozenset:
         if link[0] >= 0:
@@ -153,11 +221,15 @@ class LinkLoads:
             return {}
         if len(src) == 0:
             return {}
-        gpn, nn, nics = cl.gpus_per_node, cl.num_nodes, cl.spec.node.nics
+        gpn, nics = cl.gpus_per_node, cl.spec.node.nics
         na, la = np.divmod(src.astype(np.int64), gpn)
         nb, lb = np.divmod(dst.astype(np.int64), gpn)
         share = share.astype(float)
-        local: dict[tuple[str, str], np.ndarray] = {}  # node-local link -> units per node
+        # per-node sums run over the nodes the hops touch only (one pipeline stage's are an eighth of them)
+        touched = np.unique(np.concatenate((na, nb)))
+        nn = len(touched)
+        ra, rb = np.searchsorted(touched, na), np.searchsorted(touched, nb)
+        local: dict[tuple[str, str], np.ndarray] = {}  # node-local link -> units per touched node
 
         def add(links, nodes, weights) -> None:
             w = np.bincount(nodes, weights, minlength=nn)
@@ -169,62 +241,108 @@ class LinkLoads:
             pair = la * gpn + lb
             for p in np.unique(pair[inside]).tolist():
                 m = inside & (pair == p)
-                add(cl.local_links(f"gpu{p // gpn}", f"gpu{p % gpn}"), na[m], share[m])
+                add(cl.local_links(f"gpu{p // gpn}", f"gpu{p % gpn}"), ra[m], share[m])
         per_class: dict[LinkClass, float] = {}
         across = ~inside
         if across.any():
             na, la, nb, lb, share = na[across], la[across], nb[across], lb[across], share[across]
+            ra, rb = ra[across], rb[across]
             near = np.asarray(cl.nearest_nic, dtype=np.int64)
             for g in range(gpn):
                 m = la == g
                 if m.any():
-                    add(cl.local_links(f"gpu{g}", f"nic{near[g]}"), na[m], share[m])
+                    add(cl.local_links(f"gpu{g}", f"nic{near[g]}"), ra[m], share[m])
                 m = lb == g
                 if m.any():
-                    add(cl.local_links(f"nic{near[g]}", f"gpu{g}"), nb[m], share[m])
+                    add(cl.local_links(f"nic{near[g]}", f"gpu{g}"), rb[m], share[m])
             nic_a, nic_b = near[la], near[lb]
-            up = np.bincount(na * nics + nic_a, share, minlength=nn * nics).reshape(nn, nics)
-            down = np.bincount(nb * nics + nic_b, share, minlength=nn * nics).reshape(nn, nics)
+            up = np.bincount(ra * nics + nic_a, share, minlength=nn * nics).reshape(nn, nics)
+            down = np.bincount(rb * nics + nic_b, share, minlength=nn * nics).reshape(nn, nics)
             nic_bw = cl.link_info((-1, "n0.nic0", cl.leaf_of(0))).bandwidth_Bps
             rail = cl.spec.fabric.rail_optimized
             leaf = [cl.link_class((-1, "n0.nic0", cl.leaf_of(i if rail else 0)))[1] for i in range(nics)]
-            self._class_max(per_class, up, [(f"nic{i}", leaf[i]) for i in range(nics)], nic_bw)
-            self._class_max(per_class, down, [(leaf[i], f"nic{i}") for i in range(nics)], nic_bw)
+            self._class_max(per_class, up, [(f"nic{i}", leaf[i]) for i in range(nics)], nic_bw, touched)
+            self._class_max(per_class, down, [(leaf[i], f"nic{i}") for i in range(nics)], nic_bw, touched)
             # traffic between leaf switches, then each distinct pair's switch path
             npl, rails = cl.spec.fabric.nodes_per_leaf, (nics if rail else 1)
-            leaves = -(-nn // npl) * rails
+            leaves = -(-cl.num_nodes // npl) * rails
             leaf_a = (na // npl) * rails + (nic_a if rail else 0)
             leaf_b = (nb // npl) * rails + (nic_b if rail else 0)
-            pairs, inverse = np.unique(leaf_a * leaves + leaf_b, return_inverse=True)
-            fabric: dict = defaultdict(float)
-            for p, units in zip(pairs.tolist(), np.bincount(inverse, share).tolist(), strict=True):
-                for link in cl.switch_path(*(cl.leaf_of(x) for x in divmod(p, leaves))):
-                    fabric[link] += units
-            for link, units in fabric.items():
-                c = (self.stages_of(link), *cl.link_class(link))
-                s = units / cl.link_info(link).bandwidth_Bps
-                if s > per_class.get(c, 0.0):
-                    per_class[c] = s
+            if cl.spine is not None:
+                self._star_fabric(per_class, leaf_a, leaf_b, share, leaves, rails)
+            else:
+                self._fabric_by_pairs(per_class, leaf_a, leaf_b, share, leaves)
         if local:
             names = list(local)
             bandwidth = np.array([cl.link_info((0, u, v)).bandwidth_Bps for u, v in names])
-            self._class_max(per_class, np.stack([local[x] for x in names], axis=1), names, bandwidth)
+            units = np.stack([local[x] for x in names], axis=1)
+            self._class_max(per_class, units, names, bandwidth, touched)
         return per_class
 
+    def _fabric_by_pairs(self, per_class: dict, leaf_a, leaf_b, share, leaves: int) -> None:
+        """Each distinct pair of leaf switches' units added along the switch path between them."""
+        cl = self.cluster
+        pairs, inverse = np.unique(leaf_a * leaves + leaf_b, return_inverse=True)
+        fabric: dict = defaultdict(float)
+        for p, units in zip(pairs.tolist(), np.bincount(inverse, share).tolist(), strict=True):
+            for link in cl.switch_path(*(cl.leaf_of(x) for x in divmod(p, leaves))):
+                fabric[link] += units
+        for link, units in fabric.items():
+            c = (self.stages_of(link), *cl.link_class(link))
+            s = units / cl.link_info(link).bandwidth_Bps
+            if s > per_class.get(c, 0.0):
+                per_class[c] = s
+
+    def _star_fabric(self, per_class: dict, leaf_a, leaf_b, share, leaves: int, rails: int) -> None:
+        """The same for a two-level fat tree (every leaf under one spine): a unit between two leaves climbs its
+        source leaf's uplink and descends the destination's downlink, so each leaf's up and down loads are two
+        sums over the units, whatever the number of leaf pairs. Leaves of one rail whose nodes host the same
+        pipeline stages form a class; its busiest leaf gives the load."""
+        cl = self.cluster
+        cross = leaf_a != leaf_b
+        if not cross.any():
+            return
+        up = np.bincount(leaf_a[cross], share[cross], minlength=leaves)
+        down = np.bincount(leaf_b[cross], share[cross], minlength=leaves)
+        sets, key = self._leaf_classes(leaves, rails)
+        bandwidth = cl.link_info((-1, cl.leaf_of(0), cl.spine)).bandwidth_Bps
+        for units, outward in ((up, True), (down, False)):
+            peak = np.zeros(len(sets) * rails)
+            np.maximum.at(peak, key, units / bandwidth)
+            for i in np.nonzero(peak)[0].tolist():
+                leaf_class = cl.link_class((-1, cl.leaf_of(i % rails), cl.spine))
+                link = leaf_class if outward else leaf_class[::-1]
+                c = (sets[i // rails], *link)
+                per_class[c] = max(per_class.get(c, 0.0), float(peak[i]))
+
+    @cache  # noqa: B019 - one per loads object and leaf count
+    def _leaf_classes(self, leaves: int, rails: int) -> tuple[list[frozenset], np.ndarray]:
+        """The distinct stage sets of the leaves' nodes, and each leaf's class index (set x rails + rail)."""
+        npl, nn = self.cluster.spec.fabric.nodes_per_leaf, self.cluster.num_nodes
+        sets: dict[frozenset, int] = {}
+        key = np.zeros(leaves, dtype=np.int64)
+        for leaf in range(leaves):
+            group, rail = divmod(leaf, rails)
+            nodes = self.node_stages[group * npl : min((group + 1) * npl, nn)]
+            stages = frozenset().union(*nodes)
+            key[leaf] = sets.setdefault(stages, len(sets)) * rails + rail
+        return list(sets), key
+
     @cached_property
-    def _stage_index(self) -> tuple[list[frozenset], np.ndarray, np.ndarray]:
-        """The distinct stage sets of the nodes, the nodes ordered by set, and where each set starts."""
+    def _stage_ids(self) -> tuple[list[frozenset], np.ndarray]:
+        """The distinct stage sets of the nodes, and each node's set index."""
         sets = sorted(set(self.node_stages), key=sorted)
         index = {x: i for i, x in enumerate(sets)}
-        ids = np.array([index[x] for x in self.node_stages], dtype=np.int64)
-        order = np.argsort(ids, kind="stable")
-        return sets, order, np.searchsorted(ids[order], np.arange(len(sets)))
+        return sets, np.array([index[x] for x in self.node_stages], dtype=np.int64)
 
-    def _class_max(self, per_class: dict, units: np.ndarray, links: list, bandwidth_Bps) -> None:
-        """For each set of pipeline stages and each of ``links`` (the columns of ``units``, one row per node),
-        the busiest node's seconds per unit."""
-        sets, order, starts = self._stage_index
+    def _class_max(self, per_class: dict, units: np.ndarray, links: list, bandwidth_Bps, nodes) -> None:
+        """For each set of pipeline stages and each of ``links`` (the columns of ``units``, one row per node of
+        ``nodes``), the busiest node's seconds per unit."""
+        sets, set_of = self._stage_ids
+        ids = set_of[nodes]
+        order = np.argsort(ids, kind="stable")
+        present, starts = np.unique(ids[order], return_index=True)
         peak = np.maximum.reduceat(units[order], starts, axis=0) / bandwidth_Bps
         for i, j in zip(*np.nonzero(peak), strict=True):
-            c = (sets[i], *links[j])
+            c = (sets[present[i]], *links[j])
             per_class[c] = max(per_class.get(c, 0.0), float(peak[i, j]))

@@ -167,6 +167,17 @@ class Cluster:
         group, rail = divmod(leaf_id, rails)
         return leaf_name(self.spec, group * self.spec.fabric.nodes_per_leaf, rail)
 
+    @cached_property
+    def spine(self) -> str | None:
+        """The spine switch when every leaf hangs off it alone (a two-level fat tree of several leaves), so
+        that any two leaves' path is one uplink and one downlink; None otherwise."""
+        g = self._switch_graph
+        spines = [n for n, kind in g.nodes(data="kind") if kind == "spine"]
+        if len(spines) != 1:
+            return None
+        leaves = [n for n in g if n != spines[0]]
+        return spines[0] if all(set(g[x]) == {spines[0]} for x in leaves) else None
+
     def switch_path(self, leaf_a: str, leaf_b: str) -> tuple[LinkKey, ...]:
         """Fabric links from leaf switch ``leaf_a`` to ``leaf_b`` (empty when they are the same)."""
         return self._switch_path(leaf_a, leaf_b)[0] if leaf_a != leaf_b else ()
