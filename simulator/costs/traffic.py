@@ -13,6 +13,7 @@ from functools import cache, cached_property
 
 import numpy as np
 
+from simulator.costs.ecmp import slowdown as ecmp_slowdown
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
 
@@ -304,6 +305,18 @@ class LinkLoads:
             return
         up = np.bincount(leaf_a[cross], share[cross], minlength=leaves)
         down = np.bincount(leaf_b[cross], share[cross], minlength=leaves)
+        fab = cl.spec.fabric
+        if fab.routing == "ecmp":
+            # each hop is a connection of qps_per_connection flows (a sampled all-to-all rotation stands for
+            # ``share`` of them); a leaf's flows hash onto its uplinks, and the busiest sets the pace
+            uplinks = max(
+                1, round(fab.nodes_per_leaf * (1 if rails > 1 else cl.spec.node.nics) / fab.oversubscription)
+            )
+            flows = np.maximum(share[cross], 1.0) * fab.qps_per_connection
+            for units, leaf in ((up, leaf_a[cross]), (down, leaf_b[cross])):
+                per_leaf = np.rint(np.bincount(leaf, flows, minlength=leaves))
+                counts, where = np.unique(per_leaf, return_inverse=True)
+                units *= np.array([ecmp_slowdown(c, uplinks) for c in counts.tolist()])[where.ravel()]
         sets, key = self._leaf_classes(leaves, rails)
         bandwidth = cl.link_info((-1, cl.leaf_of(0), cl.spine)).bandwidth_Bps
         for units, outward in ((up, True), (down, False)):

@@ -81,6 +81,19 @@ class FabricSpec(_Spec):
     rail_optimized: bool = True
     oversubscription: float = Field(1.0, ge=1, le=1000)
     switch_latency_us: float = Field(0.5, ge=0, le=LATENCY_MAX_US)
+    routing: Literal["adaptive", "ecmp"] = Field(
+        "adaptive",
+        description="How a leaf spreads traffic over its spine uplinks: 'adaptive' (InfiniBand adaptive routing, "
+        "packet spraying: the uplinks act as one pipe) or 'ecmp' (a flow hashed onto one uplink: a few large flows "
+        "collide, and the busiest uplink sets the pace; costs/ecmp.py).",
+    )
+    qps_per_connection: int = Field(
+        1,
+        ge=1,
+        le=128,
+        description="Flows (RDMA queue pairs) NCCL opens per connection, NCCL_IB_QPS_PER_CONNECTION (NCCL's "
+        "default 1; Meta's RoCE clusters use more so that ECMP sees more flows); matters with routing: ecmp.",
+    )
 
 
 class LinkEfficiency(_Spec):
@@ -155,6 +168,9 @@ def apply_overrides(spec: TopologySpec, cfg: ClusterConfig) -> TopologySpec:
         if getattr(cfg, key) is not None:
             node[key] = getattr(cfg, key)
     fabric = {"oversubscription": cfg.oversubscription} if cfg.oversubscription else {}
+    for key in ("routing", "qps_per_connection"):
+        if getattr(cfg, key) is not None:
+            fabric[key] = getattr(cfg, key)
     return spec.model_copy(
         update={
             "node": spec.node.model_copy(update=node),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, PositiveInt
 
 from simulator.scenario.section import GBPS_MAX, GBPS_MIN, MAX_GPUS, Section
@@ -20,6 +22,14 @@ class ClusterConfig(Section):
     )
     oversubscription: float | None = Field(
         None, ge=1, le=1000, description="Leaf-to-spine oversubscription ratio."
+    )
+    routing: Literal["adaptive", "ecmp"] | None = Field(
+        None,
+        description="Replace the topology's fabric routing: 'adaptive' (the spine uplinks as one pipe) or 'ecmp' "
+        "(each flow hashed onto one uplink; collisions slow the busiest).",
+    )
+    qps_per_connection: int | None = Field(
+        None, ge=1, le=128, description="NCCL_IB_QPS_PER_CONNECTION: flows per connection that ECMP hashes."
     )
     pcie_bandwidth_GBps: float | None = Field(
         None, ge=GBPS_MIN, le=GBPS_MAX, description="Per PCIe link, per direction, GB/s."
