@@ -221,6 +221,18 @@ def test_expert_all_to_all_stays_on_nvlink_inside_a_node_and_crosses_nics_beyond
             "need a mixture-of-experts",
         ),
         (SMALL_MOE, {"fsdp": {}}, "not modelled with model.moe"),
+        (SMALL_MOE, {"moe": {"overlap_a2a": True}}, "overlap_a2a needs expert_parallel > 1"),
+        (
+            SMALL_MOE,
+            {"expert_parallel": 2, "moe": {"overlap_a2a": True, "dispatcher": "allgather"}},
+            "not allgather",
+        ),
+        (SMALL_MOE, {"expert_parallel": 2, "moe": {"overlap_a2a": True}}, "pipeline parallelism only"),
+        (
+            SMALL_MOE,
+            {"expert_parallel": 2, "pipeline_parallel": 2, "moe": {"overlap_a2a": True}},
+            "virtual_pipeline_stages >= 2",
+        ),
     ],
 )
 def test_bad_moe_input_is_one_line_naming_the_field(model, par, text):

@@ -40,15 +40,23 @@ def gpu_times(
 ) -> tuple[list[float], list[Part]]:
     """GPU seconds of each op in order (a collective: the part the stream waits for) and the task's parts
     (runs of kernels and the collectives the stream waits for; empty without collectives). A collective that
-    ``overlaps`` the kernel before or after it hides behind that kernel; only what outlasts it adds time."""
+    ``overlaps`` the kernel before or after it hides behind that kernel; only what outlasts it adds time. One
+    that runs ``behind`` (combined 1F1B, ``strategy/pipeline/combined.py``) hides behind the kernels after it up to
+    the end of its window (a ``boundary`` op or a blocking collective), sharing them with the other ``behind``
+    collectives of that window."""
     parts: list[Part] = []
     gpu: list[float] = []
     run_s = 0.0
     in_run = False
     budget = 0.0  # time of the last kernel that "previous"-overlapping collectives can still hide behind
     beside = 0.0  # time of the last collective, which an "alongside" collective runs beside
+    window: float | None = None  # kernel time left in the window that "behind" collectives hide behind
     has_collective = False
     for i, op in enumerate(ops):
+        if op.overlaps == "boundary" or (
+            op.kind == "collective" and op.overlaps not in ("behind", "alongside")
+        ):
+            window = None
         if op.kind != "collective":
             g = compute.op_time_s(op)
             gpu.append(g)
@@ -72,12 +80,31 @@ def gpu_times(
             op.overlaps == "alongside"
         ):  # two transfers of one kernel on other links (DeepEP: RDMA and NVLink)
             hidden = min(seconds, beside)
+        elif op.overlaps == "behind":
+            if window is None:
+                window = _window_kernels_s(ops, i, compute)
+            hidden = min(seconds, window)
+            window -= hidden
         beside = seconds
         gpu.append(seconds - hidden)
         parts.append(Part(op.name, op.collective, op.group, op.bytes, seconds - hidden, hidden))
     if has_collective and in_run:
         parts.append(Part("kernels", "compute", "", 0.0, run_s))
     return gpu, parts if has_collective else []
+
+
+def _window_kernels_s(ops: tuple[Op, ...], start: int, compute: ComputeModel) -> float:
+    """Kernel seconds after ``ops[start]`` up to the end of its window (a ``boundary`` op or a blocking
+    collective)."""
+    total = 0.0
+    for op in ops[start + 1 :]:
+        if op.overlaps == "boundary" or (
+            op.kind == "collective" and op.overlaps not in ("behind", "alongside")
+        ):
+            break
+        if op.kind != "collective":
+            total += compute.op_time_s(op)
+    return total
 
 
 def host_times(

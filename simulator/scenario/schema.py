@@ -213,10 +213,29 @@ class Scenario(Section):
         if p.pipeline_schedule == "pipedream-2bw":
             raise ValueError("parallelism.pipeline_schedule pipedream-2bw is not modelled with model.moe")
         if p.moe.overlap_a2a:
-            raise ValueError(
-                "parallelism.moe.overlap_a2a (Megatron-Core 0.14's combined 1F1B) is not modelled yet: the simulated "
-                "run would leave every all-to-all exposed; leave it false (docs/moe.md)"
-            )
+            # Megatron-Core's own checks (transformer_config.py, core_v0.14.0) and what is replayed here
+            if p.expert_parallel < 2:
+                raise ValueError(
+                    "parallelism.moe.overlap_a2a needs expert_parallel > 1 (Megatron-Core asserts it)"
+                )
+            if p.moe.dispatcher == "allgather":
+                raise ValueError(
+                    "parallelism.moe.overlap_a2a works with the alltoall and deepep (flex) dispatchers, not allgather"
+                )
+            if self.training.activation_recompute == "full":
+                raise ValueError(
+                    "parallelism.moe.overlap_a2a cannot run with activation_recompute: full (Megatron-Core)"
+                )
+            if p.pipeline_parallel == 1:
+                raise ValueError(
+                    "parallelism.moe.overlap_a2a is replayed under pipeline parallelism only (interleaved 1F1B); "
+                    "without pipeline stages it is not modelled yet"
+                )
+            if p.pipeline_schedule != "interleaved-1f1b" or p.virtual_pipeline_stages < 2:
+                raise ValueError(
+                    "parallelism.moe.overlap_a2a with pipeline_parallel > 1 needs pipeline_schedule: interleaved-1f1b "
+                    "with virtual_pipeline_stages >= 2 (Megatron-Core asserts virtual stages)"
+                )
         if p.pipeline_schedule == "deepspeed":
             raise ValueError(
                 "parallelism.pipeline_schedule deepspeed is not modelled with model.moe (DeepSpeed-MoE runs without "

@@ -15,12 +15,13 @@ from simulator.hardware.cluster import Cluster
 from simulator.program import Program, RankClass
 from simulator.scenario.schema import Scenario
 from simulator.strategy.groups import ranks_per_stage
-from simulator.strategy.pipeline.chunk_ops import chunk_ops, send_bytes
+from simulator.strategy.pipeline.chunk_ops import chunk_ops, chunk_pieces, send_bytes
+from simulator.strategy.pipeline.combined import combined_ops
 from simulator.strategy.pipeline.flush import flush_and_step, reduce_per_batch
 from simulator.strategy.pipeline.memory import stage_memory
 from simulator.strategy.pipeline.partition import check, chunk_units, stage_label
 from simulator.strategy.pipeline.step_ids import StepIds
-from simulator.strategy.schedules import ASYNCHRONOUS, SPLITS_BACKWARD, Step, get_schedule
+from simulator.strategy.schedules import ASYNCHRONOUS, SPLITS_BACKWARD, Step, combined_1f1b, get_schedule
 from simulator.strategy.steps import add_optimizer
 from simulator.strategy.units import unit_tensors
 from simulator.workload.ops import collective_op
@@ -55,10 +56,23 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
     pp, v = par.pipeline_parallel, par.virtual_pipeline_stages
     m = s.gradient_accumulation_steps
     split = par.pipeline_schedule in SPLITS_BACKWARD
-    order = {st: get_schedule(par.pipeline_schedule)(pp, m, v, st) for st in range(pp)}
+    # Megatron-Core's combined 1F1B (MoE all-to-alls behind another micro-batch's compute): a forward and the
+    # backward after it in the steady state are one task
+    combined = s.model.moe is not None and par.moe.overlap_a2a
+    if combined:
+        tasks = {st: combined_1f1b.tasks(pp, m, v, st) for st in range(pp)}
+        order = {st: [x for task in tasks[st] for x in task] for st in range(pp)}
+    else:
+        order = {st: get_schedule(par.pipeline_schedule)(pp, m, v, st) for st in range(pp)}
+        tasks = {st: [(x,) for x in order[st]] for st in range(pp)}
     chunks = chunk_units(w, pp, v)
     overlap_p2p = p2p_overlapped(s, w)
     ops = {key: chunk_ops(s, w, us, key, pp, v, split, sends=not overlap_p2p) for key, us in chunks.items()}
+    pieces = (
+        {key: chunk_pieces(s, w, us, key, pp, v, sends=not overlap_p2p) for key, us in chunks.items()}
+        if combined
+        else {}
+    )
 
     sharding = " + fsdp" if par.fsdp else (f" + zero-{par.zero_stage}" if par.zero_stage else "")
     prog = Program(f"megatron {par.pipeline_schedule}{sharding}")
@@ -66,8 +80,8 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
     pos: list[dict[Step, int]] = []
     n = 0
     for st in range(pp):
-        pos.append({step: n + i for i, step in enumerate(order[st])})
-        n += len(order[st])
+        pos.append({step: n + i for i, steps in enumerate(tasks[st]) for step in steps})
+        n += len(tasks[st])
     ids = StepIds(pos)
     # with overlapped p2p every step's send is a task of its own on the stage's p2p stream, numbered after the
     # compute tasks (in the same order), and the receiving step waits for that send
@@ -108,7 +122,27 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
             {"F": (f, "forward"), "B": (b, "backward"), "W": (wg, "backward")}
             for f, b, wg in (ops[(st, c)] for c in range(v))
         ]
-        for step in order[st]:
+        for steps in tasks[st]:
+            if len(steps) == 2:  # combined 1F1B: this forward and that backward as one task
+                f, b = steps
+                for x in steps:
+                    names.setdefault(
+                        x, f"{x.kind}{x.microbatch}.{x.chunk}" if v > 1 else f"{x.kind}{x.microbatch}"
+                    )
+                joined = combined_ops(pieces[(st, f.chunk)][0], pieces[(st, b.chunk)][1])
+                deps = upstream(st, f) + upstream(st, b)
+                add(
+                    st,
+                    "backward",
+                    "backward",
+                    f"{names[f]}+{names[b]}",
+                    deps,
+                    joined,
+                    f.microbatch,
+                    sync_forward,
+                )
+                continue
+            step = steps[0]
             kind, mb, c = step
             if kind == "O":
                 # asynchronous schedule: this stage steps its optimizer now, no flush, no global sync

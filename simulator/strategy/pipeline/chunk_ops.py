@@ -23,41 +23,54 @@ def chunk_ops(
 ):
     """(forward, backward, weight-gradient) ops of one chunk, with the p2p sends as blocking collectives (unless
     ``sends`` is false: DeepSpeed's engine runs them as instructions of their own)."""
+    f, b = chunk_pieces(s, w, us, key, pp, v, sends)
+    fwd = [op for part in f for op in part[1]]
+    bwd: list[Op] = []
+    wgt: list[Op] = []
+    for _, ops in b:
+        for op in ops:
+            (wgt if split and op.name.endswith(" wgrad") else bwd).append(op)
+    return tuple(fwd), tuple(bwd), tuple(wgt)
+
+
+Piece = tuple[bool, tuple[Op, ...]]  # (a transformer layer's ops?, the ops)
+
+
+def chunk_pieces(
+    s: Scenario, w: Workload, us: list[Unit], key: tuple[int, int], pp: int, v: int, sends: bool = True
+) -> tuple[list[Piece], list[Piece]]:
+    """A chunk's forward and backward ops in the order they run, in pieces: what comes before the layers (the
+    micro-batch's setup, the pipeline regather), each unit (embedding, layers, output layer; backward: its
+    recomputation and backward), and the send."""
     st, c = key
     par, mdl = s.parallelism, s.model
     t = par.tensor_parallel
     e = 4 if s.training.precision == "fp32" else 2
     act = s.training.micro_batch_size * (mdl.seq_length // par.context_parallel) * mdl.hidden_size * e
     scatter_gather = t > 1 and not par.sequence_parallel  # Narayanan Sec. 4.1: send 1/t, all-gather after
-    send = collective_op("pipeline send", "send_recv", "pp", send_bytes(s))
+    send = collective_op("pipeline send", "send_recv", "pp", send_bytes(s)) if sends else None
     regather = (
         collective_op("tp all-gather (pipeline scatter/gather)", "all_gather", "tp", act)
         if scatter_gather
         else None
     )
     first, last = st == 0 and c == 0, st == pp - 1 and c == v - 1
-    if not sends:
-        send = None
 
-    fwd: list[Op] = list(w.microbatch_setup)  # every forward step calls get_batch (pretrain_gpt.py)
-    if not first and regather is not None:
-        fwd.append(regather)
-    for u in us:
-        fwd += u.block.forward
+    # every forward step calls get_batch (pretrain_gpt.py)
+    head = (*w.microbatch_setup, *((regather,) if not first and regather is not None else ()))
+    fwd: list[Piece] = [(False, head)]
+    fwd += [(u.is_layer, tuple(u.block.forward)) for u in us]
     if not last and send is not None:
-        fwd.append(send)
-    bwd: list[Op] = [] if last or regather is None else [regather]
-    wgt: list[Op] = []
+        fwd.append((False, (send,)))
+    bwd: list[Piece] = [(False, () if last or regather is None else (regather,))]
     layers = [u for u in us if u.is_layer]
     policy = dict(zip((id(u) for u in layers), chunk_policies(s, len(layers)), strict=True))
     for u in reversed(us):
-        if u.is_layer:
-            bwd += u.block.recompute_ops(policy[id(u)])
-        for op in u.block.backward:
-            (wgt if split and op.name.endswith(" wgrad") else bwd).append(op)
+        again = u.block.recompute_ops(policy[id(u)]) if u.is_layer else ()
+        bwd.append((u.is_layer, (*again, *u.block.backward)))
     if not first and send is not None:
-        bwd.append(send)
-    return tuple(fwd), tuple(bwd), tuple(wgt)
+        bwd.append((False, (send,)))
+    return fwd, bwd
 
 
 def send_bytes(s: Scenario) -> float:

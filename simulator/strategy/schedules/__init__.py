@@ -4,10 +4,10 @@ module here and one line below."""
 
 from __future__ import annotations
 
-from simulator.strategy.schedules import gpipe, interleaved, one_f_one_b, pipedream_2bw, zb_h1
+from simulator.strategy.schedules import combined_1f1b, gpipe, interleaved, one_f_one_b, pipedream_2bw, zb_h1
 from simulator.strategy.schedules.step import Schedule, Step
 
-__all__ = ["ASYNCHRONOUS", "SPLITS_BACKWARD", "Schedule", "Step", "get_schedule"]
+__all__ = ["ASYNCHRONOUS", "SPLITS_BACKWARD", "Schedule", "Step", "combined_1f1b", "get_schedule"]
 
 SCHEDULES: dict[str, Schedule] = {
     "gpipe": gpipe.schedule,

@@ -5,7 +5,7 @@ bubble shrinks to (p-1)/(v m + p - 1). Needs m to be a multiple of p."""
 from simulator.strategy.schedules.step import Step
 
 
-def schedule(p: int, m: int, v: int, stage: int) -> list[Step]:
+def schedule(p: int, m: int, v: int, stage: int, extra_warmup: int = 0) -> list[Step]:
     total = m * v
 
     def microbatch(k: int) -> int:
@@ -17,7 +17,7 @@ def schedule(p: int, m: int, v: int, stage: int) -> list[Step]:
     def backward(k: int) -> Step:
         return Step("B", microbatch(k), v - 1 - (k // p) % v)
 
-    warmup = min((p - stage - 1) * 2 + (v - 1) * p, total)
+    warmup = min((p - stage - 1) * 2 + (v - 1) * p + extra_warmup, total)
     steps = [forward(k) for k in range(warmup)]
     for i in range(total - warmup):
         steps += [forward(warmup + i), backward(i)]
