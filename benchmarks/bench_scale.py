@@ -1,6 +1,8 @@
-"""Simulator speed at scale: simulated iteration time, event count and wall time per scenario; then the 1T
-run at 1x, 4x and 16x its micro-batches, extrapolated from three short runs (the default) and replayed in full
-(``periodic=False``), with the Python heap's peak (tracemalloc, a separate pass).
+"""Simulator speed at scale (issue 33's targets beside each line): the process's start-up and a whole
+`clustersim run quickstart --json`; simulated iteration time, event count and wall time per shipped scenario; GPT-3
+175B (TP 8, PP 8 x 3) at 16,384, 65,536 and 131,072 GPUs; the 1T run at 1x, 16x and 64x its micro-batches,
+extrapolated from short runs (the default) and replayed in full (``periodic=False``); each with the Python heap's
+peak (tracemalloc, a separate pass).
 
 Run: python benchmarks/bench_scale.py   (prints tables: the first run's wall time, caches cold, and the best
 of 3; not a test)
@@ -8,6 +10,7 @@ of 3; not a test)
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -51,15 +54,19 @@ def main(paths: list[str]) -> None:
 def microbatch_scaling(rel: str = "scenarios/published/nar21-t1-1t.yaml") -> None:
     base = load_scenario(ROOT / rel)
     m0 = base.gradient_accumulation_steps
-    print(f"\n{base.name} at 1x / 4x / 16x its {m0} micro-batches per pipeline")
+    print(
+        f"\n{base.name} at 1x / 16x / 64x its {m0} micro-batches per pipeline (flat with the periodic replay)"
+    )
     print(
         f"{'micro-batches':>13s} {'mode':>9s} {'sim. iteration':>15s} {'tasks':>9s} {'wall: first':>12s}"
         f" {'best of 3':>10s} {'heap peak':>10s}"
     )
-    for factor in (1, 4, 16):
+    for factor in (1, 16, 64):
         s = with_microbatches(base, m0 * factor)
         for periodic in (True, False):
             walls = []
+            if not periodic and factor == 64:
+                continue  # 2^20 stage-steps: refused without --exact (and minutes long)
             for _ in range(3 if periodic or factor == 1 else 1):
                 t0 = time.perf_counter()
                 m = simulate(s, periodic=periodic).metrics
@@ -75,7 +82,68 @@ def microbatch_scaling(rel: str = "scenarios/published/nar21-t1-1t.yaml") -> Non
             )
 
 
+def best_of(command: list[str], runs: int = 3) -> float:
+    """The shortest wall time of ``runs`` runs of ``command`` (a fresh process each)."""
+    walls = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
+        walls.append(time.perf_counter() - t0)
+    return min(walls)
+
+
+def startup() -> None:
+    python = sys.executable
+    bare = best_of([python, "-c", "pass"])
+    imports = best_of([python, "-c", "import simulator.cli"]) - bare
+    whole = best_of([python, "-m", "simulator", "run", "quickstart", "--json"])
+    print(f"start-up: imports {imports:.3f} s (target 0.15 s); Python itself {bare:.3f} s")
+    print(f"clustersim run quickstart --json, whole process: {whole:.3f} s (target 0.25 s)")
+
+
+def gpt3_175b(gpus: int):
+    return load_scenario(
+        {
+            "name": f"gpt3-175b-{gpus}",
+            "framework": "megatron-2022",
+            "model": {"num_layers": 96, "hidden_size": 12288, "num_attention_heads": 96, "seq_length": 2048,
+                      "vocab_size": 51200},
+            "cluster": {"topology": "dgx-a100", "num_nodes": gpus // 8},
+            "training": {"global_batch_size": gpus // 64 * 16, "micro_batch_size": 1, "precision": "fp16",
+                         "activation_recompute": "selective"},
+            "parallelism": {"tensor_parallel": 8, "pipeline_parallel": 8, "pipeline_schedule": "interleaved-1f1b",
+                            "virtual_pipeline_stages": 3, "sequence_parallel": True},
+        }
+    )  # fmt: skip
+
+
+def scale_175b() -> None:
+    print("\nGPT-3 175B, TP 8, PP 8 x 3, 16 micro-batches per pipeline, as the GPU count grows")
+    print(
+        f"{'GPUs':>8s} {'sim. iteration':>15s} {'wall: first':>12s} {'best of 3':>10s} {'heap peak':>10s} target"
+    )
+    for gpus, target in ((16_384, 0.15), (65_536, None), (131_072, 0.3)):
+        s = gpt3_175b(gpus)
+        walls = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            m = simulate(s).metrics
+            walls.append(time.perf_counter() - t0)
+        tracemalloc.start()
+        simulate(s)
+        heap = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        goal = f"{target:.2f} s" if target else ""
+        print(
+            f"{gpus:8,d} {m.iteration_time_s:13.3f} s {walls[0]:10.3f} s {min(walls):8.3f} s"
+            f" {heap / 2**20:7.0f} MiB {goal}"
+        )
+
+
 if __name__ == "__main__":
+    if not sys.argv[1:]:
+        startup()
     main(sys.argv[1:] or CASES)
     if not sys.argv[1:]:
+        scale_175b()
         microbatch_scaling()

@@ -303,12 +303,13 @@ def import_kineto(
     _report_import(table, added, info["skipped"], out)
 
 
-def _logged_gpu(logs: list[Path], gpu: str | None) -> str | None:
-    """The GPU the logs name (each a catalogue name), checked against --gpu: one table holds one GPU's rows."""
+def _logged_gpu(logs: dict[Path, str], gpu: str | None) -> str | None:
+    """The GPU the logs (path -> text) name (each a catalogue name), checked against --gpu: one table holds one
+    GPU's rows."""
     from simulator.calibration.importers import match_gpu
     from simulator.calibration.importers.nccl_tests import log_devices
 
-    named = {name for log in logs for name in log_devices(log)}
+    named = {name for log, text in logs.items() for name in log_devices(log, text)}
     found = {match_gpu(name) or name for name in named}
     if len(found) > 1:
         raise ScenarioError(
@@ -349,6 +350,7 @@ def import_nccl_tests(
     from simulator.calibration.importers.nccl_tests import parse_nccl_tests
     from simulator.hardware.gpus import get_gpu
     from simulator.hardware.topology import load_topology
+    from simulator.scenario.files import read_text
     from simulator.tables.format import COLLECTIVE_OPS, SourceInfo, SystemInfo
 
     if op is not None and op not in COLLECTIVE_OPS:
@@ -368,8 +370,9 @@ def import_nccl_tests(
                 nic_kind=spec.node.nic_kind,
             )
             gpu = gpu or spec.node.gpu
-        rows = [r for log in logs for r in parse_nccl_tests(log, op, ranks, nodes)]
-        gpu = _logged_gpu(logs, gpu)
+        texts = {log: read_text(log) for log in logs}  # each log read once (bounded)
+        rows = [r for log, text in texts.items() for r in parse_nccl_tests(log, op, ranks, nodes, text)]
+        gpu = _logged_gpu(texts, gpu)
         source = SourceInfo(
             rows=f"{len(rows)} collective",
             source="nccl-tests: " + ", ".join(p.name for p in logs),

@@ -63,10 +63,11 @@ def _op_from(text: str, path: Path, op: str | None) -> str:
 _DEVICE = re.compile(r"#\s*Rank\s+\d+.*?\bdevice\s+\d+\s+\[[^\]]*\]\s+(.+?)\s*$", re.MULTILINE)
 
 
-def log_devices(path: Path) -> set[str]:
+def log_devices(path: Path, text: str | None = None) -> set[str]:
     """The GPU names nccl-tests' rank lines give ("#  Rank  0 Group  0 Pid 1 on node1 device  0 [0x07] NVIDIA
-    A100-SXM4-80GB"), or the JSON's devices[].name; empty where the log does not say."""
-    text = read_text(path)
+    A100-SXM4-80GB"), or the JSON's devices[].name; empty where the log does not say. ``text``: the log, where
+    the caller has read it already."""
+    text = read_text(path) if text is None else text
     if text.lstrip().startswith("{"):
         try:
             devices = json.loads(text).get("config", {}).get("devices") or []
@@ -77,9 +78,14 @@ def log_devices(path: Path) -> set[str]:
 
 
 def parse_nccl_tests(
-    path: Path, op: str | None = None, ranks: int | None = None, nodes: int | None = None
+    path: Path,
+    op: str | None = None,
+    ranks: int | None = None,
+    nodes: int | None = None,
+    text: str | None = None,
 ) -> list[CollectiveRow]:
-    text = read_text(path)  # bounded: a regular file, size, UTF-8
+    """The collective rows of one log (``text``: its contents, where the caller has read them)."""
+    text = read_text(path) if text is None else text  # bounded: a regular file, size, UTF-8
     parse = _parse_json if text.lstrip().startswith("{") else _parse_text
     try:
         rows = parse(path, text, op, ranks, nodes)
