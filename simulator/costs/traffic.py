@@ -227,9 +227,13 @@ class LinkLoads:
         nb, lb = np.divmod(dst.astype(np.int64), gpn)
         share = share.astype(float)
         # per-node sums run over the nodes the hops touch only (one pipeline stage's are an eighth of them)
-        touched = np.unique(np.concatenate((na, nb)))
+        mask = np.zeros(cl.num_nodes, dtype=bool)
+        mask[na] = True
+        mask[nb] = True
+        touched = np.flatnonzero(mask)
         nn = len(touched)
-        ra, rb = np.searchsorted(touched, na), np.searchsorted(touched, nb)
+        index = np.cumsum(mask) - 1  # a touched node's row
+        ra, rb = index[na], index[nb]
         local: dict[tuple[str, str], np.ndarray] = {}  # node-local link -> units per touched node
 
         def add(links, nodes, weights) -> None:
