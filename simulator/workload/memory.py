@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from simulator.frameworks import get_framework
 from simulator.scenario.schema import Scenario
 from simulator.workload.fp8 import saved_input_bytes
 
@@ -247,9 +248,21 @@ def checkpoint_bytes_per_layer(s: Scenario) -> float:
     return 2 * sbh / (t if p.sequence_parallel or tr.partition_activations else 1)
 
 
+# Bytes per logit live at the loss. Megatron: the fp32 logits its fused vocab-parallel cross-entropy keeps
+# (Korthikanti et al. Sec. 4.3). PyTorch's F.cross_entropy as torchtitan calls it (torchtitan/components/loss.py,
+# ``cross_entropy_loss``: ``F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))``): the 16-bit
+# logits, their fp32 copy and log_softmax's fp32 output (saved for backward) are all live while log_softmax runs,
+# at the end of the forward when every layer's activations are held; compiled (torchtitan compiles the loss with
+# the model), the copy fuses into the log_softmax kernel.
+LOGIT_BYTES = {"megatron": 4, "torch": 2 + 4 + 4, "torch-compiled": 2 + 4}
+
+
 def head_activation_bytes(s: Scenario) -> float:
-    """Output layer: final layernorm input and the fp32 logits kept for the cross-entropy backward
-    (Korthikanti et al. Sec. 4.3 count 4 s b h / t + 4 s b v / t for the last stage)."""
+    """Output layer: final layernorm input and the logits live at the loss (LOGIT_BYTES by the framework's
+    loss; Korthikanti et al. Sec. 4.3 count 4 s b h / t + 4 s b v / t for the last stage)."""
     m, p = s.model, s.parallelism
     sq, b, t = m.seq_length // p.context_parallel, s.training.micro_batch_size, p.tensor_parallel
-    return 4 * sq * b * m.hidden_size / t + 4 * sq * b * m.vocab_size / t
+    loss = get_framework(s.framework).loss
+    if loss == "torch" and s.training.compile:
+        loss = "torch-compiled"
+    return 4 * sq * b * m.hidden_size / t + LOGIT_BYTES[loss] * sq * b * m.vocab_size / t
