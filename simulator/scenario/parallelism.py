@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from typing import Literal
 
-from pydantic import Field, PositiveInt
+from pydantic import Field, PositiveInt, field_validator
 
 from simulator.scenario.section import Section
 
@@ -183,10 +183,23 @@ class ParallelismConfig(Section):
         None, description="Default: GPUs / (tensor x pipeline x context)."
     )
     sequence_parallel: bool = False
-    tp_comm_overlap: bool = Field(
+    tp_comm_overlap: bool | Literal["te", "async"] = Field(
         False,
-        description="Megatron-Core --tp-comm-overlap: TP all-gathers / reduce-scatters run alongside GEMMs.",
+        description="Tensor-parallel communication beside the GEMMs: true or 'te' = Megatron-Core --tp-comm-overlap "
+        "(Transformer Engine userbuffers: each all-gather / reduce-scatter hidden behind the GEMM it feeds or "
+        "follows); 'async' = PyTorch async TP (torchtitan enable_async_tensor_parallel, torch._micro_pipeline_tp: "
+        "each GEMM split into TP chunks, a chunk's copy to or from a peer behind the next chunk's GEMM, "
+        "workload/async_tp.py).",
     )
+
+    @field_validator("tp_comm_overlap", mode="before")
+    @classmethod
+    def _one_of(cls, value):
+        """One line for a value that is none of them (the union would say why for each member)."""
+        if isinstance(value, bool) or value in ("te", "async"):
+            return value
+        raise ValueError(f"must be true, false, te or async (got {value!r})")
+
     overlap_p2p_comm: bool | None = Field(
         None,
         description="Interleaved 1F1B: pipeline sends / receives beside the next step's compute (Megatron-Core "

@@ -9,7 +9,7 @@ from simulator.workload.ops import collective_op
 
 
 def tp_collectives(
-    t: int, sequence_parallel: bool, nbytes: float, overlap: bool = False, async_grad: bool = False
+    t: int, sequence_parallel: bool, nbytes: float, overlap: bool | str = False, async_grad: bool = False
 ):
     """Factories for the four tensor-parallel collectives around a column- then row-parallel pair:
     (before column-parallel forward, after row-parallel forward, column-parallel input gradient,
@@ -23,7 +23,9 @@ def tp_collectives(
     def make(kind: str | None, direction: str = "forward", side: str = ""):
         if t == 1 or kind is None:
             return lambda name: None
-        if overlap:
+        if overlap == "async" and (direction == "forward" or kind == "all_gather"):
+            side = "async"  # PyTorch async TP: rewritten with its GEMM by workload/async_tp.py
+        elif overlap:
             side = "next" if kind == "all_gather" else "previous"
         return lambda name: collective_op(
             f"tp {kind.replace('_', '-')} ({name})", kind, "tp", nbytes, side, direction

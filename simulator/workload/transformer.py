@@ -20,7 +20,7 @@ from simulator.frameworks import Framework, get_framework
 from simulator.hardware.gpus import GPU, get_gpu
 from simulator.hardware.topology import cluster_spec
 from simulator.scenario.schema import Scenario
-from simulator.workload import elementwise, framework_kernels
+from simulator.workload import async_tp, elementwise, framework_kernels
 from simulator.workload.attention import attention_ops, projection_ops
 from simulator.workload.block import Block, Part, present
 from simulator.workload.embedding import embedding_block, head_block
@@ -236,6 +236,8 @@ def build_workload(
                 fw, tr.precision, "layer", params + mlp.expert_params, tensors_per_layer(m)
             ),
         )
+        if p.tp_comm_overlap == "async" and t > 1:  # PyTorch async TP: GEMMs in chunks beside the copies
+            fwd, bwd = async_tp.decompose(fwd, t, e), async_tp.decompose(bwd, t, e)
         # DeepSpeed activation checkpointing: the checkpoint (layer input) split over the TP ranks
         # (partition_activations) and kept in host memory (cpu_checkpointing); backward fetches and re-gathers it.
         # Both copies are synchronous and go through pageable memory (DeepSpeed v0.6.2 to v0.16.4,

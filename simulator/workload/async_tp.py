@@ -1,0 +1,92 @@
+"""PyTorch's async tensor parallelism (``tp_comm_overlap: async``; torchtitan ``enable_async_tensor_parallel``,
+Inductor's micro-pipeline TP pass over the compiled graph, torch/distributed/_symmetric_memory/__init__.py,
+PyTorch 2.5+: ``_fused_all_gather_matmul_impl`` and ``_fused_matmul_reduce_scatter_impl``).
+
+* all-gather then matmul: the matmul runs in TP chunks of the gathered rows, the local shard's first; while one
+  chunk multiplies, the next shard is copied from its peer into symmetric memory by the copy engine.
+* matmul then reduce-scatter: the matmul runs in TP chunks, one per destination rank (the local one last); each
+  chunk's partial result is copied to its rank while the next chunk multiplies; each rank then sums the TP
+  partials it received (a memory-bound reduction).
+
+So the communication hides behind GEMMs a TP-th the size, which run at their own (lower) efficiency, plus the
+reduction, instead of behind one whole GEMM: the overlap is partial where chunks are short. The backward's
+all-gather (of the output gradient) feeds its input-gradient GEMM the same way; its reduce-scatter keeps hiding
+behind the weight-gradient GEMM issued after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from math import ceil
+
+from simulator.workload.ops import Op, collective_op, memory_op
+
+
+def chunk(g: Op, t: int, i: int) -> Op:
+    """Chunk ``i`` of ``t`` of GEMM ``g`` along its rows."""
+    rows = ceil(g.m / t)
+    per_elem = g.bytes / (g.m * g.k + g.k * g.n + g.m * g.n) if g.bytes else 0.0
+    return replace(
+        g,
+        name=f"{g.name} (async TP chunk {i + 1}/{t})",
+        m=rows,
+        flops=g.flops / t,
+        model_flops=g.model_flops / t,
+        bytes=per_elem * (rows * g.k + g.k * g.n + rows * g.n),
+    )
+
+
+def copy(c: Op, t: int, i: int) -> Op:
+    """The copy of one TP-th of collective ``c``'s buffer to or from a peer, behind the next GEMM chunk."""
+    return replace(
+        collective_op(f"{c.name}: async TP copy {i}/{t - 1}", "send_recv", "tp", c.bytes / t, "next"),
+        direction=c.direction,
+    )
+
+
+def all_gather_matmul(c: Op, g: Op, t: int) -> list[Op]:
+    out: list[Op] = []
+    for i in range(t):
+        if i < t - 1:
+            out.append(copy(c, t, i + 1))  # the next shard arrives while this chunk multiplies
+        out.append(chunk(g, t, i))
+    return out
+
+
+def matmul_reduce_scatter(g: Op, c: Op, t: int, e: int) -> list[Op]:
+    out: list[Op] = []
+    for i in range(t):
+        out.append(chunk(g, t, i))
+        if i < t - 1:
+            out.append(copy(c, t, i + 1))  # this chunk's partial goes to its rank behind the next chunk
+    rows = ceil(g.m / t)
+    reduce = memory_op(f"{c.name}: async TP reduction", e * (t + 1) * rows * g.n, "elementwise", rows, g.n)
+    out.append(replace(reduce, direction=c.direction))
+    return out
+
+
+def decompose(ops: tuple[Op, ...], t: int, e: int) -> tuple[Op, ...]:
+    """``ops`` with each collective marked ``async`` and its GEMM rewritten as above (an all-gather with the
+    next GEMM, a reduce-scatter with the GEMM just before it); where no GEMM adjoins, the collective keeps
+    Transformer Engine's overlap (behind the neighbouring kernel)."""
+    out: list[Op] = []
+    i = 0
+    while i < len(ops):
+        op = ops[i]
+        if op.kind != "collective" or op.overlaps != "async":
+            out.append(op)
+            i += 1
+            continue
+        if op.collective == "all_gather":
+            nxt = i + 1
+            if nxt < len(ops) and ops[nxt].kind == "gemm":
+                out += all_gather_matmul(op, ops[nxt], t)
+                i += 2
+                continue
+            out.append(replace(op, overlaps="next"))
+        elif out and out[-1].kind == "gemm":
+            out += matmul_reduce_scatter(out.pop(), op, t, e)
+        else:
+            out.append(replace(op, overlaps="previous"))
+        i += 1
+    return tuple(out)
