@@ -192,14 +192,6 @@ class ParallelismConfig(Section):
         "workload/async_tp.py).",
     )
 
-    @field_validator("tp_comm_overlap", mode="before")
-    @classmethod
-    def _one_of(cls, value):
-        """One line for a value that is none of them (the union would say why for each member)."""
-        if isinstance(value, bool) or value in ("te", "async"):
-            return value
-        raise ValueError(f"must be true, false, te or async (got {value!r})")
-
     overlap_p2p_comm: bool | None = Field(
         None,
         description="Interleaved 1F1B: pipeline sends / receives beside the next step's compute (Megatron-Core "
@@ -238,6 +230,14 @@ class ParallelismConfig(Section):
         description="Ranks each expert's MLP is split over (ETP). Default: tensor_parallel (Megatron-Core).",
     )
     moe: MoeParallelConfig = MoeParallelConfig()
+
+    @field_validator("tp_comm_overlap", mode="before")
+    @classmethod
+    def _tp_comm_overlap(cls, value):
+        """One line for a value that is none of them (the union would say why for each member)."""
+        if isinstance(value, bool) or value in ("te", "async"):
+            return value
+        raise ValueError(f"must be true, false, te or async (got {value!r})")
 
     @property
     def etp(self) -> int:
