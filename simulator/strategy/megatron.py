@@ -109,6 +109,7 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
     stage_params = [sum(u.params for c in range(v) for u in chunks[(st, c)]) for st in range(pp)]
     stage_tensors = [unit_tensors(s, [u for c in range(v) for u in chunks[(st, c)]]) for st in range(pp)]
     names: dict[Step, str] = {}  # every stage runs the same steps: one name string per step
+    joined_ops: dict[tuple[int, int, int], tuple] = {}
     add = prog.add_compute
     # where the host thread waits for the GPU: at every pipeline send / receive (Megatron synchronizes after
     # its batched p2p: megatron/core/pipeline_parallel/p2p_communication.py, _communicate), and at each
@@ -129,7 +130,10 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
                     names.setdefault(
                         x, f"{x.kind}{x.microbatch}.{x.chunk}" if v > 1 else f"{x.kind}{x.microbatch}"
                     )
-                joined = combined_ops(pieces[(st, f.chunk)][0], pieces[(st, b.chunk)][1])
+                pair = (st, f.chunk, b.chunk)  # one op tuple per chunk pair: its cost is computed once
+                if pair not in joined_ops:
+                    joined_ops[pair] = combined_ops(pieces[(st, f.chunk)][0], pieces[(st, b.chunk)][1])
+                joined = joined_ops[pair]
                 deps = upstream(st, f) + upstream(st, b)
                 add(
                     st,
