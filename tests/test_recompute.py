@@ -128,3 +128,64 @@ def test_recompute_settings_that_do_not_go_together_are_refused(training, messag
     data["training"].update(training)
     with pytest.raises(ScenarioError, match=message):
         load_scenario(data)
+
+
+# -- Megatron-Core's --recompute-modules ------------------------------------------------------------------------
+def moe_modules(modules=None, mode="selective"):
+    training = {"global_batch_size": 16, "micro_batch_size": 2, "activation_recompute": mode}
+    if modules is not None:
+        training["recompute"] = {"modules": modules}
+    return load_scenario(
+        {
+            "model": {
+                "num_layers": 2,
+                "hidden_size": 1024,
+                "num_attention_heads": 8,
+                "ffn_hidden_size": 2816,
+                "seq_length": 2048,
+                "vocab_size": 32000,
+                "activation": "swiglu",
+                "normalization": "rmsnorm",
+                "position_embedding": "rope",
+                "add_bias_linear": False,
+                "tied_embeddings": False,
+                "moe": {"num_experts": 8, "top_k": 2, "first_dense_layers": 1},
+            },
+            "cluster": {"topology": "dgx-h100", "num_nodes": 1},
+            "kernels": "none",
+            "framework": "megatron-core-2024",
+            "training": training,
+            "parallelism": {"expert_parallel": 8},
+        }
+    )
+
+
+def test_moe_act_and_layernorm_modules_rerun_their_kernels_and_keep_less_by_hand():
+    from simulator.workload.expert_load import expert_load
+    from simulator.workload.memory import activation_bytes_per_layer
+    from simulator.workload.transformer import build_workload
+
+    base, mods = moe_modules(), moe_modules(["moe_act", "layernorm"])
+    w = build_workload(mods)
+    dense, moe = w.layers[0], w.layers[1]
+    assert (
+        dense.recompute_ops("selective") == ()
+    )  # FlashAttention: core_attn re-runs nothing; dense norms fused
+    names = [op.name for op in moe.recompute_ops("selective")]
+    assert names == ["post-attention layernorm", "experts swiglu (probability-weighted)"]
+    assert all(op.recompute for op in moe.recompute_ops("selective"))
+    # kept bytes: the pre-MLP norm's output (2 bytes x tokens x hidden) and the activation's output (2 bytes x
+    # rows x expert width) go
+    tokens, h, f = 2 * 2048, 1024, 2816
+    rows = expert_load(mods.model.moe, tokens, 8, 1).total_rows
+    saved = activation_bytes_per_layer(base, moe=True) - activation_bytes_per_layer(mods, moe=True)
+    assert saved == pytest.approx(2 * tokens * h + 2 * rows * f, rel=1e-12)
+    assert activation_bytes_per_layer(base) == activation_bytes_per_layer(mods)  # a dense layer: nothing
+
+
+def test_recompute_modules_need_selective_recompute():
+    from simulator.errors import ScenarioError
+
+    with pytest.raises(ScenarioError) as e:
+        moe_modules(["moe_act"], mode="none")
+    assert "training.recompute.modules" in str(e.value) and "\n" not in str(e.value)

@@ -101,6 +101,13 @@ class RecomputeConfig(Section):
         le=2**16,
         description="selective-layer (torchtitan selective_ac_option: N): every N-th layer recomputed in full.",
     )
+    modules: tuple[Literal["core_attn", "moe_act", "layernorm"], ...] = Field(
+        ("core_attn",),
+        description="With activation_recompute: selective, Megatron-Core's --recompute-modules: core_attn "
+        "(attention's core), moe_act (the experts' activation: its output not kept), layernorm (the norms not "
+        "fused into a linear layer: an MoE layer's pre-MLP norm; its output not kept). Default: core_attn, "
+        "Megatron-Core's (workload/recompute.py).",
+    )
 
 
 class TrainingConfig(Section):
@@ -145,6 +152,11 @@ class TrainingConfig(Section):
     @model_validator(mode="after")
     def _check(self) -> TrainingConfig:
         rc = self.recompute
+        if rc.modules != ("core_attn",) and self.activation_recompute != "selective":
+            raise ValueError(
+                f"training.recompute.modules ({', '.join(rc.modules)}) is Megatron's selective recompute: it needs "
+                f"activation_recompute: selective (got {self.activation_recompute})"
+            )
         if rc.method is not None and self.activation_recompute != "full":
             raise ValueError(
                 f"training.recompute.method ({rc.method}) is Megatron's way to narrow full recompute: it needs "

@@ -14,7 +14,7 @@ class Block:
     name: str
     forward: tuple[Op, ...]
     backward: tuple[Op, ...]
-    recompute_selective: tuple[Op, ...]  # forward ops re-run by selective recompute (attention core)
+    recompute_selective: tuple[Op, ...]  # forward ops re-run by selective recompute (its modules)
     params: (
         int  # parameters held by one rank and reduced over data parallelism (for MoE: all but the experts)
     )
@@ -46,6 +46,7 @@ class Part:
     backward: tuple[Op, ...]
     params: int = 0  # reduced over data parallelism
     expert_params: int = 0  # reduced over expert data parallelism
+    activations: tuple[Op, ...] = ()  # an MoE MLP's expert activation kernels (Megatron's moe_act recompute)
 
 
 def present(*ops: Op | None) -> tuple[Op, ...]:

@@ -156,7 +156,8 @@ def activation_bytes_per_layer(s: Scenario, recompute: str | None = None, moe: b
         0.0 if moe else 2 * f_up + lin * f
     )  # MLP up out, act out (the down projection's input; MoE: its own)
     sharded = sbh * (2 * q + 2 * kv + 2 * v + lin * out + mlp)  # Q, K, V, projection input, MLP
-    if m.attention == "standard" and mode != "selective":
+    modules = set(tr.recompute.modules) if mode == "selective" else set()  # Megatron's --recompute-modules
+    if m.attention == "standard" and "core_attn" not in modules:
         sharded += 5 * a * sq * sq * b  # softmax output, dropout mask, dropout output
     if m.attention == "flash":
         sharded += 2 * sbh * out + 4 * sq * b * a  # attention output kept by the kernel + fp32 log-sum-exp
@@ -168,7 +169,9 @@ def activation_bytes_per_layer(s: Scenario, recompute: str | None = None, moe: b
         q_rank = c.q_lora_rank or 0
         total += 2 * sq * b * (2 * q_rank + 2 * c.kv_lora_rank + c.qk_rope_head_dim)
     if moe:
-        total += moe_mlp_activation_bytes(s)
+        total += moe_mlp_activation_bytes(s, recompute_act="moe_act" in modules)
+        if "layernorm" in modules:  # the pre-MLP norm's output (the router's and dispatcher's input) re-run
+            total -= lin * sbh / sp
     return total
 
 
@@ -198,12 +201,13 @@ def op_policy_bytes(s: Scenario, moe: bool = False) -> float:
     return kept + 2 * sbh * f_up / t
 
 
-def moe_mlp_activation_bytes(s: Scenario) -> float:
+def moe_mlp_activation_bytes(s: Scenario, recompute_act: bool = False) -> float:
     """What an MoE MLP keeps for backward on the busiest expert-parallel rank (Megatron-Core core_v0.13.0, what
     the router, ``moe_utils.permute`` and the experts save): the router's fp32 logits and probabilities with the
     routing map, the permutation's row map, and for each of the ``N`` rows the experts compute, the fc1 input
     (the gathered tokens), fc1's output, the activation's output and the routing probability; the shared
-    expert's like a dense MLP's."""
+    expert's like a dense MLP's. ``recompute_act``: Megatron's moe_act recompute keeps fc1's output and re-runs the
+    activation, so its output (fc2's input) is not kept."""
     from simulator.workload.expert_load import expert_load
 
     m, p = s.model, s.parallelism
@@ -219,7 +223,7 @@ def moe_mlp_activation_bytes(s: Scenario) -> float:
     experts = moe.num_experts
     router = T * experts * (4 + 4 + 1) + T * experts * 4  # logits, probabilities, map; the row map (int32)
     lin = linear_input_bytes(s)
-    routed = n * (lin * m.hidden_size + e * f_up + lin * f + 4)
+    routed = n * (lin * m.hidden_size + e * f_up + (0 if recompute_act else lin * f) + 4)
     shared = 0.0
     if moe.shared_expert_ffn_hidden_size:
         fs = moe.shared_expert_ffn_hidden_size

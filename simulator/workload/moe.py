@@ -115,6 +115,7 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
     # -- experts -----------------------------------------------------------------------------------------------
     fwd_experts: list[Op] = []
     bwd_experts: list[Op] = []
+    acts: list[Op] = []
     groups = (
         [(sum(load.rows), sum(load.real_rows))]
         if p.moe.grouped_gemm
@@ -143,6 +144,7 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
             m, f"{name} {m.activation} (probability-weighted)", e, n_int, f_rank, n * PROB_BYTES
         )
         fwd_experts += [fc1, act, fc2]
+        acts.append(act)
         bwd_experts = [*gemm_backward(fc2), act_bwd, *gemm_backward(fc1), *bwd_experts]
 
     # -- shared expert -----------------------------------------------------------------------------------------
@@ -179,7 +181,7 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
         *combine_bwd, *bwd_experts, *shared_bwd, *dispatch_bwd, route_bwd, *gemm_backward(router)
     )
     expert_params = local * mlp_params(m, f) // etp
-    return Part(forward, backward, router_params(m) + shared_params, expert_params)
+    return Part(forward, backward, router_params(m) + shared_params, expert_params, tuple(acts))
 
 
 def _scaled(op: Op, share: float) -> Op:

@@ -124,6 +124,23 @@ def tensors_per_layer(m) -> int:
     return 4 + (4 if m.add_bias_linear else 0) + 2 * norm_tensors
 
 
+def selective_ops(s: Scenario, attn_core: tuple[Op, ...], moe_norm: Op | None, acts: tuple[Op, ...]):
+    """What Megatron-Core's selective recompute re-runs of a layer before its backward, module by module
+    (--recompute-modules, core_v0.13.0 transformer_layer.py / experts.py): core_attn the unfused attention core
+    (FlashAttention stores nothing it would re-run); layernorm the norms not fused into the next linear layer
+    (with Transformer Engine the input norm and a dense layer's pre-MLP norm are fused, an MoE layer's pre-MLP
+    norm, which the router reads, is not); moe_act the experts' activation."""
+    mods = set(s.training.recompute.modules)
+    ops: list[Op] = []
+    if "core_attn" in mods and s.model.attention == "standard":
+        ops += attn_core
+    if "layernorm" in mods and moe_norm is not None:
+        ops.append(moe_norm)
+    if "moe_act" in mods:
+        ops += acts
+    return recomputed(tuple(ops))
+
+
 def dense_mlp_part(s: Scenario, sh: LayerShape, tp, mlp_bias: Op | None, eager: bool = False) -> Part:
     """The dense MLP: up projection (with the gate for SwiGLU), activation, down projection, between the
     tensor-parallel collectives of its input and output. ``eager``: SwiGLU as separate SiLU and multiply
@@ -202,6 +219,7 @@ def build_workload(
 
     def layer(name: str, mlp: Part, moe: bool) -> Block:
         params = attention_params + mlp.params
+        pre_mlp_norm = norm(sh, "post-attention layernorm")
         fwd = present(
             norm(sh, "input layernorm"),
             gather_in("attention input"),
@@ -213,7 +231,7 @@ def build_workload(
             proj,
             scatter_out("attention output"),
             residual(sh, "attention bias-dropout-add"),
-            norm(sh, "post-attention layernorm"),
+            pre_mlp_norm,
             *layer_syncs,
             *mlp.forward,
             residual(sh, "mlp bias-dropout-add"),
@@ -258,7 +276,7 @@ def build_workload(
             name,
             fwd,
             bwd,
-            recomputed(attn_fwd) if m.attention == "standard" else (),
+            selective_ops(s, attn_fwd, pre_mlp_norm if moe else None, mlp.activations),
             params,
             (*fetch, *recompute),
             mlp.expert_params,

@@ -31,8 +31,9 @@ def is_expert_comm(op: Op) -> bool:
 
 
 def is_expert_compute(op: Op) -> bool:
-    """A routed or shared expert's kernel (what runs between dispatch and combine)."""
-    return op.kind != "collective" and (op.name.startswith(("expert", "shared expert")))
+    """A routed or shared expert's kernel (what runs between dispatch and combine); not a recomputation re-run
+    ahead of the backward (selective recompute's moe_act)."""
+    return op.kind != "collective" and not op.recompute and op.name.startswith(("expert", "shared expert"))
 
 
 def split_layer(ops: tuple[Op, ...]) -> tuple[tuple[Op, ...], ...] | None:
