@@ -14,6 +14,22 @@ GPT_SMALL = {
     "vocab_size": 32000,
 }
 
+# a two-layer mixture-of-experts model (8 experts, top-2)
+SMALL_MOE = {
+    "num_layers": 2,
+    "hidden_size": 1024,
+    "num_attention_heads": 8,
+    "ffn_hidden_size": 2816,
+    "seq_length": 2048,
+    "vocab_size": 32000,
+    "activation": "swiglu",
+    "normalization": "rmsnorm",
+    "position_embedding": "rope",
+    "add_bias_linear": False,
+    "tied_embeddings": False,
+    "moe": {"num_experts": 8, "top_k": 2},
+}
+
 # a two-layer model on one DGX A100 that simulates in milliseconds: CLI, sweep and hostile-input tests
 TINY = {
     "model": {

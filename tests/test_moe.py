@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import SMALL_MOE
 
 from simulator import load_scenario, simulate
 from simulator.costs.collectives import CollectiveModel, ring_bytes_per_rank
@@ -21,20 +22,6 @@ from simulator.workload.params import mlp_params
 from simulator.workload.transformer import build_workload
 
 VALIDATION = Path(__file__).parents[1] / "simulator" / "validation"
-SMALL_MOE = {
-    "num_layers": 2,
-    "hidden_size": 1024,
-    "num_attention_heads": 8,
-    "ffn_hidden_size": 2816,
-    "seq_length": 2048,
-    "vocab_size": 32000,
-    "activation": "swiglu",
-    "normalization": "rmsnorm",
-    "position_embedding": "rope",
-    "add_bias_linear": False,
-    "tied_embeddings": False,
-    "moe": {"num_experts": 8, "top_k": 2},
-}
 
 
 def scenario(model=None, nodes=1, framework="ideal", training=None, gpus=8, **par):

@@ -3,6 +3,7 @@ what the recomputation re-runs (hardware FLOPs beyond the model's) and what stay
 count on a small Llama-style model (hidden 1,024, 8 heads, SwiGLU 2,816, sequence 2,048, micro-batch 1)."""
 
 import pytest
+from conftest import SMALL_MOE
 
 from simulator.api import simulate
 from simulator.scenario.loader import load_scenario
@@ -137,20 +138,7 @@ def moe_modules(modules=None, mode="selective"):
         training["recompute"] = {"modules": modules}
     return load_scenario(
         {
-            "model": {
-                "num_layers": 2,
-                "hidden_size": 1024,
-                "num_attention_heads": 8,
-                "ffn_hidden_size": 2816,
-                "seq_length": 2048,
-                "vocab_size": 32000,
-                "activation": "swiglu",
-                "normalization": "rmsnorm",
-                "position_embedding": "rope",
-                "add_bias_linear": False,
-                "tied_embeddings": False,
-                "moe": {"num_experts": 8, "top_k": 2, "first_dense_layers": 1},
-            },
+            "model": {**SMALL_MOE, "moe": {**SMALL_MOE["moe"], "first_dense_layers": 1}},
             "cluster": {"topology": "dgx-h100", "num_nodes": 1},
             "kernels": "none",
             "framework": "megatron-core-2024",
