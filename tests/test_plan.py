@@ -408,6 +408,28 @@ def test_emit_gives_the_pick_in_each_framework_s_own_names():
         "context_parallel_degree": 1,
     }
     assert titan["training"]["local_batch_size"] == 32 and titan["activation_checkpoint"]["mode"] == "full"
+    # the scenario's overlaps, recompute modules and torch.compile, in each framework's names
+    row = {**row, "recompute": "selective", "ep": 8}
+    row["scenario"] = {
+        **row["scenario"],
+        "training": {
+            "global_batch_size": 256,
+            "compile": True,
+            "recompute": {"modules": ["moe_act", "layernorm"]},
+        },
+        "parallelism": {"tp_comm_overlap": "async", "moe": {"overlap_a2a": True}},
+    }
+    megatron = emit_text(row, "megatron")
+    assert (
+        "--recompute-modules moe_act layernorm" in megatron
+        and "--overlap-moe-expert-parallel-comm" in megatron
+    )
+    args = [line.rstrip(" \\") for line in megatron.splitlines() if not line.startswith("#")]
+    assert "--tp-comm-overlap" not in args and "async TP is PyTorch's" in megatron
+    titan = tomllib.loads(emit_text(row, "torchtitan"))
+    assert titan["parallelism"]["enable_async_tensor_parallel"] is True and titan["compile"] == {
+        "enable": True
+    }
 
 
 def test_confirming_on_a_process_pool_gives_the_same_plan():

@@ -6,14 +6,17 @@ Names are the frameworks' own, read from their source:
 - Megatron-LM megatron/training/arguments.py (core_r0.12.0): --tensor-model-parallel-size,
   --pipeline-model-parallel-size, --num-layers-per-virtual-pipeline-stage, --context-parallel-size,
   --expert-model-parallel-size, --expert-tensor-parallel-size, --sequence-parallel, --use-distributed-optimizer,
-  --use-torch-fsdp2, --recompute-granularity / --recompute-method / --recompute-num-layers.
+  --use-torch-fsdp2, --recompute-granularity / --recompute-method / --recompute-num-layers, --recompute-modules,
+  --tp-comm-overlap; --overlap-moe-expert-parallel-comm (core_v0.14.0).
 - DeepSpeed deepspeed/runtime/config.py and zero/config.py (v0.16): train_batch_size,
   train_micro_batch_size_per_gpu, gradient_accumulation_steps, bf16.enabled, zero_optimization.stage.
 - torchtitan torchtitan/config/job_config.py (000204a4): [training] local_batch_size, global_batch_size,
   seq_len; [parallelism] data_parallel_replicate_degree, data_parallel_shard_degree, fsdp_reshard_after_forward,
   tensor_parallel_degree, pipeline_parallel_degree, pipeline_parallel_schedule (1F1B, Interleaved1F1B),
   pipeline_parallel_layers_per_stage, pipeline_parallel_microbatch_size, context_parallel_degree,
-  expert_parallel_degree; [activation_checkpoint] mode (none, selective, full).
+  expert_parallel_degree, enable_async_tensor_parallel; [activation_checkpoint] mode (none, selective, full);
+  [compile] enable.
+Overlap switches, recompute modules and torch.compile come from the planned scenario where it sets them.
 """
 
 from __future__ import annotations
@@ -41,6 +44,10 @@ def _common(row: dict) -> dict:
         "seq": model.get("seq_length"),
         "layers": model.get("num_layers"),
         "precision": training.get("precision", "bf16"),
+        "tp_overlap": s.get("parallelism", {}).get("tp_comm_overlap", False),
+        "a2a_overlap": s.get("parallelism", {}).get("moe", {}).get("overlap_a2a", False),
+        "compile": training.get("compile", False),
+        "modules": training.get("recompute", {}).get("modules"),
     }
 
 
@@ -84,6 +91,14 @@ def megatron(row: dict) -> str:
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
     elif row["recompute"] == "selective":
         args.append("--recompute-granularity selective")
+        if c["modules"]:
+            args.append("--recompute-modules " + " ".join(c["modules"]))
+    if c["tp_overlap"] in (True, "te") and row["tp"] > 1:
+        args.append("--tp-comm-overlap")
+    elif c["tp_overlap"] == "async":
+        notes.append("# async TP is PyTorch's (torchtitan); Megatron-Core's overlap is --tp-comm-overlap")
+    if c["a2a_overlap"]:
+        args.append("--overlap-moe-expert-parallel-comm")
     return "\n".join([*notes, " \\\n".join(args)])
 
 
@@ -147,5 +162,9 @@ def torchtitan(row: dict) -> str:
     lines.append(f"context_parallel_degree = {row['cp']}")
     if row.get("ep", 1) > 1:
         lines.append(f"expert_parallel_degree = {row['ep']}")
+    if c["tp_overlap"] and row["tp"] > 1:
+        lines.append("enable_async_tensor_parallel = true  # takes effect with [compile] enable")
     lines += ["", "[activation_checkpoint]", f'mode = "{row["recompute"]}"']
+    if c["compile"] or (c["tp_overlap"] and row["tp"] > 1):
+        lines += ["", "[compile]", "enable = true"]
     return "\n".join(lines)
