@@ -214,7 +214,11 @@ def test_expert_all_to_all_stays_on_nvlink_inside_a_node_and_crosses_nics_beyond
             {"expert_parallel": 2, "moe": {"overlap_a2a": True, "dispatcher": "allgather"}},
             "not allgather",
         ),
-        (SMALL_MOE, {"expert_parallel": 2, "moe": {"overlap_a2a": True}}, "pipeline parallelism only"),
+        (
+            SMALL_MOE,
+            {"expert_parallel": 2, "zero_stage": 2, "moe": {"overlap_a2a": True}},
+            "use zero_stage 0 or 1",
+        ),
         (
             SMALL_MOE,
             {"expert_parallel": 2, "pipeline_parallel": 2, "moe": {"overlap_a2a": True}},

@@ -81,3 +81,40 @@ def test_overlap_hides_most_of_the_all_to_all_and_holds_one_more_micro_batch():
     assert exposed_on < 0.6 * exposed_off
     assert on.iteration_time_s < off.iteration_time_s
     assert on.memory_gib["activations"] > off.memory_gib["activations"]  # one more warm-up forward in flight
+
+
+def test_without_pipeline_stages_each_forward_runs_beside_the_previous_backward():
+    """combined_1f1b_schedule_for_no_pipelining: F0 alone, F1 + B0, ..., the last backward alone (it reduces the
+    gradients); two micro-batches' activations are live."""
+    from simulator.strategy.steps import microbatch_order
+
+    d = {
+        "model": {"preset": "mixtral-8x7b", "seq_length": 4096},
+        "cluster": {"topology": "dgx-h100", "num_nodes": 8},
+        "training": {"global_batch_size": 256, "micro_batch_size": 1},
+        "framework": "megatron-core-2024",
+        "parallelism": {
+            "tensor_parallel": 2,
+            "sequence_parallel": True,
+            "expert_parallel": 8,
+            "zero_stage": 1,
+        },
+    }
+    off = load_scenario(d)
+    on_d = copy.deepcopy(d)
+    on_d["parallelism"]["moe"] = {"overlap_a2a": True}
+    on = load_scenario(on_d)
+    gas = on.gradient_accumulation_steps
+    assert microbatch_order(on) == [
+        ("F", 0, -1),
+        *(("FB", i, i - 1) for i in range(1, gas)),
+        ("B", gas - 1, -1),
+    ]
+    assert microbatch_order(off)[:4] == [("F", 0, -1), ("B", 0, -1), ("F", 1, -1), ("B", 1, -1)]
+    a, b = simulate(off).metrics, simulate(on).metrics
+    assert (
+        b.comm_by_collective["all_to_all:ep"]["exposed_s"]
+        < 0.6 * a.comm_by_collective["all_to_all:ep"]["exposed_s"]
+    )
+    assert b.iteration_time_s < a.iteration_time_s
+    assert b.memory_gib["activations"] == pytest.approx(2 * a.memory_gib["activations"], rel=0.05)

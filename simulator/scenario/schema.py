@@ -226,12 +226,15 @@ class Scenario(Section):
                 raise ValueError(
                     "parallelism.moe.overlap_a2a cannot run with activation_recompute: full (Megatron-Core)"
                 )
-            if p.pipeline_parallel == 1:
+            if p.pipeline_parallel == 1 and p.zero_stage > 1:
                 raise ValueError(
-                    "parallelism.moe.overlap_a2a is replayed under pipeline parallelism only (interleaved 1F1B); "
-                    "without pipeline stages it is not modelled yet"
+                    f"parallelism.moe.overlap_a2a is Megatron-Core's: with zero_stage {p.zero_stage} every micro-batch "
+                    "reduces its gradients, which the combined 1F1B does not replay; use zero_stage 0 or 1 (the "
+                    "distributed optimizer)"
                 )
-            if p.pipeline_schedule != "interleaved-1f1b" or p.virtual_pipeline_stages < 2:
+            if p.pipeline_parallel > 1 and (
+                p.pipeline_schedule != "interleaved-1f1b" or p.virtual_pipeline_stages < 2
+            ):
                 raise ValueError(
                     "parallelism.moe.overlap_a2a with pipeline_parallel > 1 needs pipeline_schedule: interleaved-1f1b "
                     "with virtual_pipeline_stages >= 2 (Megatron-Core asserts virtual stages)"

@@ -14,7 +14,15 @@ from simulator.strategy.groups import grad_group_size, rank_label, ranks_per_sta
 from simulator.strategy.memory import memory_breakdown
 from simulator.strategy.reduction import buckets, ddp_settings, gradient_sets
 from simulator.strategy.state_bytes import grad_bytes
-from simulator.strategy.steps import add_backward, add_forward, add_optimizer, microbatch_sync, with_setup
+from simulator.strategy.steps import (
+    add_backward,
+    add_combined,
+    add_forward,
+    add_optimizer,
+    microbatch_order,
+    microbatch_sync,
+    with_setup,
+)
 from simulator.strategy.units import parameter_tensors, units
 from simulator.workload.transformer import Workload
 
@@ -31,11 +39,16 @@ def build(s: Scenario, w: Workload, cluster: Cluster, reduce_gradients: bool = T
     reductions: list[int] = []
     setup: dict = {}
     sets = gradient_sets(s, us, gb)
-    for mb in range(gas):
-        for u in us:
-            first = u is us[0]
-            ops = with_setup(w, u.block.forward, setup) if first else None
-            add_forward(p, u, mb, ops=ops, sync=first and microbatch_sync(w))
+    for kind, mb, mb_b in microbatch_order(s):
+        if kind == "FB":  # combined 1F1B: never the last micro-batch's backward, which reduces
+            add_combined(p, s, us, mb, mb_b, with_setup(w, us[0].block.forward, setup))
+            continue
+        if kind == "F":
+            for u in us:
+                first = u is us[0]
+                ops = with_setup(w, u.block.forward, setup) if first else None
+                add_forward(p, u, mb, ops=ops, sync=first and microbatch_sync(w))
+            continue
         last = mb == gas - 1 and reduce_gradients
         plans = [(what, group, buckets(sizes, cap or total)) for what, group, sizes in sets] if last else []
         closes: dict[int, list] = {}  # unit index that completes each bucket

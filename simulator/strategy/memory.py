@@ -74,7 +74,10 @@ def memory_breakdown(
     w_b = state_bytes_per_param(s.training.precision, s.training.optimizer)[0]
     params, grads, opt = model_state_bytes(s, w, shards, stage)
     params += unsharded_params * w_b * (1 - 1 / shards)
-    acts = activation_memory(s, list(w.layers))
+    # Megatron-Core's combined 1F1B without pipeline stages runs a forward while the previous micro-batch's
+    # backward still holds its activations: two micro-batches in flight
+    combined = s.model.moe is not None and s.parallelism.moe.overlap_a2a and s.gradient_accumulation_steps > 1
+    acts = activation_memory(s, list(w.layers), in_flight=2 if combined else 1)
     mem = MemoryBreakdown(params, grads, opt, acts, buffers, cluster.gpu.hbm_bytes)
     return with_host_checkpoints(s, mem, w.num_layers, cluster)
 

@@ -108,3 +108,45 @@ def add_optimizer(
             ops = (host_op(f"optimizer loops over {tensors} tensors", tensors * per_tensor), op)
         sync = host.syncs.optimizer
     return p.add(rank, COMPUTE, "optimizer", "optimizer", "optimizer step", deps, ops=ops, sync=sync)
+
+
+def microbatch_order(s: Scenario) -> list[tuple[str, int, int]]:
+    """The order of a run without pipeline stages: ("F", mb, -1) and ("B", mb, -1) in turn, or with Megatron-Core's
+    combined 1F1B (parallelism.moe.overlap_a2a; core_v0.14.0 combined_1f1b.py,
+    ``combined_1f1b_schedule_for_no_pipelining``) the first forward alone, then each forward merged with the
+    previous micro-batch's backward ("FB", mb, mb - 1), then the last backward alone."""
+    gas = s.gradient_accumulation_steps
+    if s.model.moe is None or not s.parallelism.moe.overlap_a2a:
+        return [step for mb in range(gas) for step in (("F", mb, -1), ("B", mb, -1))]
+    return [("F", 0, -1), *(("FB", mb, mb - 1) for mb in range(1, gas)), ("B", gas - 1, -1)]
+
+
+def add_combined(
+    p: Program, s: Scenario, us: list[Unit], mb_f: int, mb_b: int, first_ops: tuple[Op, ...]
+) -> int:
+    """One combined 1F1B step without pipelining (``microbatch_order``), unit by unit as Megatron-Core's
+    ``combined_forward_backward_step`` runs it: the forward's embedding, the backward's output layer, each forward
+    layer with the backward's layer in the same place from the end merged (strategy/pipeline/combined.py), the
+    forward's output layer, the backward's embedding. ``first_ops``: the embedding's forward with the
+    micro-batch's setup. Returns the last task."""
+    from simulator.strategy.pipeline.combined import merge_layers
+
+    layers = [u for u in us if u.is_layer]
+    head, emb = us[-1], us[0]
+    add_forward(p, emb, mb_f, ops=first_ops)
+    add_backward(p, s, head, mb_b)
+    for f, b in zip(layers, reversed(layers), strict=True):
+        again = b.block.recompute_ops(b.recompute)
+        ops = merge_layers(f.block.forward, (*again, *b.block.backward))
+        p.add(
+            0,
+            COMPUTE,
+            "backward",
+            "backward",
+            f"{f.name} F{mb_f} + {b.name} B{mb_b}",
+            (),
+            ops=ops,
+            microbatch=mb_f,
+        )
+    add_forward(p, head, mb_f)
+    return add_backward(p, s, emb, mb_b)

@@ -41,7 +41,15 @@ from simulator.strategy.offload import (
 from simulator.strategy.reduction import buckets, gradient_reduction, gradient_sets, megatron_bucket_elements
 from simulator.strategy.sharded import ShardingPlan, add_sharded_iteration
 from simulator.strategy.state_bytes import gather_bytes, grad_bytes, weight_bytes
-from simulator.strategy.steps import add_backward, add_forward, add_optimizer, microbatch_sync, with_setup
+from simulator.strategy.steps import (
+    add_backward,
+    add_combined,
+    add_forward,
+    add_optimizer,
+    microbatch_order,
+    microbatch_sync,
+    with_setup,
+)
 from simulator.strategy.units import Unit, parameter_tensors, units
 from simulator.strategy.zero3_fetch import schedule_for
 from simulator.workload.transformer import Workload
@@ -207,12 +215,17 @@ def _iteration_1_2(
                 ahead.setdefault(i, []).append(gid)
     bwd = -1
     setup: dict = {}
-    for mb in range(gas):
-        for i, u in enumerate(us):
-            first = ready if mb == 0 and i == 0 else None
-            ops = with_setup(w, u.block.forward, setup) if i == 0 else None
-            deps = (*(ahead.get(u.index, ()) if mb == 0 else ()), first)
-            add_forward(p, u, mb, deps, ops=ops, sync=i == 0 and microbatch_sync(w))
+    for kind, mb, mb_b in microbatch_order(s):
+        if kind == "FB":  # combined 1F1B (ZeRO-1 / the distributed optimizer: only the last backward reduces)
+            add_combined(p, s, us, mb, mb_b, with_setup(w, us[0].block.forward, setup))
+            continue
+        if kind == "F":
+            for i, u in enumerate(us):
+                first = ready if mb == 0 and i == 0 else None
+                ops = with_setup(w, u.block.forward, setup) if i == 0 else None
+                deps = (*(ahead.get(u.index, ()) if mb == 0 else ()), first)
+                add_forward(p, u, mb, deps, ops=ops, sync=i == 0 and microbatch_sync(w))
+            continue
         reduce = (dp > 1 or offload) and (stage == 2 or mb == gas - 1)
         if offload and reduce and not sets:  # ZeRO-Offload on one rank: the gradients still go to the host
             sets_now = [("grad", grad_group(s), [(u.index, u.params) for u in reversed(us)])]
