@@ -355,3 +355,30 @@ def test_the_h200_table_holds_the_measured_grouped_gemms_and_a_lookup_returns_th
     model = ComputeModel(gpu, "bf16", kernels=KernelLookup(table.kernels, partial(shape_roofline_s, gpu)))
     cost, source = model.op_cost(gemm("g", 128, 1536, 2048, 16, grouped=True))
     assert source == MEASURED and cost == pytest.approx(grouped * 1e-6 + gpu.kernel_launch_s, rel=1e-9)
+
+
+def test_deepspeed_dispatch_is_two_dense_einsums_around_a_capacity_padded_all_to_all():
+    """deepspeed/moe/sharded_moe.py MOELayer: einsum("sec,sm->ecm"), all-to-all of [E, C, M], experts, all-to-all
+    back, einsum("sec,ecm->sm"); every capacity slot computed."""
+    model = {**SMALL_MOE, "moe": {**SMALL_MOE["moe"], "capacity_factor": 1.25}}
+    s = scenario(model, expert_parallel=4, moe={"dispatcher": "deepspeed"})
+    layer = build_workload(s).layers[0]
+    tokens, h, e, experts, k = 2 * 2048, 1024, 2, 8, 2
+    cap = math.ceil(1.25 * tokens * k / experts)  # DeepSpeed's _capacity: ceil(c S k / E)
+    dispatch = op(layer.forward, "dispatch einsum sec,sm->ecm")
+    assert (dispatch.m, dispatch.n, dispatch.k) == (experts * cap, h, tokens) and dispatch.model_flops == 0
+    combine = op(layer.forward, "combine einsum sec,ecm->sm")
+    assert (combine.m, combine.n, combine.k) == (tokens, h, experts * cap)
+    a2a = op(layer.forward, "ep all-to-all (dispatch [E, C, M])")
+    assert a2a.bytes == experts * cap * h * e  # the whole padded tensor, not the routed copies
+    fc1 = op(layer.forward, "experts fc1")
+    assert fc1.batch * fc1.m == 2 * cap * 4  # 2 local experts x capacity from each of the 4 EP ranks
+    with pytest.raises(ScenarioError, match="set model.moe.capacity_factor"):
+        scenario(SMALL_MOE, expert_parallel=4, moe={"dispatcher": "deepspeed"})
+    with pytest.raises(ScenarioError, match="not deepspeed"):
+        scenario(
+            model,
+            expert_parallel=4,
+            pipeline_parallel=2,
+            moe={"dispatcher": "deepspeed", "overlap_a2a": True},
+        )

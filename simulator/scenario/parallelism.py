@@ -155,11 +155,12 @@ class DdpConfig(Section):
 class MoeParallelConfig(Section):
     """How a framework runs the MoE layers (Megatron-Core's ``--moe-*`` options; docs/moe.md)."""
 
-    dispatcher: Literal["alltoall", "allgather", "deepep"] = Field(
+    dispatcher: Literal["alltoall", "allgather", "deepep", "deepspeed"] = Field(
         "alltoall",
         description="Token dispatcher: all-to-all over the expert-parallel group (Megatron-Core's recommended choice "
-        "with EP), all-gather of every token over ETP x EP (its default type), or DeepEP (the flex dispatcher: each "
-        "token sent once per destination rank, across nodes once per node over RDMA and forwarded over NVLink).",
+        "with EP), all-gather of every token over ETP x EP (its default type), DeepEP (the flex dispatcher: each "
+        "token sent once per destination rank, across nodes once per node over RDMA and forwarded over NVLink), or "
+        "DeepSpeed-MoE's (dense [tokens, experts, capacity] einsums around a capacity-padded all-to-all).",
     )
     grouped_gemm: bool = Field(
         True, description="The local experts' GEMMs as one grouped GEMM (--moe-grouped-gemm); false = a loop."

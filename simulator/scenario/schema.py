@@ -212,15 +212,27 @@ class Scenario(Section):
             raise ValueError("parallelism.zero offload is not modelled with model.moe")
         if p.pipeline_schedule == "pipedream-2bw":
             raise ValueError("parallelism.pipeline_schedule pipedream-2bw is not modelled with model.moe")
+        if p.moe.dispatcher == "deepspeed":
+            if m.moe.capacity_factor is None:
+                raise ValueError(
+                    "parallelism.moe.dispatcher deepspeed drops tokens at a capacity: set model.moe.capacity_factor "
+                    "(DeepSpeed-MoE's default is 1.0)"
+                )
+            if p.etp > 1:
+                raise ValueError(
+                    f"parallelism.moe.dispatcher deepspeed is replayed without expert tensor parallelism "
+                    f"(expert_tensor_parallel {p.etp}); set it to 1"
+                )
         if p.moe.overlap_a2a:
             # Megatron-Core's own checks (transformer_config.py, core_v0.14.0) and what is replayed here
             if p.expert_parallel < 2:
                 raise ValueError(
                     "parallelism.moe.overlap_a2a needs expert_parallel > 1 (Megatron-Core asserts it)"
                 )
-            if p.moe.dispatcher == "allgather":
+            if p.moe.dispatcher not in ("alltoall", "deepep"):
                 raise ValueError(
-                    "parallelism.moe.overlap_a2a works with the alltoall and deepep (flex) dispatchers, not allgather"
+                    f"parallelism.moe.overlap_a2a works with the alltoall and deepep (flex) dispatchers, not "
+                    f"{p.moe.dispatcher}"
                 )
             if self.training.activation_recompute == "full":
                 raise ValueError(

@@ -12,7 +12,7 @@ from simulator.frameworks import Framework
 from simulator.scenario.schema import Scenario
 from simulator.workload.block import present
 from simulator.workload.expert_load import ExpertLoad, distinct_groups
-from simulator.workload.ops import Op, collective_op, memory_op, sync_op
+from simulator.workload.ops import Op, collective_op, gemm, memory_op, sync_op
 from simulator.workload.shape import LayerShape
 
 PROB_BYTES = 4  # routing probabilities in fp32 (--moe-router-dtype fp32, as the published MoE recipes set it)
@@ -214,6 +214,56 @@ def deepep(
             "permute backward", gathered + e * T * ranks * h, "elementwise", round(rows), h, "backward"
         ),
         *(replace(o, name=o.name.replace("dispatch", "dispatch gradients")) for o in ops_b),
+    )
+    return dispatch, combine, dispatch_bwd, combine_bwd
+
+
+def deepspeed_einsum(s: Scenario, sh: LayerShape, T: float, cap: int):
+    """(dispatch, combine) forward ops and their backward ops of DeepSpeed-MoE's ``MOELayer`` (deepspeed/moe/
+    sharded_moe.py, v0.16): the gate builds dense ``[S, E, C]`` tensors, the dispatch mask and the fp32 combine
+    weights (top1gating / top2gating: one-hot masks, cumsum locations, capacity ``C``); ``einsum("sec,sm->ecm")``
+    packs every expert's ``C`` slots (a GEMM of ``E C`` x ``M`` over the ``S`` tokens, zeros where a slot is
+    empty); an all-to-all of the whole ``[E, C, M]`` over EP; after the experts the same all-to-all back and
+    ``einsum("sec,ecm->sm")`` (a GEMM of ``S`` x ``M`` over ``E C``). Backward: the combine einsum's two gradients
+    (the expert output's and the gate's), the all-to-alls, the dispatch einsum's input gradient."""
+    moe = s.model.moe
+    e, h = sh.e, sh.h
+    E = moe.num_experts
+    slots = E * cap  # E x C rows of the dispatched tensor
+    rows = round(T)
+    masks = memory_op(
+        "gate masks (one-hot, locations, [S, E, C] dispatch mask and combine weights)",
+        T * slots * (1 + PROB_BYTES) + T * E * (2 * PROB_BYTES + INDEX_BYTES),
+        "",
+    )
+
+    def einsum(name: str, m: int, n: int, k: int, direction: str = "forward") -> Op:
+        # padding arithmetic, not the model's: no model FLOPs
+        return replace(gemm(name, m, n, k, direction=direction), model_flops=0.0)
+
+    a2a = slots * h * e
+    dispatch = (
+        masks,
+        einsum("dispatch einsum sec,sm->ecm", slots, h, rows),
+        collective_op("ep all-to-all (dispatch [E, C, M])", "all_to_all", "ep", a2a),
+    )
+    combine = (
+        collective_op("ep all-to-all (combine [E, C, M])", "all_to_all", "ep", a2a),
+        einsum("combine einsum sec,ecm->sm", rows, h, slots),
+    )
+    combine_bwd = (
+        einsum("combine einsum backward (expert output)", slots, h, rows, "backward"),
+        einsum("combine einsum backward (combine weights)", rows, slots, h, "backward"),
+        replace(
+            collective_op("ep all-to-all (combine gradients)", "all_to_all", "ep", a2a), direction="backward"
+        ),
+    )
+    dispatch_bwd = (
+        replace(
+            collective_op("ep all-to-all (dispatch gradients)", "all_to_all", "ep", a2a), direction="backward"
+        ),
+        einsum("dispatch einsum backward (input)", rows, h, slots, "backward"),
+        memory_op("gate backward ([S, E] probabilities)", T * E * 2 * PROB_BYTES, "", direction="backward"),
     )
     return dispatch, combine, dispatch_bwd, combine_bwd
 

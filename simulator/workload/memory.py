@@ -229,7 +229,14 @@ def moe_mlp_activation_bytes(s: Scenario, recompute_act: bool = False) -> float:
         fs = moe.shared_expert_ffn_hidden_size
         fs_up = (2 if m.activation == "swiglu" else 1) * fs
         shared = tokens * e * (fs_up + fs) / t
-    return router + routed + shared
+    einsums = 0.0
+    if p.moe.dispatcher == "deepspeed":  # sharded_moe.py: the einsums keep their operands for backward
+        from simulator.workload.expert_load import capacity
+
+        slots = experts * capacity(moe, T)
+        # the [S, E, C] dispatch mask (input type) and fp32 combine weights, the [E, C, M] expert output
+        einsums = T * slots * (e + 4) + slots * m.hidden_size * e
+    return router + routed + shared + einsums
 
 
 def linear_input_bytes(s: Scenario) -> float:

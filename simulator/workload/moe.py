@@ -21,16 +21,27 @@ from dataclasses import replace
 from simulator.frameworks import Framework
 from simulator.scenario.schema import Scenario
 from simulator.workload.block import Part, present
-from simulator.workload.dispatchers import INDEX_BYTES, PROB_BYTES, allgather, alltoall, deepep, overlapping
-from simulator.workload.expert_load import ExpertLoad, expert_load
+from simulator.workload.dispatchers import (
+    INDEX_BYTES,
+    PROB_BYTES,
+    allgather,
+    alltoall,
+    deepep,
+    deepspeed_einsum,
+    overlapping,
+)
+from simulator.workload.expert_load import ExpertLoad, capacity, expert_load
 from simulator.workload.ops import Op, collective_op, gemm, gemm_backward, linear, memory_op
 from simulator.workload.params import mlp_params, router_params
 from simulator.workload.shape import LayerShape, activation
 
 
 def moe_load(s: Scenario, sh: LayerShape) -> ExpertLoad:
-    p = s.parallelism
-    return expert_load(s.model.moe, sh.rows, p.expert_parallel, p.etp)
+    """The busiest rank's rows; DeepSpeed-MoE's einsum dispatch always fills every capacity slot (padded)."""
+    p, moe = s.parallelism, s.model.moe
+    if p.moe.dispatcher == "deepspeed":
+        moe = moe.model_copy(update={"pad_to_capacity": True})
+    return expert_load(moe, sh.rows, p.expert_parallel, p.etp)
 
 
 def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int | None = None) -> Part:
@@ -107,6 +118,8 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
     a2a_rows = max(sent, recv)  # an all-to-all lasts as long as its busiest rank's send or receive
     if p.moe.dispatcher == "alltoall":
         dispatch, combine, dispatch_bwd, combine_bwd = alltoall(s, sh, fw, load, T, a2a_rows, rows)
+    elif p.moe.dispatcher == "deepspeed":
+        dispatch, combine, dispatch_bwd, combine_bwd = deepspeed_einsum(s, sh, T, capacity(moe, T))
     elif p.moe.dispatcher == "deepep":
         dispatch, combine, dispatch_bwd, combine_bwd = deepep(s, sh, fw, load, T, rows, gpus_per_node)
     else:
