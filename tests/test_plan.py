@@ -453,3 +453,13 @@ def test_plan_says_what_validation_says_of_its_profile():
     )
     for name in ("megatron-2021", "megatron-2022", "megatron-core-2024", "llm-foundry-2023", "pytorch-2024"):
         assert "%" in get_framework(name).accuracy, name
+
+
+def test_confirming_on_dask_gives_the_same_plan():
+    pytest.importorskip("dask.distributed")
+    one = plan(base(), 8, top=3, options={"micro_batch_sizes": (2,), "jobs": 1})
+    on_dask = plan(base(), 8, top=3, options={"micro_batch_sizes": (2,), "jobs": 2, "dask": "local"})
+    keys = ("layout", "iteration_time_s", "status", "same_time")
+    assert [tuple(t[k] for k in keys) for t in one["top"]] == [
+        tuple(t[k] for k in keys) for t in on_dask["top"]
+    ]

@@ -166,6 +166,13 @@ def plan(
             "--emit", help="Print the pick as megatron arguments, a deepspeed config or a torchtitan TOML."
         ),
     ] = None,
+    dask: Annotated[
+        str | None,
+        typer.Option(
+            "--dask",
+            help="Confirm on Dask: 'local' (a LocalCluster of --jobs workers) or a scheduler address tcp://host:8786.",
+        ),
+    ] = None,
 ) -> None:
     """Search parallel layouts (TP, PP, CP, DP, virtual stages, micro-batch, ZeRO / FSDP, recompute) for a
     model on N GPUs: screen every one with a fast estimate, confirm the best by simulation."""
@@ -217,6 +224,8 @@ def plan(
                     tp, pp, pp_max, cp, mbs, ep, sharding, no_zero3, recompute, max_memory_gib
                 )
                 options["jobs"] = jobs or os.cpu_count() or 1
+                if dask:
+                    options["dask"] = dask
                 result = run_plan(base, n, top=top, batch=global_batch_size, options=options)
     except ScenarioError as e:
         fail(str(e))

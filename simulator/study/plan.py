@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 
 from simulator.errors import ScenarioError
@@ -56,8 +57,9 @@ def plan(
 ) -> dict:
     """Screen every layout of ``base``'s model (``batch`` sequences per step, default the base's) and confirm
     the best ``top`` distinct ones with the simulation. ``options`` narrows the search (see layouts.candidates)
-    and may set ``max_memory_gib``, a per-GPU budget below the GPU's memory, and ``jobs``, processes that
-    confirm at once. Returns the JSON-ready result."""
+    and may set ``max_memory_gib``, a per-GPU budget below the GPU's memory, ``jobs``, processes that confirm
+    at once, and ``dask``, 'local' or a scheduler address to confirm on (``jobs`` at once, as sweep --dask).
+    Returns the JSON-ready result."""
     o = options or {}
     spec = cluster_spec(base)
     gpn = spec.node.gpus
@@ -89,10 +91,26 @@ def plan(
     folded = 0
     jobs = max(1, int(o.get("jobs", 1)))
     pool = None
-    if jobs > 1:
+    stack = ExitStack()
+    if o.get("dask"):
+        from simulator.study.sweep import dask_client
+
+        client = stack.enter_context(dask_client(o["dask"], jobs))
+
+        def confirm_all(todo: list) -> list:
+            return client.gather(client.map(_confirm, todo, pure=False))
+    elif jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
 
         pool = ProcessPoolExecutor(max_workers=jobs)
+
+        def confirm_all(todo: list) -> list:
+            return list(pool.map(_confirm, todo)) if len(todo) > 1 else [_confirm(sc, cluster) for sc in todo]
+    else:
+
+        def confirm_all(todo: list) -> list:
+            return [_confirm(sc, cluster) for sc in todo]
+
     # confirm layouts until ``top`` differ in shape or simulated time (at most 3 x top simulations): the screen
     # cannot tell sharding variants of one shape apart (their estimates tie), the simulation can. With ``jobs``
     # processes, as many are simulated at once and folded in estimate order, as one by one would.
@@ -110,11 +128,7 @@ def plan(
                 except ScenarioError as err:
                     scenarios.append(err)
             todo = [sc for sc in scenarios if not isinstance(sc, ScenarioError)]
-            done = (
-                list(pool.map(_confirm, todo))
-                if pool and len(todo) > 1
-                else [_confirm(sc, cluster) for sc in todo]
-            )
+            done = confirm_all(todo)
             outcomes = iter(done)
             for e, sc in zip(batch_, scenarios, strict=True):
                 got = sc if isinstance(sc, ScenarioError) else next(outcomes)
@@ -135,6 +149,7 @@ def plan(
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
+        stack.close()
     ranked = sorted(
         confirmed,
         key=lambda c: (c.status != "ok", c.iteration_time_s if c.iteration_time_s is not None else math.inf),

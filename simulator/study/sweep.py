@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -272,8 +273,26 @@ def _main_thread() -> bool:
 
 
 def _on_dask(pending: list[Point], workers: int | None, address: str):
+    futures = []
+    with dask_client(address, workers) as client:
+        from dask.distributed import as_completed
+
+        try:
+            futures = client.map(simulate_point, [p.scenario for p in pending], pure=False)
+            index = {f.key: p for f, p in zip(futures, pending, strict=True)}
+            for f in as_completed(futures):
+                yield index[f.key], f.result()
+        finally:
+            with _quiet_distributed():
+                client.cancel(futures)
+
+
+@contextmanager
+def dask_client(address: str, workers: int | None):
+    """A Dask client: on a LocalCluster of ``workers`` processes ('local') or a running scheduler's address;
+    closed (and the local cluster stopped) quietly on the way out, Ctrl-C included."""
     try:
-        from dask.distributed import Client, LocalCluster, as_completed
+        from dask.distributed import Client, LocalCluster
     except ImportError:
         raise ScenarioError(
             "--dask needs Dask distributed: pip install 'clustersim[sweep]' (or dask[distributed])"
@@ -301,22 +320,23 @@ def _on_dask(pending: list[Point], workers: int | None, address: str):
             client = Client(address, timeout="10s")
         except Exception as e:  # OSError, TimeoutError, ValueError for a malformed address
             raise ScenarioError(f"--dask {address}: cannot reach the scheduler: {e}") from None
-    futures = []
     try:
-        futures = client.map(simulate_point, [p.scenario for p in pending], pure=False)
-        index = {f.key: p for f, p in zip(futures, pending, strict=True)}
-        for f in as_completed(futures):
-            yield index[f.key], f.result()
+        yield client
     finally:
-        # after Ctrl-C the scheduler, nannies and workers log every task they drop and every worker they stop
-        # (warnings, not results): the interrupt is said once by the sweep itself
-        quiet = logging.getLogger("distributed")
-        level = quiet.level
-        quiet.setLevel(logging.CRITICAL)
-        try:
-            client.cancel(futures)
+        with _quiet_distributed():
             client.close()
             if cluster is not None:
                 cluster.close()
-        finally:
-            quiet.setLevel(level)
+
+
+@contextmanager
+def _quiet_distributed():
+    """After Ctrl-C the scheduler, nannies and workers log every task they drop and every worker they stop
+    (warnings, not results): the interrupt is said once by the caller."""
+    quiet = logging.getLogger("distributed")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        quiet.setLevel(level)
