@@ -118,3 +118,10 @@ def test_without_pipeline_stages_each_forward_runs_beside_the_previous_backward(
     )
     assert b.iteration_time_s < a.iteration_time_s
     assert b.memory_gib["activations"] == pytest.approx(2 * a.memory_gib["activations"], rel=0.05)
+
+
+def test_the_periodic_replay_of_a_combined_schedule_equals_replaying_every_micro_batch():
+    s = case(True, gbs=2048)  # 256 micro-batches per pipeline
+    fast, every = simulate(s).metrics, simulate(s, periodic=False).metrics
+    assert fast.periodic is not None and every.periodic is None
+    assert fast.iteration_time_s == pytest.approx(every.iteration_time_s, rel=1e-9)
