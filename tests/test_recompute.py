@@ -177,3 +177,50 @@ def test_recompute_modules_need_selective_recompute():
     with pytest.raises(ScenarioError) as e:
         moe_modules(["moe_act"], mode="none")
     assert "training.recompute.modules" in str(e.value) and "\n" not in str(e.value)
+
+
+# -- activation offloading (Megatron-Core --cpu-offloading, Transformer Engine's double buffer) ----------------
+def offload_scenario(n, **training):
+    return load_scenario(
+        {
+            "model": {"preset": "llama3-8b", "seq_length": 8192},
+            "cluster": {"topology": "dgx-h100", "num_nodes": 1},
+            "training": {
+                "global_batch_size": 16,
+                "micro_batch_size": 2,
+                "activation_offload_layers": n,
+                **training,
+            },
+            "framework": "megatron-core-2024",
+            "parallelism": {"zero_stage": 1},
+        }
+    )
+
+
+def test_offloaded_layers_keep_two_layers_of_activations_and_copy_each_layers_out_and_back():
+    from simulator.workload.transformer import build_workload
+
+    base, off = offload_scenario(0), offload_scenario(8)
+    per_layer = activation_bytes_per_layer(off)
+    w = build_workload(off)
+    assert [b.offloaded for b in w.layers[:9]] == [True] * 8 + [False]
+    first = w.layers[0]
+    out, back = first.forward[0], first.backward[0]
+    assert (out.collective, out.bytes, out.overlaps) == ("d2h_pinned", per_layer, "behind")
+    assert (back.collective, back.bytes, back.overlaps) == ("h2d_pinned", per_layer, "behind")
+    # 8 layers leave the GPU, 2 of them are on it at any time (the double buffer)
+    kept = activation_memory(base, list(build_workload(base).layers)) - activation_memory(off, list(w.layers))
+    assert kept == pytest.approx((8 - 2) * per_layer, rel=1e-12)
+    # the copies hide behind the layers only as far as PCIe keeps up
+    fast, slow = simulate(base).metrics, simulate(off).metrics
+    assert slow.iteration_time_s > fast.iteration_time_s
+    assert slow.memory_gib["activations"] < fast.memory_gib["activations"]
+
+
+def test_offload_needs_fewer_layers_than_the_model_and_no_pipeline():
+    from simulator.errors import ScenarioError
+
+    with pytest.raises(ScenarioError, match="must be below model.num_layers"):
+        offload_scenario(32)
+    with pytest.raises(ScenarioError, match="not replayed with full recompute"):
+        offload_scenario(4, activation_recompute="full")

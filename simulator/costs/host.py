@@ -13,6 +13,7 @@ Task kinds (``Task.group`` is ``host`` or ``nvme``: where the data lives):
                                  not as the offload section says (``pin_memory``)
   ``d2h_pageable`` / ``h2d_pageable``  the same copy to or from pageable host memory, whatever the offload
                                  settings (``tensor.cpu()``, DeepSpeed's host activation checkpoints)
+  ``d2h_pinned`` / ``h2d_pinned``      to or from pinned host buffers (Transformer Engine's activation offload)
   ``nvme_read`` / ``nvme_write`` NVMe <-> host memory (optimizer-state swapping; ``bytes`` per GPU)
   ``cpu_optimizer``              the optimizer step on the host CPU; ``bytes`` is the rank's parameter count
 """
@@ -26,7 +27,7 @@ from simulator.errors import ScenarioError
 from simulator.scenario.schema import Scenario
 
 HOST_GROUPS = frozenset({"host", "nvme"})
-COPIES = ("d2h", "h2d", "d2h_pageable", "h2d_pageable")  # GPU <-> host memory (or NVMe through it)
+COPIES = ("d2h", "h2d", "d2h_pageable", "h2d_pageable", "d2h_pinned", "h2d_pinned")  # GPU <-> host memory
 
 # CPU-Adam streams, per parameter, fp32 weight, gradient, momentum and variance in (16 bytes), the updated
 # weight, momentum and variance out (12) and a 16-bit weight copy for the GPU (2): memory-bound on a
@@ -50,7 +51,12 @@ class HostModel:
         # copies to the GPU are parameter fetches when parameters are offloaded (offload_param's buffers),
         # otherwise updated weights from the optimizer's buffers; copies to the host are gradients
         fetches = z.offload_param if z.offload_param.device != "none" else z.offload_optimizer
-        self.pinned = {"h2d": fetches.pin_memory, "d2h": z.offload_optimizer.pin_memory}
+        self.pinned = {
+            "h2d": fetches.pin_memory,
+            "d2h": z.offload_optimizer.pin_memory,
+            "h2d_pinned": True,
+            "d2h_pinned": True,
+        }
         self.pipelined = z.offload_optimizer.pipeline_read or z.offload_optimizer.pipeline_write
         self.optimizer_device = z.offload_optimizer.device
         memory_Bps = node.host_memory_bandwidth_GBps * 1e9 * self.cluster.spec.efficiency.memory

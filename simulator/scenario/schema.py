@@ -89,6 +89,23 @@ class Scenario(Section):
     def _check(self) -> Scenario:
         m, p = self.model, self.parallelism
         tp = p.tensor_parallel
+        n = self.training.activation_offload_layers
+        if n:
+            # Megatron-LM arguments.py: num_layers_per_offload < num_layers; no pipeline parallelism with it
+            if n >= m.num_layers:
+                raise ValueError(
+                    f"training.activation_offload_layers ({n}) must be below model.num_layers ({m.num_layers}): "
+                    "the last layers' backward comes too soon to reload them (Megatron-LM's own check)"
+                )
+            if p.pipeline_parallel > 1:
+                raise ValueError(
+                    "training.activation_offload_layers is replayed without pipeline parallelism only "
+                    f"(pipeline_parallel {p.pipeline_parallel})"
+                )
+            if self.training.activation_recompute == "full" or p.fsdp is not None or p.zero_stage == 3:
+                raise ValueError(
+                    "training.activation_offload_layers is not replayed with full recompute, FSDP or ZeRO-3"
+                )
         if m.num_attention_heads % tp:
             raise ValueError(
                 f"model.num_attention_heads ({m.num_attention_heads}) is not divisible by tensor_parallel ({tp})"

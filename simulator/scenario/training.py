@@ -143,6 +143,14 @@ class TrainingConfig(Section):
         "mode): an eager framework's elementwise chains run fused, except RoPE in complex numbers, which Inductor "
         "leaves to eager kernels (workload/elementwise.py).",
     )
+    activation_offload_layers: int = Field(
+        0,
+        ge=0,
+        le=2**16,
+        description="Megatron-Core --cpu-offloading --cpu-offloading-num-layers N (Transformer Engine's CPU offload "
+        "context): the first N layers' activations go to pinned host memory during the forward, each copy beside "
+        "the next layer's compute, and come back one layer ahead in the backward (workload/offload.py).",
+    )
     cuda_graphs: bool = Field(
         False,
         description="Forward and backward steps captured as CUDA graphs: one launch per step instead of one host "

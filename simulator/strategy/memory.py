@@ -17,6 +17,7 @@ from simulator.workload.memory import (
     state_bytes_per_param,
     zero_model_state_bytes,
 )
+from simulator.workload.offload import BUFFERS
 from simulator.workload.recompute import chunk_activation_bytes, chunk_policies
 from simulator.workload.transformer import Workload
 
@@ -27,7 +28,13 @@ def activation_memory(s: Scenario, layers: list, in_flight: int = 1, has_head: b
     a recomputation has live at the backward's peak (full recompute: the layer, or Megatron's uniform group,
     being re-run; Korthikanti Sec. 5)."""
     policies = chunk_policies(s, len(layers))
-    kept, peak = chunk_activation_bytes(s, [(p, b.moe) for p, b in zip(policies, layers, strict=True)])
+    pairs = list(zip(policies, layers, strict=True))
+    kept, peak = chunk_activation_bytes(s, [(p, b.moe) for p, b in pairs if not b.offloaded])
+    away = [(p, b.moe) for p, b in pairs if b.offloaded]
+    if away:  # offloaded layers: at most BUFFERS of them on the GPU at once (workload/offload.py)
+        off_kept, off_peak = chunk_activation_bytes(s, away)
+        kept += off_kept * min(BUFFERS, len(away)) / len(away)
+        peak = max(peak, off_peak)
     total = kept * in_flight + peak
     if has_head:  # the output layer's, once more per multi-token prediction depth
         total += head_activation_bytes(s) * (1 + s.model.mtp_layers)

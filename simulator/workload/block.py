@@ -22,6 +22,7 @@ class Block:
     expert_params: int = 0  # routed experts' parameters on one rank, reduced over expert data parallelism
     moe: bool = False  # a mixture-of-experts layer
     recompute_op: tuple[Op, ...] = ()  # torchtitan's per-op policy: the forward ops it re-runs (recompute.py)
+    offloaded: bool = False  # its activations go to host memory (workload/offload.py)
 
     def recompute_ops(self, policy: str) -> tuple[Op, ...]:
         """What a recompute ``policy`` (workload/recompute.py) re-runs of this block before its backward."""

@@ -20,13 +20,13 @@ from simulator.frameworks import Framework, get_framework
 from simulator.hardware.gpus import GPU, get_gpu
 from simulator.hardware.topology import cluster_spec
 from simulator.scenario.schema import Scenario
-from simulator.workload import async_tp, elementwise, framework_kernels
+from simulator.workload import async_tp, elementwise, framework_kernels, offload
 from simulator.workload.attention import attention_ops, projection_ops
 from simulator.workload.block import Block, Part, present
 from simulator.workload.embedding import embedding_block, head_block
 from simulator.workload.expert_load import ExpertLoad
 from simulator.workload.fp8 import Fp8Plan, amax_reductions, fp8_plan, is_quantized, quantize_block
-from simulator.workload.memory import checkpoint_bytes_per_layer
+from simulator.workload.memory import activation_bytes_per_layer, checkpoint_bytes_per_layer
 from simulator.workload.moe import moe_load, moe_part
 from simulator.workload.ops import (
     Op,
@@ -38,7 +38,7 @@ from simulator.workload.ops import (
     sync_op,
 )
 from simulator.workload.params import parameter_count
-from simulator.workload.recompute import op_policy_recompute
+from simulator.workload.recompute import chunk_policies, op_policy_recompute
 from simulator.workload.shape import (
     LayerShape,
     activation,
@@ -301,6 +301,8 @@ def build_workload(
     embedding = embedding_block(s, sh, fw, scatter_out)
     head = head_block(s, sh, fw, gather_in, grad_in)
     layers = tuple(moe if is_moe else dense for is_moe in pattern)
+    if tr.activation_offload_layers:  # the first N layers' activations to host memory and back
+        layers = _offloaded(s, layers, tr.activation_offload_layers)
     mtp = ()
     if m.mtp_layers:
         last = layers[-1]  # each depth is a layer like the model's last (DeepSeek-V3: an MoE layer)
@@ -310,6 +312,23 @@ def build_workload(
         layers, mtp, setup = _quantized(s, plan, layers, mtp, setup)
     moe_stats = moe_load(s, sh) if moe is not None else None
     return Workload(s, layers, embedding, head, fw, setup, moe_stats, mtp, plan)
+
+
+def _offloaded(s: Scenario, layers: tuple[Block, ...], n: int) -> tuple[Block, ...]:
+    """The first ``n`` layers with their activations (as their recompute policy keeps them) offloaded."""
+    policies = chunk_policies(s, len(layers))
+    done: dict[tuple, Block] = {}
+    out = []
+    for i, b in enumerate(layers):
+        if i >= n:
+            out.append(b)
+            continue
+        key = (id(b), policies[i])
+        if key not in done:
+            nbytes = activation_bytes_per_layer(s, recompute=policies[i], moe=b.moe)
+            done[key] = offload.offloaded(b, nbytes)
+        out.append(done[key])
+    return tuple(out)
 
 
 def _quantized(s: Scenario, plan: Fp8Plan, layers, mtp, setup):
