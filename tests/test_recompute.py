@@ -224,3 +224,36 @@ def test_offload_needs_fewer_layers_than_the_model_and_no_pipeline():
         offload_scenario(32)
     with pytest.raises(ScenarioError, match="not replayed with full recompute"):
         offload_scenario(4, activation_recompute="full")
+
+
+def test_mlp_moe_and_shared_expert_modules_rerun_their_module_from_its_input():
+    from simulator.workload.memory import moe_mlp_activation_bytes
+    from simulator.workload.transformer import build_workload
+
+    base = moe_modules()
+    mlp = moe_modules(["mlp"])
+    dense = build_workload(mlp).layers[0]
+    names = [op.name for op in dense.recompute_ops("selective")]
+    assert names[:2] == ["mlp up projection", "swiglu"] and "mlp down projection" in names
+    f, tokens = 2816, 2 * 2048
+    assert activation_bytes_per_layer(base) - activation_bytes_per_layer(mlp) == pytest.approx(
+        2 * tokens * (2 * f + f), rel=1e-12
+    )  # the up projection's output (2f wide) and the activation's output (f), 16-bit
+    moe = moe_modules(["moe"])
+    again = [op.name for op in build_workload(moe).layers[1].recompute_ops("selective")]
+    assert "ep all-to-all (dispatch tokens)" in again and "ep all-to-all (combine tokens)" in again
+    assert activation_bytes_per_layer(base, moe=True) - activation_bytes_per_layer(
+        moe, moe=True
+    ) == pytest.approx(moe_mlp_activation_bytes(base), rel=1e-12)
+    # shared experts: their up projection's and activation's outputs (a dense MLP of their width) not kept
+    shared = base.model_copy(
+        update={
+            "model": base.model.model_copy(
+                update={"moe": base.model.moe.model_copy(update={"shared_expert_ffn_hidden_size": 1024})}
+            )
+        }
+    )
+    fs = 1024
+    assert moe_mlp_activation_bytes(shared) - moe_mlp_activation_bytes(
+        shared, recompute_shared=True
+    ) == pytest.approx(tokens * 2 * (2 * fs + fs), rel=1e-12)

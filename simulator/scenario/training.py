@@ -101,12 +101,13 @@ class RecomputeConfig(Section):
         le=2**16,
         description="selective-layer (torchtitan selective_ac_option: N): every N-th layer recomputed in full.",
     )
-    modules: tuple[Literal["core_attn", "moe_act", "layernorm"], ...] = Field(
+    modules: tuple[Literal["core_attn", "moe_act", "layernorm", "mlp", "moe", "shared_experts"], ...] = Field(
         ("core_attn",),
         description="With activation_recompute: selective, Megatron-Core's --recompute-modules: core_attn "
         "(attention's core), moe_act (the experts' activation: its output not kept), layernorm (the norms not "
-        "fused into a linear layer: an MoE layer's pre-MLP norm; its output not kept). Default: core_attn, "
-        "Megatron-Core's (workload/recompute.py).",
+        "fused into a linear layer: an MoE layer's pre-MLP norm; its output not kept), mlp (a dense layer's MLP: "
+        "only its input kept, re-run whole), moe (an MoE layer's MLP, dispatch and combine included), "
+        "shared_experts (the shared experts). Default: core_attn, Megatron-Core's (workload/recompute.py).",
     )
 
 

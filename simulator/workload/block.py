@@ -48,6 +48,7 @@ class Part:
     params: int = 0  # reduced over data parallelism
     expert_params: int = 0  # reduced over expert data parallelism
     activations: tuple[Op, ...] = ()  # an MoE MLP's expert activation kernels (Megatron's moe_act recompute)
+    shared: tuple[Op, ...] = ()  # an MoE MLP's shared-expert forward (Megatron's shared_experts recompute)
 
 
 def present(*ops: Op | None) -> tuple[Op, ...]:

@@ -142,6 +142,7 @@ def activation_bytes_per_layer(s: Scenario, recompute: str | None = None, moe: b
         return 0.0 if tr.cpu_checkpointing else checkpoint_bytes_per_layer(s)
     if mode == "op":
         return op_policy_bytes(s, moe)
+    modules = set(tr.recompute.modules) if mode == "selective" else set()  # Megatron's --recompute-modules
     q = a * m.head_dim / h  # query width relative to h (1 unless heads have a width of their own)
     kv = m.query_groups * m.head_dim / h  # K and V width relative to h (1 without GQA)
     v = m.query_groups * m.v_head_dim / h
@@ -153,10 +154,9 @@ def activation_bytes_per_layer(s: Scenario, recompute: str | None = None, moe: b
         lin + 1 + lin + 1 + 4
     )  # QKV input, attention dropout mask, MLP input, MLP dropout mask, 2 norms
     mlp = (
-        0.0 if moe else 2 * f_up + lin * f
-    )  # MLP up out, act out (the down projection's input; MoE: its own)
+        0.0 if moe or "mlp" in modules else 2 * f_up + lin * f
+    )  # MLP up out, act out (the down projection's input; MoE: its own; recomputed mlp: only its input)
     sharded = sbh * (2 * q + 2 * kv + 2 * v + lin * out + mlp)  # Q, K, V, projection input, MLP
-    modules = set(tr.recompute.modules) if mode == "selective" else set()  # Megatron's --recompute-modules
     if m.attention == "standard" and "core_attn" not in modules:
         sharded += 5 * a * sq * sq * b  # softmax output, dropout mask, dropout output
     if m.attention == "flash":
@@ -168,8 +168,10 @@ def activation_bytes_per_layer(s: Scenario, recompute: str | None = None, moe: b
         c = m.mla
         q_rank = c.q_lora_rank or 0
         total += 2 * sq * b * (2 * q_rank + 2 * c.kv_lora_rank + c.qk_rope_head_dim)
-    if moe:
-        total += moe_mlp_activation_bytes(s, recompute_act="moe_act" in modules)
+    if moe and "moe" not in modules:  # a recomputed MoE MLP keeps only its input
+        total += moe_mlp_activation_bytes(
+            s, recompute_act="moe_act" in modules, recompute_shared="shared_experts" in modules
+        )
         if "layernorm" in modules:  # the pre-MLP norm's output (the router's and dispatcher's input) re-run
             total -= lin * sbh / sp
     return total
@@ -201,7 +203,9 @@ def op_policy_bytes(s: Scenario, moe: bool = False) -> float:
     return kept + 2 * sbh * f_up / t
 
 
-def moe_mlp_activation_bytes(s: Scenario, recompute_act: bool = False) -> float:
+def moe_mlp_activation_bytes(
+    s: Scenario, recompute_act: bool = False, recompute_shared: bool = False
+) -> float:
     """What an MoE MLP keeps for backward on the busiest expert-parallel rank (Megatron-Core core_v0.13.0, what
     the router, ``moe_utils.permute`` and the experts save): the router's fp32 logits and probabilities with the
     routing map, the permutation's row map, and for each of the ``N`` rows the experts compute, the fc1 input
@@ -225,7 +229,7 @@ def moe_mlp_activation_bytes(s: Scenario, recompute_act: bool = False) -> float:
     lin = linear_input_bytes(s)
     routed = n * (lin * m.hidden_size + e * f_up + (0 if recompute_act else lin * f) + 4)
     shared = 0.0
-    if moe.shared_expert_ffn_hidden_size:
+    if moe.shared_expert_ffn_hidden_size and not recompute_shared:
         fs = moe.shared_expert_ffn_hidden_size
         fs_up = (2 if m.activation == "swiglu" else 1) * fs
         shared = tokens * e * (fs_up + fs) / t

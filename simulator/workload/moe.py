@@ -194,7 +194,7 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
         *combine_bwd, *bwd_experts, *shared_bwd, *dispatch_bwd, route_bwd, *gemm_backward(router)
     )
     expert_params = local * mlp_params(m, f) // etp
-    return Part(forward, backward, router_params(m) + shared_params, expert_params, tuple(acts))
+    return Part(forward, backward, router_params(m) + shared_params, expert_params, tuple(acts), shared_fwd)
 
 
 def _scaled(op: Op, share: float) -> Op:
