@@ -463,3 +463,17 @@ def test_confirming_on_dask_gives_the_same_plan():
     assert [tuple(t[k] for k in keys) for t in one["top"]] == [
         tuple(t[k] for k in keys) for t in on_dask["top"]
     ]
+
+
+def test_a_base_with_recompute_modules_still_plans_other_recompute_policies():
+    data = base().model_dump(mode="json", exclude_none=True)
+    data["training"] = {
+        **data["training"],
+        "activation_recompute": "selective",
+        "recompute": {"modules": ["core_attn"]},
+    }
+    data["training"]["recompute"]["modules"] = ["core_attn", "layernorm"]
+    r = plan(
+        load_scenario(data), 8, top=2, options={"micro_batch_sizes": (2,), "recompute": ("none", "selective")}
+    )
+    assert r["screened_invalid"] == 0 and r["top"][0]["status"] == "ok"

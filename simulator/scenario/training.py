@@ -163,8 +163,8 @@ class TrainingConfig(Section):
         rc = self.recompute
         if rc.modules != ("core_attn",) and self.activation_recompute != "selective":
             raise ValueError(
-                f"training.recompute.modules ({', '.join(rc.modules)}) is Megatron's selective recompute: it needs "
-                f"activation_recompute: selective (got {self.activation_recompute})"
+                f"training.recompute.modules ({', '.join(rc.modules) or 'none'}) is Megatron's selective recompute: "
+                f"it needs activation_recompute: selective (got {self.activation_recompute})"
             )
         if rc.method is not None and self.activation_recompute != "full":
             raise ValueError(

@@ -99,6 +99,8 @@ class Screen:
             "micro_batch_size": lay.mbs,
             "activation_recompute": lay.recompute,
         }
+        if lay.recompute != "selective":  # Megatron's recompute modules belong to selective recompute only
+            data["training"].get("recompute", {}).pop("modules", None)
         data["name"] = lay.label()
         return load_scenario(data)
 
