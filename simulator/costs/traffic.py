@@ -9,7 +9,7 @@ interchangeable, so their links of one name form a class whose load is its busie
 from __future__ import annotations
 
 from collections import defaultdict
-from functools import cache, cached_property
+from functools import cached_property
 
 import numpy as np
 
@@ -184,6 +184,7 @@ class LinkLoads:
         self.cluster = cluster
         gpn = cluster.gpus_per_node
         self._fabric_stages: dict = {}
+        self._leaf_cache: dict[tuple[int, int], tuple[list[frozenset], np.ndarray]] = {}
         # nodes that host the same pipeline stages are interchangeable; others are not (their links carry
         # other stages' traffic at other times), so link classes carry the set of stages of their nodes
         stage = np.asarray(placement.coordinates("pp"))
@@ -332,9 +333,11 @@ class LinkLoads:
                 c = (sets[i // rails], *link)
                 per_class[c] = max(per_class.get(c, 0.0), float(peak[i]))
 
-    @cache  # noqa: B019 - one per loads object and leaf count
     def _leaf_classes(self, leaves: int, rails: int) -> tuple[list[frozenset], np.ndarray]:
-        """The distinct stage sets of the leaves' nodes, and each leaf's class index (set x rails + rail)."""
+        """The distinct stage sets of the leaves' nodes, and each leaf's class index (set x rails + rail); kept
+        on the object (a functools cache on the method would keep every simulation's object alive)."""
+        if (leaves, rails) in self._leaf_cache:
+            return self._leaf_cache[(leaves, rails)]
         npl, nn = self.cluster.spec.fabric.nodes_per_leaf, self.cluster.num_nodes
         sets: dict[frozenset, int] = {}
         key = np.zeros(leaves, dtype=np.int64)
@@ -343,7 +346,8 @@ class LinkLoads:
             nodes = self.node_stages[group * npl : min((group + 1) * npl, nn)]
             stages = frozenset().union(*nodes)
             key[leaf] = sets.setdefault(stages, len(sets)) * rails + rail
-        return list(sets), key
+        self._leaf_cache[(leaves, rails)] = list(sets), key
+        return self._leaf_cache[(leaves, rails)]
 
     @cached_property
     def _stage_ids(self) -> tuple[list[frozenset], np.ndarray]:
