@@ -53,9 +53,7 @@ def gpu_times(
     window: float | None = None  # kernel time left in the window that "behind" collectives hide behind
     has_collective = False
     for i, op in enumerate(ops):
-        if op.overlaps == "boundary" or (
-            op.kind == "collective" and op.overlaps not in ("behind", "alongside")
-        ):
+        if _ends_window(op):
             window = None
         if op.kind != "collective":
             g = compute.op_time_s(op)
@@ -93,14 +91,20 @@ def gpu_times(
     return gpu, parts if has_collective else []
 
 
+def _ends_window(op: Op) -> bool:
+    """Does ``op`` end the window ``behind`` collectives hide in: a ``boundary`` marker or a collective the stream
+    waits for?"""
+    return op.overlaps == "boundary" or (
+        op.kind == "collective" and op.overlaps not in ("behind", "alongside")
+    )
+
+
 def _window_kernels_s(ops: tuple[Op, ...], start: int, compute: ComputeModel) -> float:
     """Kernel seconds after ``ops[start]`` up to the end of its window (a ``boundary`` op or a blocking
     collective)."""
     total = 0.0
     for op in ops[start + 1 :]:
-        if op.overlaps == "boundary" or (
-            op.kind == "collective" and op.overlaps not in ("behind", "alongside")
-        ):
+        if _ends_window(op):
             break
         if op.kind != "collective":
             total += compute.op_time_s(op)

@@ -15,14 +15,14 @@ from simulator.hardware.cluster import Cluster
 from simulator.program import Program, RankClass
 from simulator.scenario.schema import Scenario
 from simulator.strategy.groups import ranks_per_stage
-from simulator.strategy.pipeline.chunk_ops import chunk_ops, chunk_pieces, send_bytes
+from simulator.strategy.pipeline.chunk_ops import chunk_pieces, ops_of, send_bytes
 from simulator.strategy.pipeline.combined import combined_ops
 from simulator.strategy.pipeline.flush import flush_and_step, reduce_per_batch
 from simulator.strategy.pipeline.memory import stage_memory
 from simulator.strategy.pipeline.partition import check, chunk_units, stage_label
 from simulator.strategy.pipeline.step_ids import StepIds
 from simulator.strategy.schedules import ASYNCHRONOUS, SPLITS_BACKWARD, Step, combined_1f1b, get_schedule
-from simulator.strategy.steps import add_optimizer
+from simulator.strategy.steps import add_optimizer, overlaps_a2a
 from simulator.strategy.units import unit_tensors
 from simulator.workload.ops import collective_op
 from simulator.workload.transformer import Workload
@@ -58,7 +58,7 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
     split = par.pipeline_schedule in SPLITS_BACKWARD
     # Megatron-Core's combined 1F1B (MoE all-to-alls behind another micro-batch's compute): a forward and the
     # backward after it in the steady state are one task
-    combined = s.model.moe is not None and par.moe.overlap_a2a
+    combined = overlaps_a2a(s)
     if combined:
         tasks = {st: combined_1f1b.tasks(pp, m, v, st) for st in range(pp)}
         order = {st: [x for task in tasks[st] for x in task] for st in range(pp)}
@@ -67,12 +67,8 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
         tasks = {st: [(x,) for x in order[st]] for st in range(pp)}
     chunks = chunk_units(w, pp, v)
     overlap_p2p = p2p_overlapped(s, w)
-    ops = {key: chunk_ops(s, w, us, key, pp, v, split, sends=not overlap_p2p) for key, us in chunks.items()}
-    pieces = (
-        {key: chunk_pieces(s, w, us, key, pp, v, sends=not overlap_p2p) for key, us in chunks.items()}
-        if combined
-        else {}
-    )
+    pieces = {key: chunk_pieces(s, w, us, key, pp, v, sends=not overlap_p2p) for key, us in chunks.items()}
+    ops = {key: ops_of(p, split) for key, p in pieces.items()}
 
     sharding = " + fsdp" if par.fsdp else (f" + zero-{par.zero_stage}" if par.zero_stage else "")
     prog = Program(f"megatron {par.pipeline_schedule}{sharding}")

@@ -10,6 +10,7 @@ from simulator.hardware.cluster import Cluster
 from simulator.scenario.schema import Scenario
 from simulator.strategy.groups import expert_grad_group_size
 from simulator.strategy.state_bytes import fp8_weight_copy_bytes, grad_bytes
+from simulator.strategy.steps import overlaps_a2a
 from simulator.workload.memory import (
     MemoryBreakdown,
     checkpoint_bytes_per_layer,
@@ -83,7 +84,7 @@ def memory_breakdown(
     params += unsharded_params * w_b * (1 - 1 / shards)
     # Megatron-Core's combined 1F1B without pipeline stages runs a forward while the previous micro-batch's
     # backward still holds its activations: two micro-batches in flight
-    combined = s.model.moe is not None and s.parallelism.moe.overlap_a2a and s.gradient_accumulation_steps > 1
+    combined = overlaps_a2a(s) and s.gradient_accumulation_steps > 1
     acts = activation_memory(s, list(w.layers), in_flight=2 if combined else 1)
     mem = MemoryBreakdown(params, grads, opt, acts, buffers, cluster.gpu.hbm_bytes)
     return with_host_checkpoints(s, mem, w.num_layers, cluster)

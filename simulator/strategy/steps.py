@@ -110,13 +110,18 @@ def add_optimizer(
     return p.add(rank, COMPUTE, "optimizer", "optimizer", "optimizer step", deps, ops=ops, sync=sync)
 
 
+def overlaps_a2a(s: Scenario) -> bool:
+    """Does the run use Megatron-Core's combined 1F1B (an MoE model with parallelism.moe.overlap_a2a)?"""
+    return s.model.moe is not None and s.parallelism.moe.overlap_a2a
+
+
 def microbatch_order(s: Scenario) -> list[tuple[str, int, int]]:
     """The order of a run without pipeline stages: ("F", mb, -1) and ("B", mb, -1) in turn, or with Megatron-Core's
     combined 1F1B (parallelism.moe.overlap_a2a; core_v0.14.0 combined_1f1b.py,
     ``combined_1f1b_schedule_for_no_pipelining``) the first forward alone, then each forward merged with the
     previous micro-batch's backward ("FB", mb, mb - 1), then the last backward alone."""
     gas = s.gradient_accumulation_steps
-    if s.model.moe is None or not s.parallelism.moe.overlap_a2a:
+    if not overlaps_a2a(s):
         return [step for mb in range(gas) for step in (("F", mb, -1), ("B", mb, -1))]
     return [("F", 0, -1), *(("FB", mb, mb - 1) for mb in range(1, gas)), ("B", gas - 1, -1)]
 

@@ -23,7 +23,15 @@ def chunk_ops(
 ):
     """(forward, backward, weight-gradient) ops of one chunk, with the p2p sends as blocking collectives (unless
     ``sends`` is false: DeepSpeed's engine runs them as instructions of their own)."""
-    f, b = chunk_pieces(s, w, us, key, pp, v, sends)
+    return ops_of(chunk_pieces(s, w, us, key, pp, v, sends), split)
+
+
+def ops_of(
+    pieces: tuple[list[Piece], list[Piece]], split: bool
+) -> tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]:
+    """(forward, backward, weight-gradient) ops of a chunk's pieces (``chunk_pieces``); ``split``: weight
+    gradients as steps of their own."""
+    f, b = pieces
     fwd = [op for part in f for op in part[1]]
     bwd: list[Op] = []
     wgt: list[Op] = []
