@@ -205,7 +205,7 @@ class LinkLoads:
             self._fabric_stages[link] = frozenset().union(*(self.node_stages[n] for n in nodes))
         return self._fabric_stages[link]
 
-    def loads(self, hops) -> dict[LinkClass, float]:
+    def loads(self, hops: tuple[np.ndarray, np.ndarray, np.ndarray]) -> dict[LinkClass, float]:
         """Per link class, the busiest link's seconds per unit of data sent on every hop of ``hops``.
 
         Equivalent to adding ``share`` to every link of ``cluster.route(src, dst)`` for every hop, but counted
@@ -215,12 +215,7 @@ class LinkLoads:
         its GPU. Loads are summed per node (one array per node-local link name), then the busiest node of each
         set of pipeline stages gives the class."""
         cl = self.cluster
-        if isinstance(hops, tuple):  # arrays (all_pairs)
-            src, dst, share = hops
-        elif hops:
-            src, dst, share = (np.asarray(x) for x in zip(*hops, strict=True))
-        else:
-            return {}
+        src, dst, share = hops  # three arrays (``hops``)
         if len(src) == 0:
             return {}
         gpn, nics = cl.gpus_per_node, cl.spec.node.nics
