@@ -174,6 +174,58 @@ def nvls_table() -> str:
     return "\n".join(lines)
 
 
+MULTI_NODE = [
+    c
+    for c in yaml.safe_load((ROOT / "simulator/validation/nccl_tests.yaml").read_text())["curves"]
+    if c.get("nodes", 1) > 1 and c["op"] != "all_to_all"
+]
+
+
+def multi_node_table() -> str:
+    """All-reduce, all-gather and reduce-scatter over 10 DGX H100 nodes against their published curves."""
+    lines = [
+        "\n\n## Across nodes: 80 H100 in 10 nodes\n",
+        "Multi-node calls run on the rings (or, for all-reduce, NCCL's tree where it is faster) over the NICs, with",
+        "three of NCCL's own refinements read from `ncclTopoTuneModel` / `ncclTopoGetAlgoTime` (v2.14.3-v2.17.1,",
+        "`nccl.yaml`): a tree's bandwidth x 0.92, its static correction for medium sizes (`treeCorrectionFactor`,",
+        "0.5-0.9 from 8 KB to 256 MB), and the ring all-reduce's 'plateau' latency (x 1.9 before Hopper, x 1.5 from",
+        "it). Held out: NCCL 2.29.2 on 10 x 8 H100 (xxrjun/nccl-tests-cluster, Apache-2.0), simulated with the",
+        "`dgx-h100` topology (8 x 400 Gb/s NICs; the cluster's NICs are not documented, its 2-node all-to-all fits",
+        "one 400 Gb/s NIC per GPU).\n",
+        "| bytes | " + " | ".join(f"{c['op']} measured (us) | model | error" for c in MULTI_NODE) + " |",
+        "|---|" + "---|---|---|" * len(MULTI_NODE),
+    ]
+    models = [
+        CollectiveModel(Cluster(load_topology(c["topology"]), c["nodes"]), Placement(dp=c["ranks"]), "auto")
+        for c in MULTI_NODE
+    ]
+
+    def by_power(c):  # nccl-tests rounds all-gather / reduce-scatter sizes down to a multiple of 80 x 8 bytes
+        return {round(math.log2(size)): size for size in c["times_us"]}
+
+    powers = sorted({k for c in MULTI_NODE for k in by_power(c)})
+    for k in powers:
+        cells = []
+        for c, cm in zip(MULTI_NODE, models, strict=True):
+            size = by_power(c).get(k)
+            if size is None:
+                cells.append(" | | ")
+                continue
+            m = c["times_us"][size]
+            ours = cm.standalone_time_s(c["op"], "dp", size) * 1e6
+            cells.append(f"{m:,.0f} | {ours:,.0f} | {100 * (ours / m - 1):+.0f}%")
+        lines.append(f"| 2^{k} ({2**k / 2**20:,.0f} MiB) | " + " | ".join(cells) + " |")
+    lines.append(
+        "\nAll-reduce from 256 MB and all-gather / reduce-scatter from 2 GB are within 15% (at the largest sizes the"
+        " model is 13-15% fast: measured ring bus bandwidth 316-345 GB/s against the NICs' 400 GB/s); smaller calls"
+        " are up to 60% fast: at 64-256 MB the measured all-gather and reduce-scatter take 0.7-1.8 ms, about 9-23 us"
+        " per ring step over 79 steps, where NCCL's own tuning model (the simulator's) puts 2-4 us plus the bytes."
+        " Large gradient buckets and ZeRO gathers sit in the accurate range; tensor-parallel calls across nodes"
+        " (TP 16 on 8-GPU nodes) and small buckets at scale are simulated fast by up to that much."
+    )
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -188,6 +240,7 @@ def main() -> None:
         + "\n\nSources:\n\n"
         + "\n".join(f"* {c['id']}: {c['source']} ({c['used_for']})." for c in CURVES)
         + nvls_table()
+        + multi_node_table()
     )
     (ROOT / "docs" / "collectives.md").write_text(text + "\n")
     print(table())

@@ -359,3 +359,24 @@ def test_hops_laid_out_with_numpy_are_the_hops_of_each_group_in_turn(kind, place
         got = sorted(zip(*(x.tolist() for x in pattern_hops(kind, (uneven,), 8, 8)), strict=True))
         assert got == sorted(zip(*(x.tolist() for x in _loop_hops(kind, list(uneven), 8, 8)), strict=True))
         assert any(a // 8 != b // 8 for a, b, _ in got)
+
+
+MULTI_NODE_H100 = {c["id"]: c for c in CURVES.values() if c.get("nodes", 1) > 1 and c["op"] != "all_to_all"}
+
+
+@pytest.mark.parametrize("curve", sorted(MULTI_NODE_H100))
+def test_ten_node_h100_collectives_are_within_20_percent_of_nccl_tests_from_2_gib(curve):
+    """Held out: all-reduce, all-gather and reduce-scatter over 80 H100 in 10 nodes (NCCL 2.29.2). From 2 GiB the
+    rings run at the NICs' bandwidth and the model is 2-15% fast; below 1 GiB it is up to 60% fast (NCCL's
+    per-step cost at 80 ranks exceeds its own tuning model's: docs/collectives.md)."""
+    c = MULTI_NODE_H100[curve]
+    cm = model(c["topology"], c["nodes"], algorithm="auto")
+    assert c["ranks"] == 80
+    checked = [
+        s for s in c["times_us"] if s > 0.99 * 2**31
+    ]  # nccl-tests rounds sizes to a multiple of 80 x 8
+    assert len(checked) >= 4
+    for size in checked:
+        us = cm.standalone_time_s(c["op"], "dp", size) * 1e6
+        assert us == pytest.approx(c["times_us"][size], rel=0.2), size
+        assert us < c["times_us"][size]  # the model's rings are faster than measured, never slower

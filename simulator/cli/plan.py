@@ -48,7 +48,7 @@ def _choices(text: str | None, option: str, allowed: tuple[str, ...]) -> tuple[s
 
 def search_options(tp, pp, pp_max, cp, mbs, ep, sharding, no_zero3, recompute, max_memory_gib) -> dict:
     """plan's search constraints as layouts.candidates takes them; each list checked with one message."""
-    from simulator.study.layouts import RECOMPUTE, SHARDINGS
+    from simulator.study.layouts import FULL_SHARDINGS, RECOMPUTE, SHARDINGS
 
     options: dict = {}
     for key, text, option in (("tp", tp, "--tp"), ("pp", pp, "--pp"), ("cp", cp, "--cp"), ("ep", ep, "--ep")):
@@ -62,7 +62,7 @@ def search_options(tp, pp, pp_max, cp, mbs, ep, sharding, no_zero3, recompute, m
             options["pp"] = tuple(p for p in options["pp"] if p <= pp_max)
     shardings = _choices(sharding, "--sharding", SHARDINGS)
     if no_zero3:
-        shardings = tuple(x for x in shardings or SHARDINGS if x not in ("zero3", "fsdp"))
+        shardings = tuple(x for x in shardings or SHARDINGS if x not in FULL_SHARDINGS)
         if not shardings:
             raise ScenarioError("--no-zero3: leaves no sharding of those --sharding gives")
     if shardings is not None:
@@ -142,10 +142,15 @@ def plan(
         str | None, typer.Option("--ep", help="Expert-parallel sizes (MoE models), e.g. 8,16.")
     ] = None,
     sharding: Annotated[
-        str | None, typer.Option("--sharding", help="Shardings to search: ddp, zero1, zero2, zero3, fsdp.")
+        str | None,
+        typer.Option(
+            "--sharding",
+            help="Shardings to search: ddp, zero1, zero2, zero3, fsdp, hsdp (FSDP2 hybrid sharding, shard groups of "
+            "1, 2, 4 or 8 whole nodes).",
+        ),
     ] = None,
     no_zero3: Annotated[
-        bool, typer.Option("--no-zero3", help="Leave out full sharding (ZeRO-3 and FSDP).")
+        bool, typer.Option("--no-zero3", help="Leave out full sharding (ZeRO-3, FSDP and HSDP).")
     ] = False,
     recompute: Annotated[
         str | None, typer.Option("--recompute", help="Recompute policies to search: none, selective, full.")

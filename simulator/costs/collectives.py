@@ -21,7 +21,7 @@ from functools import cached_property
 
 import numpy as np
 
-from simulator.costs.nccl import defaults, fastest, protocol_costs
+from simulator.costs.nccl import defaults, fastest, protocol_costs, ring_plateau
 from simulator.costs.traffic import LinkClass, LinkLoads
 from simulator.costs.traffic import hops as traffic_hops
 from simulator.hardware.cluster import Cluster
@@ -212,8 +212,11 @@ class CollectiveModel:
             units, chunk = 1, size_bytes
         # NCCL's ring: of its steps, 2 x nodes (all-reduce) or nodes - 1 cross the network (tuning.cc)
         inter = 0 if nodes == 1 else (2 * nodes if op == "all_reduce" else nodes - 1)
+        plateau = ring_plateau(op, n, nodes, size_bytes, self.cluster.gpu.architecture)
         ring = (
-            self._on_protocol(self._pattern("ring", groups), units, chunk, steps - inter, min(inter, steps)),
+            self._on_protocol(
+                self._pattern("ring", groups), units, chunk, steps - inter, min(inter, steps), plateau=plateau
+            ),
         )
         if op == "all_reduce" and nodes == 1 and self.algorithm in ("auto", "nvls") and self._nvls():
             nvls = (self._nvls_phase(ring[0], n, size_bytes),)
@@ -254,12 +257,18 @@ class CollectiveModel:
         intra_steps: int,
         inter_steps: int,
         algorithm: str = "ring",
+        plateau: float = 1.0,
     ) -> Phase:
-        """A phase moving ``units`` x ``chunk_bytes`` over ``pattern``'s hops, on the protocol NCCL picks."""
+        """A phase moving ``units`` x ``chunk_bytes`` over ``pattern``'s hops, on the protocol NCCL picks (a tree:
+        ``units`` 1, ``chunk_bytes`` its buffer, which sets NCCL's tree correction; ``plateau``: the Simple ring's
+        latency factor, nccl.ring_plateau)."""
         demand = {c: units * chunk_bytes * s for c, s in pattern.unit_demand_s.items()}
         busiest = max(demand.values(), default=0.0)
         busbw = self._busbw(pattern)
-        costs = protocol_costs(algorithm, intra_steps, inter_steps, self.intra, self.tuning, busbw)
+        tree_bytes = chunk_bytes if algorithm == "tree" else None
+        costs = protocol_costs(
+            algorithm, intra_steps, inter_steps, self.intra, self.tuning, busbw, tree_bytes, plateau
+        )
         p = fastest(costs, busiest)
         if p.bandwidth_factor != 1.0:
             demand = {c: s / p.bandwidth_factor for c, s in demand.items()}

@@ -42,11 +42,14 @@ def protocol_costs(
     intra: str,
     overrides: dict | None = None,
     busbw_Bps: float | None = None,
+    size_bytes: float | None = None,
+    plateau: float = 1.0,
 ) -> list[ProtocolCost]:
     """Latency and bandwidth factor of each protocol for a collective of ``intra_steps`` steps inside nodes
     (over ``intra``: nvlink | pcie) and ``inter_steps`` steps across the network. ``overrides`` (a topology's
     ``nccl`` section) replaces base and hop latencies and bandwidth factors; ``busbw_Bps``, the Simple protocol's bus
-    bandwidth, caps LL at NCCL's ``llMaxBw``."""
+    bandwidth, caps LL at NCCL's ``llMaxBw``; ``size_bytes`` (a tree's buffer) applies NCCL's tree correction by
+    size; ``plateau`` multiplies the Simple ring's latency (``ring_plateau``)."""
     d = defaults()
     o = overrides or {}
     out = []
@@ -59,10 +62,31 @@ def protocol_costs(
         if p == "LL" and inter_steps > 0:
             # tuning.cc v2.10-v2.17: ``if (nNodes > 1 && p == NCCL_PROTO_LL) intraLat *= 1.8;``
             hop_intra *= d["ll_multi_node_intra_factor"]
+        if algorithm == "tree" and size_bytes:
+            factor *= tree_correction(p, size_bytes)
         base = o.get("base_us", {}).get(algorithm, {}).get(p, d["base_us"][algorithm][p])
         latency_us = base + intra_steps * hop_intra + inter_steps * hop_inter
+        if algorithm == "ring" and p == "Simple":
+            latency_us *= plateau
         out.append(ProtocolCost(p, latency_us * 1e-6, factor))
     return out
+
+
+def tree_correction(protocol: str, size_bytes: float) -> float:
+    """NCCL's static correction of a tree's bandwidth for medium sizes (ncclTopoGetAlgoTime, v2.14.3-v2.17.1:
+    ``logSize = log2i(nBytes >> 6); if (logSize < 23) bw *= treeCorrectionFactor[protocol][logSize]``)."""
+    log_size = (int(size_bytes) >> 6).bit_length() - 1
+    table = defaults()["tree_correction"][protocol]
+    return table[log_size] if 0 <= log_size < len(table) else 1.0
+
+
+def ring_plateau(op: str, ranks: int, nodes: int, size_bytes: float, architecture: str) -> float:
+    """The factor on a multi-node Simple ring all-reduce's latency (ncclTopoGetAlgoTime, v2.17.1: ``lat *=
+    minCompCap < 90 ? 1.9 : 1.5; // Plateau effect of ring`` for ``nBytes >= nRanks/16.0*65536``); 1 otherwise."""
+    d = defaults()["ring_plateau"]
+    if op != "all_reduce" or nodes <= 1 or size_bytes < ranks / 16 * d["min_bytes_per_16_ranks"]:
+        return 1.0
+    return d["hopper"] if architecture in ("hopper", "blackwell") else d["before_hopper"]
 
 
 def _pick(o: dict, d: dict, key: str, algorithm: str, kind: str, p: str) -> float:

@@ -82,6 +82,12 @@ def megatron(row: dict) -> str:
         args.append("--use-distributed-optimizer")
     elif sharding == "fsdp":
         args.append("--use-torch-fsdp2")
+    elif sharding == "hsdp":
+        args.append("--use-torch-fsdp2")
+        notes.append(
+            f"# HSDP (shard groups of {row['shard']} ranks, {row['dp'] // row['shard']} replicas) has no Megatron-LM "
+            "switch: --emit torchtitan states it; Megatron's --use-torch-fsdp2 shards over all data-parallel ranks"
+        )
     elif sharding in ("zero2", "zero3"):
         args.append("--use-distributed-optimizer")
         notes.append(
@@ -105,7 +111,7 @@ def megatron(row: dict) -> str:
 def deepspeed(row: dict) -> str:
     c = _common(row)
     sharding = row["sharding"]
-    stage = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}[sharding]
+    stage = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3, "hsdp": 3}[sharding]
     config: dict = {
         "train_batch_size": c["batch"],
         "train_micro_batch_size_per_gpu": row["mbs"],
@@ -116,6 +122,11 @@ def deepspeed(row: dict) -> str:
     lines = [json.dumps(config, indent=2)]
     if sharding == "fsdp":
         lines.append("// PyTorch FSDP's full sharding is DeepSpeed's ZeRO-3")
+    elif sharding == "hsdp":
+        lines.append(
+            f"// HSDP (shard groups of {row['shard']} ranks) has no DeepSpeed equivalent: ZeRO-3 shards over all "
+            f"ranks; ZeRO++'s zero_hpz_partition_size: {row['shard']} keeps a secondary weight shard per group"
+        )
     extra = [f"--tensor-model-parallel-size {row['tp']}", f"--pipeline-model-parallel-size {row['pp']}"]
     if row["recompute"] == "full":
         extra.append("--checkpoint-activations")
@@ -129,7 +140,9 @@ def torchtitan(row: dict) -> str:
     c = _common(row)
     sharding, pp = row["sharding"], row["pp"]
     shard = row["dp"] if sharding in ("fsdp", "zero3", "zero2") else 1
-    replicate = row["dp"] if shard == 1 else 1
+    if sharding == "hsdp":  # FSDP2 hybrid sharding: torchtitan's replicate x shard mesh
+        shard = row["shard"]
+    replicate = row["dp"] // shard
     lines = ["[training]"]
     if pp > 1 and c["batch"]:
         lines += [f"local_batch_size = {c['batch'] // row['dp']}"]

@@ -1,6 +1,7 @@
 """The layouts a plan searches: every way to lay a model out on N GPUs that divides (tensor, context, pipeline
-and data parallel sizes, virtual stages, micro-batch size, weight / gradient sharding, activation recompute; for
-a mixture-of-experts model expert parallel and expert tensor parallel sizes too)."""
+and data parallel sizes, virtual stages, micro-batch size, weight / gradient sharding (DDP, ZeRO-1/2/3, FSDP and
+HSDP with shard groups of whole nodes), activation recompute; for a mixture-of-experts model expert parallel and
+expert tensor parallel sizes too)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Any
 
 from simulator.scenario.schema import Scenario
 
-SHARDINGS = ("ddp", "zero1", "zero2", "zero3", "fsdp")
+SHARDINGS = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp")
+FULL_SHARDINGS = ("zero3", "fsdp", "hsdp")  # weights sharded too (--no-zero3 leaves them out)
+HSDP_NODES = (1, 2, 4, 8)  # HSDP shard groups searched: this many whole nodes
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -25,6 +28,9 @@ class Layout:
     recompute: str
     ep: int = 1  # expert parallel (MoE models)
     etp: int = 1  # expert tensor parallel (MoE models)
+    shard: int = (
+        0  # HSDP: data-parallel ranks per shard group (FSDP2 hybrid sharding; replicated across groups)
+    )
 
     def parallelism(self) -> dict:
         par: dict[str, Any] = {
@@ -37,6 +43,8 @@ class Layout:
             par.update(pipeline_schedule="interleaved-1f1b", virtual_pipeline_stages=self.v)
         if self.sharding == "fsdp":
             par["fsdp"] = {}
+        elif self.sharding == "hsdp":
+            par["fsdp"] = {"hybrid_shard_size": self.shard}
         elif self.sharding != "ddp":
             par["zero_stage"] = int(self.sharding[-1])
         return par
@@ -47,7 +55,11 @@ class Layout:
             parts.insert(2, f"CP{self.cp}")
         if self.ep > 1 or self.etp > 1:
             parts.append(f"EP{self.ep}" + (f" ETP{self.etp}" if self.etp > 1 else ""))
-        return " ".join(parts) + f" mbs{self.mbs} {self.sharding} rc:{self.recompute}"
+        return " ".join(parts) + f" mbs{self.mbs} {self.sharding_label()} rc:{self.recompute}"
+
+    def sharding_label(self) -> str:
+        """The sharding as a table shows it: ``hsdp8`` for HSDP with shard groups of 8 data-parallel ranks."""
+        return f"hsdp{self.shard}" if self.sharding == "hsdp" else self.sharding
 
 
 def divisors(n: int, limit: int | None = None) -> list[int]:
@@ -59,7 +71,8 @@ def candidates(
 ) -> list[Layout]:
     """Every layout that divides: TP within a node and dividing heads / query groups / FFN, PP dividing the
     layers, CP (FlashAttention only) leaving at least 2,048 tokens per rank, micro-batches dividing the
-    batch, interleaving only where the microbatches are a multiple of PP, ZeRO-2/3 and FSDP only without PP; for
+    batch, interleaving only where the microbatches are a multiple of PP, ZeRO-2/3, FSDP and HSDP only without PP
+    (HSDP without CP, its shard groups whole nodes: ``hsdp_shards``); for
     a mixture-of-experts model EP dividing the experts and ETP (1 or TP) with ETP x EP dividing TP x CP x DP,
     sharding by DDP or ZeRO-1/2 (what the MoE frameworks run)."""
     o = options or {}
@@ -104,10 +117,28 @@ def candidates(
                                 continue
                             if dp == 1 and sh != "ddp":
                                 continue
+                            shards = hsdp_shards(tp * cp, dp, gpn) if sh == "hsdp" and cp == 1 else (0,)
+                            if sh == "hsdp" and not shards:
+                                continue
                             for ep, etp in _expert_layouts(moe, tp, cp, dp, o):
                                 for rc in recomputes:
-                                    out.append(Layout(tp, pp, cp, dp, v, mbs, sh, rc, ep, etp))
+                                    for shard in shards:
+                                        out.append(Layout(tp, pp, cp, dp, v, mbs, sh, rc, ep, etp, shard))
     return out
+
+
+def hsdp_shards(inner: int, dp: int, gpn: int) -> tuple[int, ...]:
+    """HSDP shard-group sizes (data-parallel ranks) whose groups fill 1, 2, 4 or 8 whole nodes, leaving at least two
+    replicas (``inner``: the TP x CP ranks of one data-parallel rank)."""
+    out = []
+    for nodes in HSDP_NODES:
+        ranks = nodes * gpn
+        if ranks % inner:
+            continue
+        shard = ranks // inner
+        if 1 < shard < dp and dp % shard == 0:
+            out.append(shard)
+    return tuple(out)
 
 
 def _expert_layouts(moe, tp: int, cp: int, dp: int, o: dict) -> list[tuple[int, int]]:

@@ -144,7 +144,7 @@ def plan(
                 if twin is None:
                     confirmed.append(c)
                 else:  # simulated the same as a confirmed layout of its shape: named beside it
-                    twin.same_time.append(f"{e.layout.sharding} rc:{e.layout.recompute}")
+                    twin.same_time.append(f"{e.layout.sharding_label()} rc:{e.layout.recompute}")
                     folded += 1
     finally:
         if pool is not None:

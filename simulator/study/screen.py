@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from simulator.costs.collectives import CollectiveModel
 from simulator.costs.compute import ComputeModel
 from simulator.costs.dispatch import task_cost
-from simulator.costs.nccl import fastest, protocol_costs
+from simulator.costs.nccl import fastest, protocol_costs, ring_plateau
 from simulator.costs.tables import table_lookups
 from simulator.frameworks import get_framework
 from simulator.hardware.cluster import Cluster
@@ -72,6 +72,8 @@ class Screen:
         self._blocks: dict[tuple, tuple] = {}
         self._tp_comm: dict[tuple, CollectiveModel] = {}
         self._calls: dict[tuple, tuple[float, float]] = {}
+        self._rings: dict[tuple, tuple[float, float]] = {}
+        self._layer_params: dict[int, float] = {}
         spec = cluster.spec.node
         gpu = cluster.gpu
         self.nvlink = (spec.nvlink_bandwidth_GBps or gpu.nvlink_bandwidth_GBps) * 1e9
@@ -81,6 +83,7 @@ class Screen:
         self.gpn = spec.gpus
         self.intra = "nvlink" if spec.intra_node == "nvswitch" else "pcie"
         self.tuning = cluster.spec.nccl.model_dump()
+        self.architecture = gpu.architecture
         self.capacity = cluster.gpu.hbm_bytes
 
     def scenario(self, lay: Layout) -> Scenario:
@@ -144,6 +147,13 @@ class Screen:
             )
         return self._blocks[key]
 
+    def _mean_layer(self, w) -> float:
+        """Parameters of the model's mean layer (dense and mixture-of-experts layers averaged), per workload."""
+        key = id(w)  # the workload lives in ``_blocks`` for the screen's life: its id names it
+        if key not in self._layer_params:
+            self._layer_params[key] = sum(x.params for x in w.layers) / w.num_layers
+        return self._layer_params[key]
+
     def _comm(self, lay: Layout) -> CollectiveModel:
         """The collectives inside a layer (TP, CP, and the experts' EP / ETP), on as many nodes as their groups
         span."""
@@ -164,18 +174,31 @@ class Screen:
     def ring_s(self, op: str, n: int, per_node: int, nbytes: float) -> float:
         """An NCCL ring over ``n`` ranks, ``per_node`` of them in each node, at the links' bandwidth, with the
         simulator's protocol latencies (``costs/nccl.py``)."""
+        latency, transfer = self.ring_parts(op, n, per_node, nbytes)
+        return latency + transfer
+
+    def ring_parts(self, op: str, n: int, per_node: int, nbytes: float) -> tuple[float, float]:
+        """(latency, seconds at the bottleneck's bandwidth) of ``ring_s``'s ring; cached, the screen asks the same
+        rings again and again."""
         if n <= 1 or nbytes <= 0:
-            return 0.0
+            return 0.0, 0.0
+        key = (op, n, per_node, nbytes)
+        if key not in self._rings:
+            self._rings[key] = self._ring_parts(op, n, per_node, nbytes)
+        return self._rings[key]
+
+    def _ring_parts(self, op: str, n: int, per_node: int, nbytes: float) -> tuple[float, float]:
         nodes = max(1, n // max(per_node, 1))
         steps = 2 * (n - 1) if op == "all_reduce" else n - 1
         volume = (2 if op == "all_reduce" else 1) * (n - 1) / n * nbytes
         bw = self.nvlink if nodes == 1 else min(self.nvlink, per_node * self.nic_per_gpu)
         inter = 0 if nodes == 1 else (2 * nodes if op == "all_reduce" else nodes - 1)
+        plateau = ring_plateau(op, n, nodes, nbytes, self.architecture)
         costs = protocol_costs(
-            "ring", steps - min(inter, steps), min(inter, steps), self.intra, self.tuning, bw
+            "ring", steps - min(inter, steps), min(inter, steps), self.intra, self.tuning, bw, plateau=plateau
         )
         p = fastest(costs, volume / bw)
-        return p.latency_s + volume / bw / p.bandwidth_factor
+        return p.latency_s, volume / bw / p.bandwidth_factor
 
     def estimate(self, lay: Layout) -> Estimate:
         emb, f, b, rc, head, w, s = self._block_times(lay)
@@ -193,7 +216,7 @@ class Screen:
         # data-parallel traffic per GPU: where the dp group's ranks sit (rank order tp-cp-dp-pp)
         w_b, g_b, k_b = state_bytes_per_param(self.base.training.precision, self.base.training.optimizer)
         # parameters of one GPU's (first or last) stage
-        mean_layer = sum(x.params for x in w.layers) / w.num_layers
+        mean_layer = self._mean_layer(w)
         if lay.pp == 1:
             psi = w.params_per_rank
         else:
@@ -229,13 +252,38 @@ class Screen:
             fwd, bwd = self._zero3_calls_s(s, w, n, per_node)
             exposed = gas * (max(0.0, fwd - layers * f) + max(0.0, bwd - layers * (b + rc)))
         else:  # fsdp: each unit (layer, embedding, output layer) gathered in forward and again in backward (its
-            # recomputation inside), its gradients reduce-scattered: one call each, each paying the ring's latency
+            # recomputation inside), its gradients reduce-scattered: one call each, each paying the ring's latency.
+            # HSDP (strategy/fsdp.py): the gathers and reduce-scatters inside a shard group, then each unit's
+            # reduced shard all-reduced across the replicas (the groups' same-position ranks), every microbatch
+            if lay.sharding == "hsdp":
+                n, per_node = lay.shard, min(lay.shard, max(1, self.gpn // inner))
+            # In backward the gathers (one unit ahead) and the reductions run on two streams at once: their
+            # latencies overlap, and where both cross the same bottleneck (the NICs when the group spans nodes)
+            # their bytes share it
             units = ((w.layer.params, layers), (w.embedding.params, 1), (w.head.params, 1))
-            ag = sum(k * self.ring_s("all_gather", n, per_node, q * w_b) for q, k in units)
-            rs = sum(k * self.ring_s("reduce_scatter", n, per_node, q * g_b) for q, k in units)
-            exposed = gas * (max(0.0, ag - layers * f) + max(0.0, max(ag, rs) - layers * (b + rc)))
+            counts = [k for _, k in units]
+
+            def calls(op: str, ranks: int, on_node: int, scale: float) -> tuple[float, float]:
+                """(whole seconds, seconds moving bytes) of one such call per unit, each unit's count times."""
+                parts = [self.ring_parts(op, ranks, on_node, q * scale) for q, _ in units]
+                return (
+                    sum(k * (lat + t) for k, (lat, t) in zip(counts, parts, strict=True)),
+                    sum(k * t for k, (_, t) in zip(counts, parts, strict=True)),
+                )
+
+            ag, ag_moving = calls("all_gather", n, per_node, w_b)
+            rs, rs_moving = calls("reduce_scatter", n, per_node, g_b)
+            across = across_moving = 0.0
+            if lay.sharding == "hsdp":  # n, per_node: the shard group's; one rank per node across replicas
+                across, across_moving = calls("all_reduce", lay.dp // lay.shard, 1, g_b / lay.shard)
+            network = n > per_node  # the group's rings cross the NICs
+            on_network = (ag_moving + rs_moving if network else 0.0) + across_moving
+            on_node = 0.0 if network else ag_moving + rs_moving
+            backward = max(ag, rs + across, on_network, on_node)
+            exposed = gas * (max(0.0, ag - layers * f) + max(0.0, backward - layers * (b + rc)))
         sharded = lay.sharding != "ddp"
-        opt_states = psi / (lay.dp if sharded else 1) + experts / (edp if sharded else 1)
+        over = lay.shard if lay.sharding == "hsdp" else lay.dp  # ranks the states are sharded over
+        opt_states = psi / (over if sharded else 1) + experts / (edp if sharded else 1)
         optimizer = opt_states * 30 / (self.cluster.gpu.hbm_bytes_per_s * 0.8)
         iteration = pipeline + exposed + optimizer
         memory = self.memory(lay, psi, s, experts, edp)
@@ -271,9 +319,10 @@ class Screen:
     def memory(self, lay: Layout, psi: float, s: Scenario, experts: float = 0.0, edp: int = 1) -> float:
         w_b, _, k_b = state_bytes_per_param(self.base.training.precision, self.base.training.optimizer)
         g_b = grad_bytes(s, self.framework)  # as the simulation keeps them (Megatron's fp32 main grads)
-        stage = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}[lay.sharding]
+        stage = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3, "hsdp": 3}[lay.sharding]
+        over = lay.shard if lay.sharding == "hsdp" else lay.dp  # HSDP: sharded inside its shard group only
         states = 0.0
-        for params, n in ((psi, lay.dp), (experts, edp)):
+        for params, n in ((psi, over), (experts, edp)):
             states += (
                 w_b * params / (n if stage >= 3 else 1)
                 + g_b * params / (n if stage >= 2 else 1)
