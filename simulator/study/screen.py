@@ -36,6 +36,13 @@ from simulator.workload.transformer import build_workload
 MEMORY_HEADROOM = 0.9  # screen out what needs more than 90% of the GPU (allocator, context, NCCL buffers)
 
 
+def again(block, policy: str) -> tuple:
+    """The ops a recompute ``policy`` re-runs of ``block`` before its backward."""
+    if policy == "full":
+        return block.recompute_full
+    return block.recompute_selective if policy == "selective" else ()
+
+
 @dataclass
 class Estimate:
     layout: Layout
@@ -70,10 +77,12 @@ class Screen:
             plan.gemm_scale if (plan := fp8_plan(base, cluster.gpu)) else 1.0,
         )
         self._blocks: dict[tuple, tuple] = {}
+        self._shapes: dict[tuple, tuple] = {}  # costs of one workload, shared by the recompute policies it serves
         self._tp_comm: dict[tuple, CollectiveModel] = {}
         self._calls: dict[tuple, tuple[float, float]] = {}
         self._rings: dict[tuple, tuple[float, float]] = {}
         self._layer_params: dict[int, float] = {}
+        self._act: dict[tuple, tuple[float, float, float]] = {}
         spec = cluster.spec.node
         gpu = cluster.gpu
         self.nvlink = (spec.nvlink_bandwidth_GBps or gpu.nvlink_bandwidth_GBps) * 1e9
@@ -108,43 +117,43 @@ class Screen:
         return load_scenario(data)
 
     def _block_times(self, lay: Layout):
-        """(embedding f+b, layer f, layer b, layer recompute, head f+b) for this layout's shapes, cached; the layer
-        times are the mean over the model's layers (dense and mixture-of-experts ones)."""
+        """(embedding f+b, layer f, layer b, layer recompute, head f+b, workload, scenario) for this layout's shapes,
+        cached; the layer times are the mean over the model's layers (dense and mixture-of-experts ones). A
+        layer's forward and backward ops do not depend on the recompute policy (workload/transformer.py: only what
+        is re-run before backward does), so none and full recompute share one workload and its costs; selective
+        (its module list) and activation offloading (copy sizes by policy) get their own."""
         key = (lay.tp, lay.cp, lay.mbs, lay.recompute, lay.ep, lay.etp)
         if key not in self._blocks:
             s = self.scenario(lay)
-            w = build_workload(s, self.framework, self.gpn, self.cluster.gpu)
-            comm = self._comm(lay)
+            shared = lay.recompute != "selective" and not s.training.activation_offload_layers
+            wkey = (lay.tp, lay.cp, lay.mbs, "shared" if shared else lay.recompute, lay.ep, lay.etp)
+            if wkey not in self._shapes:
+                w = build_workload(s, self.framework, self.gpn, self.cluster.gpu)
+                comm = self._comm(lay)
 
-            def t(ops) -> float:
-                return task_cost(
-                    ops,
-                    self.compute,
-                    lambda op: comm.standalone_time_s(op.collective, op.group, op.bytes),
-                    self.framework.host,
-                    s.training.cuda_graphs,
-                )[0]
+                def t(ops) -> float:
+                    return task_cost(
+                        ops,
+                        self.compute,
+                        lambda op: comm.standalone_time_s(op.collective, op.group, op.bytes),
+                        self.framework.host,
+                        s.training.cuda_graphs,
+                    )[0]
 
-            f = b = rc = 0.0
-            for block in w.kinds:
-                share = sum(x is block for x in w.layers) / w.num_layers
-                again = (
-                    block.recompute_full
-                    if lay.recompute == "full"
-                    else (block.recompute_selective if lay.recompute == "selective" else ())
-                )
-                f += share * t(block.forward)
-                b += share * t(block.backward)
-                rc += share * (t(again) if again else 0.0)
-            self._blocks[key] = (
-                t(w.embedding.forward) + t(w.embedding.backward),
-                f,
-                b,
-                rc,
-                t(w.head.forward) + t(w.head.backward),
-                w,
-                s,
-            )
+                f = b = 0.0
+                shares = [(block, sum(x is block for x in w.layers) / w.num_layers) for block in w.kinds]
+                for block, share in shares:
+                    f += share * t(block.forward)
+                    b += share * t(block.backward)
+                rc = {
+                    policy: sum(share * t(ops) for block, share in shares if (ops := again(block, policy)))
+                    for policy in ("none", "full", "selective")
+                    if policy == lay.recompute or (shared and policy != "selective")
+                }
+                emb = t(w.embedding.forward) + t(w.embedding.backward)
+                self._shapes[wkey] = (emb, f, b, rc, t(w.head.forward) + t(w.head.backward), w)
+            emb, f, b, rc, head, w = self._shapes[wkey]
+            self._blocks[key] = (emb, f, b, rc[lay.recompute], head, w, s)
         return self._blocks[key]
 
     def _mean_layer(self, w) -> float:
@@ -328,14 +337,27 @@ class Screen:
                 + g_b * params / (n if stage >= 2 else 1)
                 + k_b * params / (n if stage >= 1 else 1)
             )
-        m = self.base.model
-        layers = m.num_layers // lay.pp
+        layers = self.base.model.num_layers // lay.pp
         in_flight = lay.pp if lay.pp > 1 else 1
-        moe_share = m.moe_layers / m.num_layers if m.moe is not None else 0.0
-        per_layer = (1 - moe_share) * activation_bytes_per_layer(s) + (
-            moe_share * activation_bytes_per_layer(s, moe=True) if moe_share else 0.0
-        )
-        act = per_layer * layers * in_flight + head_activation_bytes(s)
+        per_layer, head, whole = self._activations(lay, s)
+        act = per_layer * layers * in_flight + head
         if lay.recompute == "full":
-            act += activation_bytes_per_layer(s, recompute="none")
+            act += whole
         return states + act
+
+    def _activations(self, lay: Layout, s: Scenario) -> tuple[float, float, float]:
+        """(bytes kept per layer, the output layer's, one layer's whole activations for its recomputation) of
+        ``lay``'s scenario ``s``, per shape (what sets them: TP, CP, micro-batch, recompute, EP, ETP)."""
+        key = (lay.tp, lay.cp, lay.mbs, lay.recompute, lay.ep, lay.etp)
+        if key not in self._act:
+            m = self.base.model
+            moe_share = m.moe_layers / m.num_layers if m.moe is not None else 0.0
+            per_layer = (1 - moe_share) * activation_bytes_per_layer(s) + (
+                moe_share * activation_bytes_per_layer(s, moe=True) if moe_share else 0.0
+            )
+            self._act[key] = (
+                per_layer,
+                head_activation_bytes(s),
+                activation_bytes_per_layer(s, recompute="none"),
+            )
+        return self._act[key]
