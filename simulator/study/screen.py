@@ -77,7 +77,9 @@ class Screen:
             plan.gemm_scale if (plan := fp8_plan(base, cluster.gpu)) else 1.0,
         )
         self._blocks: dict[tuple, tuple] = {}
-        self._shapes: dict[tuple, tuple] = {}  # costs of one workload, shared by the recompute policies it serves
+        self._shapes: dict[
+            tuple, tuple
+        ] = {}  # costs of one workload, shared by the recompute policies it serves
         self._tp_comm: dict[tuple, CollectiveModel] = {}
         self._calls: dict[tuple, tuple[float, float]] = {}
         self._rings: dict[tuple, tuple[float, float]] = {}
