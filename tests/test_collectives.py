@@ -380,3 +380,24 @@ def test_ten_node_h100_collectives_are_within_20_percent_of_nccl_tests_from_2_gi
         us = cm.standalone_time_s(c["op"], "dp", size) * 1e6
         assert us == pytest.approx(c["times_us"][size], rel=0.2), size
         assert us < c["times_us"][size]  # the model's rings are faster than measured, never slower
+
+
+def test_a_cluster_and_its_routes_go_when_the_simulation_is_done():
+    """Routing caches live on the cluster (hardware/cluster.py per_instance), not in a process-wide
+    functools.cache that would keep every simulated cluster alive over a sweep or a plan."""
+    import gc
+    import weakref
+
+    from simulator import load_scenario, simulate
+
+    cluster = Cluster(load_topology("dgx-a100"), 2)
+    s = load_scenario("quickstart")
+    assert simulate(s, cluster=cluster).metrics.iteration_time_s > 0
+    assert cluster.route(0, 9)[0] == cluster.route(0, 9)[0]  # cached and the same
+    assert cluster.__dict__[
+        "_cache_to_fabric"
+    ]  # route(0, 9) crossed nodes: its legs are cached on the cluster
+    ref = weakref.ref(cluster)
+    del cluster
+    gc.collect()
+    assert ref() is None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cache, cached_property
+from functools import cache, cached_property, wraps
 
 import networkx as nx
 
@@ -33,6 +33,22 @@ class LinkInfo:
     latency_s: float
 
 
+def per_instance(method):
+    """``functools.cache`` for a method, its table kept on the instance: it goes with the cluster (a method under
+    ``functools.cache`` keeps every instance it saw alive for the process, over a long sweep or plan)."""
+    name = f"_cache_{method.__name__.lstrip('_')}"
+
+    @wraps(method)
+    def cached(self, *args, **kwargs):
+        table = self.__dict__.setdefault(name, {})
+        key = (args, tuple(sorted(kwargs.items()))) if kwargs else args
+        if key not in table:
+            table[key] = method(self, *args, **kwargs)
+        return table[key]
+
+    return cached
+
+
 class Cluster:
     """A built cluster: ``graph`` plus GPU indexing and cached routing."""
 
@@ -50,7 +66,7 @@ class Cluster:
         """Every device and link of the cluster (built on first use; routing does not need it)."""
         return build_graph(self.spec, self.num_nodes, self.gpu)
 
-    @cache  # noqa: B019 - one or two small graphs per cluster, for reports
+    @per_instance
     def first_nodes_graph(self, nodes: int) -> nx.Graph:
         """The graph with the devices of the first ``nodes`` nodes only, and every switch: what a report draws,
         without building 16,384 GPUs' worth of graph."""
@@ -81,11 +97,11 @@ class Cluster:
         mid, lat_f = self._switch_path(leaf_a, leaf_b)
         return src + (up,) + mid + (down,) + dst, lat_a + lat_up + lat_f + lat_down + lat_b
 
-    @cache  # noqa: B019 - one entry per pair of GPUs in a node that talk
+    @per_instance
     def _gpu_to_gpu(self, node: int, a: int, b: int) -> tuple[tuple[LinkKey, ...], float]:
         return self.local_route(node, f"gpu{a}", f"gpu{b}")
 
-    @cache  # noqa: B019 - one entry per GPU of the cluster
+    @per_instance
     def _to_fabric(self, node: int, local: int, inbound: bool = False) -> tuple:
         """GPU ``local`` of ``node`` to its nearest NIC's leaf switch (or back, ``inbound``): the node-local
         links, their latency, the NIC-leaf link, the leaf's name and that link's latency."""
@@ -103,7 +119,7 @@ class Cluster:
             return self._local_info(u, v)
         return self._fabric_info(u, v)
 
-    @cache  # noqa: B019 - fabric links are few
+    @per_instance
     def _fabric_info(self, u: str, v: str) -> LinkInfo:
         if self._switch_graph.has_edge(u, v):
             return self._switch_graph.edges[u, v]["info"]
@@ -188,13 +204,13 @@ class Cluster:
         links, lat = self._in_node(a, b)
         return tuple((node, u, v) for u, v in links), lat
 
-    @cache  # noqa: B019 - one cluster, a handful of local pairs
+    @per_instance
     def _in_node(self, a_local: str, b_local: str) -> tuple[tuple[tuple[str, str], ...], float]:
         path = nx.shortest_path(self._node0_graph, f"n0.{a_local}", f"n0.{b_local}", weight="cost")
         links = tuple((u[3:], v[3:]) for u, v in zip(path[:-1], path[1:], strict=False))
         return links, sum(self._local_info(u, v).latency_s for u, v in links)
 
-    @cache  # noqa: B019
+    @per_instance
     def _local_info(self, u: str, v: str) -> LinkInfo:
         return self._node0_graph.edges[f"n0.{u}", f"n0.{v}"]["info"]
 
@@ -209,7 +225,7 @@ class Cluster:
             )
         return g
 
-    @cache  # noqa: B019
+    @per_instance
     def _switch_path(self, leaf_a: str, leaf_b: str) -> tuple[tuple[LinkKey, ...], float]:
         root_paths = self._switch_tree_paths
         if root_paths is None:
