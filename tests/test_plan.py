@@ -558,3 +558,26 @@ def test_plan_keeps_the_gathers_on_nvlink_with_hsdp_on_a_slow_network():
     assert fsdp["iteration_time_s"] > 1.2 * best["iteration_time_s"]
     for t in r["top"]:
         assert t["estimate_s"] == pytest.approx(t["iteration_time_s"], rel=0.06), t["layout"]
+
+
+def test_plan_keeps_the_base_s_switches_where_they_apply():
+    """A Megatron-Core base (MCORE-H100-70B: SP, TP communication overlap, overlapped gradient reduce and
+    parameter gather) plans with those switches: every confirmed scenario with TP > 1 keeps SP and the TP overlap,
+    one with TP 1 drops them (nothing to split), all keep the DDP overlaps; the screen, which hides the
+    distributed optimizer's reduce-scatter under the last backward and its gather under the next forward as the
+    simulation does, is within 10% of the simulation for every confirmed layout."""
+    from simulator.study.layouts import Layout, carried
+
+    s = load_scenario("scenarios/published/mcore-h100-70b.yaml")
+    r = plan(s, 768, top=4, options={"shardings": ("zero1",), "tp": (4, 8), "recompute": ("none",)})
+    ok = [t for t in r["top"] if t["status"] == "ok"]
+    assert len(ok) == 4
+    for t in ok:
+        par = t["scenario"]["parallelism"]
+        assert par["sequence_parallel"] is True and par["tp_comm_overlap"] is True, t["layout"]
+        assert par["ddp"] == {"overlap_grad_reduce": True, "overlap_param_gather": True}
+        assert t["estimate_s"] == pytest.approx(t["iteration_time_s"], rel=0.10), t["layout"]
+    base = s.parallelism.model_dump(mode="json", exclude_none=True)
+    one = carried(base, Layout(1, 2, 1, 384, 1, 1, "zero1", "none"))
+    assert "sequence_parallel" not in one and "tp_comm_overlap" not in one and one["zero"] == base["zero"]
+    assert "zero" not in carried(base, Layout(8, 1, 1, 96, 1, 1, "ddp", "none"))

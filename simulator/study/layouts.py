@@ -62,6 +62,30 @@ class Layout:
         return f"hsdp{self.shard}" if self.sharding == "hsdp" else self.sharding
 
 
+# The base scenario's parallelism switches a planned layout keeps: they do not depend on the degrees (rank order,
+# MoE dispatcher and overlap, DDP buckets and overlaps, collective algorithm, Megatron's p2p overlap); the others
+# hold only where the layout has what they switch (``carried``). Degrees, stage splits and the sharding come from
+# the layout.
+KEPT = ("rank_order", "moe", "ddp", "collective_algorithm", "overlap_p2p_comm")
+SEQUENTIAL_SCHEDULES = ("gpipe", "1f1b", "zb-h1", "pipedream-2bw", "deepspeed")
+
+
+def carried(par: dict, lay: Layout) -> dict:
+    """The base's parallelism settings (``par``, dumped) that apply to ``lay``: ``KEPT`` always; sequence
+    parallelism and TP communication overlap with TP > 1; the ZeRO settings under ZeRO, FSDP's under FSDP / HSDP;
+    a non-interleaved pipeline schedule with PP > 1 and no virtual stages."""
+    out = {k: v for k, v in par.items() if k in KEPT}
+    if lay.tp > 1:
+        out.update({k: par[k] for k in ("sequence_parallel", "tp_comm_overlap") if k in par})
+    if lay.sharding.startswith("zero") and "zero" in par:
+        out["zero"] = par["zero"]
+    if lay.sharding in ("fsdp", "hsdp") and par.get("fsdp"):
+        out["fsdp"] = {k: v for k, v in par["fsdp"].items() if k != "hybrid_shard_size"}
+    if lay.pp > 1 and lay.v == 1 and par.get("pipeline_schedule") in SEQUENTIAL_SCHEDULES:
+        out["pipeline_schedule"] = par["pipeline_schedule"]
+    return out
+
+
 def divisors(n: int, limit: int | None = None) -> list[int]:
     return [d for d in range(1, (limit or n) + 1) if n % d == 0]
 

@@ -27,7 +27,7 @@ from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
 from simulator.strategy.state_bytes import grad_bytes, weight_bytes
 from simulator.strategy.zero import fetch_schedule
-from simulator.study.layouts import Layout
+from simulator.study.layouts import Layout, carried
 from simulator.tables.select import resolve_tables
 from simulator.workload.fp8 import fp8_plan
 from simulator.workload.memory import activation_bytes_per_layer, head_activation_bytes, state_bytes_per_param
@@ -98,11 +98,13 @@ class Screen:
         self.capacity = cluster.gpu.hbm_bytes
 
     def scenario(self, lay: Layout) -> Scenario:
+        """``lay`` as a runnable scenario: the base's model, cluster and training, with the layout's degrees and
+        the base's switches that hold for any layout (``carried``)."""
         data = self.base.model_dump(mode="json", exclude_none=True)
-        data["parallelism"] = {
-            **{k: v for k, v in data["parallelism"].items() if k in ("rank_order", "moe")},
-            **lay.parallelism(),
-        }
+        par = carried(data["parallelism"], lay)
+        for k, v in lay.parallelism().items():  # the layout's FSDP section over the base's FSDP switches
+            par[k] = {**par[k], **v} if isinstance(v, dict) and isinstance(par.get(k), dict) else v
+        data["parallelism"] = par
         if self.base.model.moe is not None:  # Megatron-Core's MoE needs sequence parallelism with TP
             data["parallelism"].update(
                 expert_parallel=lay.ep, expert_tensor_parallel=lay.etp, sequence_parallel=lay.tp > 1
@@ -240,10 +242,18 @@ class Screen:
         per_node = max(1, min(lay.dp, self.gpn // inner)) if inner < self.gpn else 1
         n = lay.dp * lay.cp if lay.cp > 1 else lay.dp
         grads = psi * g_b
+        ddp = (
+            s.parallelism.ddp
+        )  # the scenario's switches, else the framework's (as the simulation reads them)
+        overlap_reduce = (
+            ddp.overlap_grad_reduce
+            if ddp.overlap_grad_reduce is not None
+            else self.framework.ddp.overlap_grad_reduce
+        )
         if lay.sharding == "ddp":
             comm = self.ring_s("all_reduce", n, per_node, grads)
             comm += self.ring_s("all_reduce", edp, per_node_e, experts * g_b) if experts else 0.0
-            overlapped = self.framework.ddp.overlap_grad_reduce and lay.pp == 1
+            overlapped = overlap_reduce and lay.pp == 1
             exposed = max(0.0, comm - (b * layers if overlapped else 0.0))
         elif lay.sharding in ("zero1", "zero2"):
             reduce = "all_reduce" if self.framework.zero == "deepspeed" else "reduce_scatter"
@@ -252,6 +262,12 @@ class Screen:
             if experts:
                 per += self.ring_s(reduce, edp, per_node_e, experts * g_b)
                 gather += self.ring_s("all_gather", edp, per_node_e, experts * w_b)
+            if self.framework.zero == "megatron" and lay.sharding == "zero1":
+                # Megatron-Core's distributed optimizer: buckets reduce-scattered as the last micro-batch's
+                # backward frees them (overlap_grad_reduce), the weights gathered under the next forward
+                # (overlap_param_gather): what is longer than that pass stays exposed
+                per = max(0.0, per - layers * (b + rc)) if overlap_reduce else per
+                gather = max(0.0, gather - layers * f) if ddp.overlap_param_gather else gather
             exposed = per * (gas if lay.sharding == "zero2" else 1) + gather
         elif lay.sharding == "zero3":
             # DeepSpeed's coordinator, call by call (the simulation's own replay, strategy/zero3_fetch.py): at
