@@ -303,7 +303,7 @@ def test_constraints_narrow_the_search_and_each_bad_list_is_one_line():
     assert ok
     for t in d["top"]:
         assert t["tp"] in (1, 2) and t["pp"] in (1, 2) and t["mbs"] in (1, 2)
-        assert t["sharding"] not in ("zero3", "fsdp", "hsdp")
+        assert t["sharding"] not in ("zero3", "fsdp", "hsdp", "zero3-offload")
     assert all(t["memory_gib"] <= 12 for t in ok)
     for option, value, message in [
         ("--tp", "1,x", "error: --tp: expected whole numbers separated by commas, e.g. 1,2,4 (got '1,x')"),
@@ -311,7 +311,7 @@ def test_constraints_narrow_the_search_and_each_bad_list_is_one_line():
         (
             "--sharding",
             "zero4",
-            "error: --sharding: zero4 is not one of ddp, zero1, zero2, zero3, fsdp, hsdp",
+            "error: --sharding: zero4 is not one of ddp, zero1, zero2, zero3, fsdp, hsdp, zero2-offload, zero3-offload",
         ),
         ("--recompute", "some", "error: --recompute: some is not one of none, selective, full"),
         ("--emit", "nemo", "error: --emit: 'nemo' is not one of megatron, deepspeed, torchtitan"),
@@ -579,5 +579,32 @@ def test_plan_keeps_the_base_s_switches_where_they_apply():
         assert t["estimate_s"] == pytest.approx(t["iteration_time_s"], rel=0.10), t["layout"]
     base = s.parallelism.model_dump(mode="json", exclude_none=True)
     one = carried(base, Layout(1, 2, 1, 384, 1, 1, "zero1", "none"))
-    assert "sequence_parallel" not in one and "tp_comm_overlap" not in one and one["zero"] == base["zero"]
+    assert "sequence_parallel" not in one and "tp_comm_overlap" not in one
+    assert one["zero"] == {
+        k: v for k, v in base["zero"].items() if not k.startswith("offload")
+    }  # the layout's
     assert "zero" not in carried(base, Layout(8, 1, 1, 96, 1, 1, "ddp", "none"))
+
+
+def test_a_model_too_big_for_the_gpus_plans_the_optimizer_on_the_cpu():
+    """By hand: 39B parameters on 8 A100-80GB. Mixed-precision Adam needs 16 B a parameter: 78 GB per GPU even
+    fully sharded (ZeRO-3 / FSDP over 8), and TP or PP only split the same bytes over the same GPUs; with the
+    optimizer on the host CPU (ZeRO-Offload) the GPU keeps its 1/8 of the 16-bit weights, 9.7 GB. So every layout
+    that fits is ZeRO-3 with the optimizer offloaded, the screen (the simulation's own host model: gradient copies
+    beside backward, the CPU step shared by the node, the weights back) within 3% of the simulation."""
+    big = {
+        "num_layers": 48,
+        "hidden_size": 8192,
+        "num_attention_heads": 64,
+        "seq_length": 2048,
+        "vocab_size": 32000,
+    }
+    r = plan(base(big, batch=64), 8, top=3, options={"recompute": ("full",)})
+    ok = [t for t in r["top"] if t["status"] == "ok"]
+    assert len(ok) == 3 and r["fit_in_memory"] < r["screened"]
+    for t in ok:
+        assert t["sharding"] == "zero3-offload" and t["pp"] == 1
+        assert t["scenario"]["parallelism"]["zero"]["offload_optimizer"]["device"] == "cpu"
+        assert t["estimate_s"] == pytest.approx(t["iteration_time_s"], rel=0.03)
+    layouts = candidates(base(big, batch=64), 8, 8, {"shardings": ("zero2-offload",)})
+    assert layouts and all(lay.pp == 1 and lay.stage == 2 and lay.offload for lay in layouts)

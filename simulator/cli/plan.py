@@ -146,11 +146,11 @@ def plan(
         typer.Option(
             "--sharding",
             help="Shardings to search: ddp, zero1, zero2, zero3, fsdp, hsdp (FSDP2 hybrid sharding, shard groups of "
-            "1, 2, 4 or 8 whole nodes).",
+            "1, 2, 4 or 8 whole nodes), zero2-offload, zero3-offload (DeepSpeed's optimizer on the host CPU).",
         ),
     ] = None,
     no_zero3: Annotated[
-        bool, typer.Option("--no-zero3", help="Leave out full sharding (ZeRO-3, FSDP and HSDP).")
+        bool, typer.Option("--no-zero3", help="Leave out full sharding (ZeRO-3, FSDP, HSDP, ZeRO-3 offload).")
     ] = False,
     recompute: Annotated[
         str | None, typer.Option("--recompute", help="Recompute policies to search: none, selective, full.")

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import json
 
+from simulator.study.layouts import OFFLOAD, STAGES
+
 FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
 
 
@@ -88,10 +90,11 @@ def megatron(row: dict) -> str:
             f"# HSDP (shard groups of {row['shard']} ranks, {row['dp'] // row['shard']} replicas) has no Megatron-LM "
             "switch: --emit torchtitan states it; Megatron's --use-torch-fsdp2 shards over all data-parallel ranks"
         )
-    elif sharding in ("zero2", "zero3"):
+    elif sharding.startswith(("zero2", "zero3")):
         args.append("--use-distributed-optimizer")
         notes.append(
-            f"# {sharding} is DeepSpeed's; Megatron-LM's nearest is the distributed optimizer (ZeRO-1)"
+            f"# {sharding} is DeepSpeed's (--emit deepspeed); Megatron-LM's nearest is the distributed optimizer"
+            " (ZeRO-1)"
         )
     if row["recompute"] == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
@@ -111,14 +114,15 @@ def megatron(row: dict) -> str:
 def deepspeed(row: dict) -> str:
     c = _common(row)
     sharding = row["sharding"]
-    stage = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3, "hsdp": 3}[sharding]
     config: dict = {
         "train_batch_size": c["batch"],
         "train_micro_batch_size_per_gpu": row["mbs"],
         "gradient_accumulation_steps": c["gas"],
         "bf16" if c["precision"] != "fp16" else "fp16": {"enabled": True},
-        "zero_optimization": {"stage": stage},
+        "zero_optimization": {"stage": STAGES[sharding]},
     }
+    if sharding.endswith("-offload"):  # ZeRO-Offload: zero/offload_config.py, device and pin_memory
+        config["zero_optimization"].update(OFFLOAD)
     lines = [json.dumps(config, indent=2)]
     if sharding == "fsdp":
         lines.append("// PyTorch FSDP's full sharding is DeepSpeed's ZeRO-3")
@@ -139,7 +143,7 @@ def deepspeed(row: dict) -> str:
 def torchtitan(row: dict) -> str:
     c = _common(row)
     sharding, pp = row["sharding"], row["pp"]
-    shard = row["dp"] if sharding in ("fsdp", "zero3", "zero2") else 1
+    shard = row["dp"] if sharding.removesuffix("-offload") in ("fsdp", "zero3", "zero2") else 1
     if sharding == "hsdp":  # FSDP2 hybrid sharding: torchtitan's replicate x shard mesh
         shard = row["shard"]
     replicate = row["dp"] // shard
@@ -164,6 +168,8 @@ def torchtitan(row: dict) -> str:
         lines.append(
             "# ZeRO-1 (sharded optimizer only) has no torchtitan switch: FSDP2 or DDP are the nearest"
         )
+    elif sharding.endswith("-offload"):
+        lines.append("# the optimizer on the host CPU (ZeRO-Offload) is DeepSpeed's here: --emit deepspeed")
     lines += [f"tensor_parallel_degree = {row['tp']}", f"pipeline_parallel_degree = {pp}"]
     if pp > 1:
         lines += [

@@ -10,8 +10,26 @@ from typing import Any
 
 from simulator.scenario.schema import Scenario
 
-SHARDINGS = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp")
-FULL_SHARDINGS = ("zero3", "fsdp", "hsdp")  # weights sharded too (--no-zero3 leaves them out)
+SHARDINGS = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp", "zero2-offload", "zero3-offload")
+FULL_SHARDINGS = (
+    "zero3",
+    "fsdp",
+    "hsdp",
+    "zero3-offload",
+)  # weights sharded too (--no-zero3 leaves them out)
+# ZeRO stage of each sharding; ``-offload``: DeepSpeed's optimizer on the host CPU (ZeRO-Offload, Ren et al.
+# ATC'21; with stage 3 the weights stay on the GPU), without pipelining as DeepSpeed and the simulation allow
+STAGES = {
+    "ddp": 0,
+    "zero1": 1,
+    "zero2": 2,
+    "zero3": 3,
+    "fsdp": 3,
+    "hsdp": 3,
+    "zero2-offload": 2,
+    "zero3-offload": 3,
+}
+OFFLOAD = {"offload_optimizer": {"device": "cpu", "pin_memory": True}}
 HSDP_NODES = (1, 2, 4, 8)  # HSDP shard groups searched: this many whole nodes
 RECOMPUTE = ("none", "selective", "full")
 
@@ -46,8 +64,25 @@ class Layout:
         elif self.sharding == "hsdp":
             par["fsdp"] = {"hybrid_shard_size": self.shard}
         elif self.sharding != "ddp":
-            par["zero_stage"] = int(self.sharding[-1])
+            par["zero_stage"] = self.stage
+            if self.offload:
+                par["zero"] = OFFLOAD
         return par
+
+    @property
+    def stage(self) -> int:
+        """The ZeRO stage the sharding amounts to (FSDP and HSDP: 3)."""
+        return STAGES[self.sharding]
+
+    @property
+    def offload(self) -> bool:
+        """The optimizer runs on the host CPU (ZeRO-Offload)."""
+        return self.sharding.endswith("-offload")
+
+    @property
+    def kind(self) -> str:
+        """The sharding without its offload: how the GPUs exchange gradients and weights."""
+        return self.sharding.removesuffix("-offload")
 
     def label(self) -> str:
         parts = [f"TP{self.tp}", f"PP{self.pp}" + (f"x{self.v}" if self.v > 1 else ""), f"DP{self.dp}"]
@@ -72,13 +107,16 @@ SEQUENTIAL_SCHEDULES = ("gpipe", "1f1b", "zb-h1", "pipedream-2bw", "deepspeed")
 
 def carried(par: dict, lay: Layout) -> dict:
     """The base's parallelism settings (``par``, dumped) that apply to ``lay``: ``KEPT`` always; sequence
-    parallelism and TP communication overlap with TP > 1; the ZeRO settings under ZeRO, FSDP's under FSDP / HSDP;
+    parallelism and TP communication overlap with TP > 1; the ZeRO settings under ZeRO (but its offload, which the
+    sharding decides), FSDP's under FSDP / HSDP;
     a non-interleaved pipeline schedule with PP > 1 and no virtual stages."""
     out = {k: v for k, v in par.items() if k in KEPT}
     if lay.tp > 1:
         out.update({k: par[k] for k in ("sequence_parallel", "tp_comm_overlap") if k in par})
-    if lay.sharding.startswith("zero") and "zero" in par:
-        out["zero"] = par["zero"]
+    if lay.sharding.startswith("zero") and "zero" in par:  # offload is the layout's to say
+        out["zero"] = {
+            k: v for k, v in par["zero"].items() if k not in ("offload_optimizer", "offload_param")
+        }
     if lay.sharding in ("fsdp", "hsdp") and par.get("fsdp"):
         out["fsdp"] = {k: v for k, v in par["fsdp"].items() if k != "hybrid_shard_size"}
     if lay.pp > 1 and lay.v == 1 and par.get("pipeline_schedule") in SEQUENTIAL_SCHEDULES:

@@ -28,6 +28,7 @@ from simulator.scenario.schema import Scenario
 from simulator.strategy.state_bytes import grad_bytes, weight_bytes
 from simulator.strategy.zero import fetch_schedule
 from simulator.study.layouts import Layout, carried
+from simulator.study.offload import OffloadScreen
 from simulator.tables.select import resolve_tables
 from simulator.workload.fp8 import fp8_plan
 from simulator.workload.memory import activation_bytes_per_layer, head_activation_bytes, state_bytes_per_param
@@ -85,6 +86,7 @@ class Screen:
         self._rings: dict[tuple, tuple[float, float]] = {}
         self._layer_params: dict[int, float] = {}
         self._act: dict[tuple, tuple[float, float, float]] = {}
+        self.offload = OffloadScreen(cluster.spec)
         spec = cluster.spec.node
         gpu = cluster.gpu
         self.nvlink = (spec.nvlink_bandwidth_GBps or gpu.nvlink_bandwidth_GBps) * 1e9
@@ -255,7 +257,7 @@ class Screen:
             comm += self.ring_s("all_reduce", edp, per_node_e, experts * g_b) if experts else 0.0
             overlapped = overlap_reduce and lay.pp == 1
             exposed = max(0.0, comm - (b * layers if overlapped else 0.0))
-        elif lay.sharding in ("zero1", "zero2"):
+        elif lay.kind in ("zero1", "zero2"):
             reduce = "all_reduce" if self.framework.zero == "deepspeed" else "reduce_scatter"
             per = self.ring_s(reduce, n, per_node, grads)
             gather = self.ring_s("all_gather", n, per_node, psi * w_b)
@@ -268,8 +270,8 @@ class Screen:
                 # (overlap_param_gather): what is longer than that pass stays exposed
                 per = max(0.0, per - layers * (b + rc)) if overlap_reduce else per
                 gather = max(0.0, gather - layers * f) if ddp.overlap_param_gather else gather
-            exposed = per * (gas if lay.sharding == "zero2" else 1) + gather
-        elif lay.sharding == "zero3":
+            exposed = per * (gas if lay.kind == "zero2" else 1) + gather
+        elif lay.kind == "zero3":
             # DeepSpeed's coordinator, call by call (the simulation's own replay, strategy/zero3_fetch.py): at
             # large data-parallel degree each call pays the ring's latency, n - 1 steps, so the number of calls
             # (one per module and prefetch, re-gathers in backward and recomputation, one per gradient bucket)
@@ -312,6 +314,10 @@ class Screen:
         over = lay.shard if lay.sharding == "hsdp" else lay.dp  # ranks the states are sharded over
         opt_states = psi / (over if sharded else 1) + experts / (edp if sharded else 1)
         optimizer = opt_states * 30 / (self.cluster.gpu.hbm_bytes_per_s * 0.8)
+        if (
+            lay.offload
+        ):  # ZeRO-Offload: gradients to the host under backward, the step on the CPU, weights back
+            optimizer = self.offload.exposed_s(s, psi / lay.dp, gas, layers * (b + rc))
         iteration = pipeline + exposed + optimizer
         memory = self.memory(lay, psi, s, experts, edp)
         return Estimate(
@@ -346,15 +352,15 @@ class Screen:
     def memory(self, lay: Layout, psi: float, s: Scenario, experts: float = 0.0, edp: int = 1) -> float:
         w_b, _, k_b = state_bytes_per_param(self.base.training.precision, self.base.training.optimizer)
         g_b = grad_bytes(s, self.framework)  # as the simulation keeps them (Megatron's fp32 main grads)
-        stage = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3, "hsdp": 3}[lay.sharding]
+        stage = lay.stage
         over = lay.shard if lay.sharding == "hsdp" else lay.dp  # HSDP: sharded inside its shard group only
         states = 0.0
         for params, n in ((psi, over), (experts, edp)):
-            states += (
-                w_b * params / (n if stage >= 3 else 1)
-                + g_b * params / (n if stage >= 2 else 1)
-                + k_b * params / (n if stage >= 1 else 1)
-            )
+            states += w_b * params / (n if stage >= 3 else 1)
+            if (
+                not lay.offload
+            ):  # offloaded: states and the gradient partition in host memory (strategy/offload.py)
+                states += g_b * params / (n if stage >= 2 else 1) + k_b * params / (n if stage >= 1 else 1)
         layers = self.base.model.num_layers // lay.pp
         in_flight = lay.pp if lay.pp > 1 else 1
         per_layer, head, whole = self._activations(lay, s)
