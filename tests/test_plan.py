@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from simulator import load_scenario
 from simulator.cli import app
-from simulator.study.layouts import Layout, candidates
+from simulator.study.layouts import Layout, candidates, hsdp_shards
 from simulator.study.plan import plan
 
 runner = CliRunner()
@@ -518,6 +518,15 @@ def test_hsdp_shard_groups_fill_whole_nodes_and_leave_replicas():
         assert lay.parallelism()["fsdp"] == {"hybrid_shard_size": lay.shard}
         shards.setdefault(lay.tp, set()).add(lay.shard)
     assert shards == {1: {8, 16}, 2: {4, 8}, 4: {2, 4}, 8: {2}}
+    # a sequence long enough for context parallelism: HSDP only where CP is 1, every shard size one it can take
+    long = candidates(base({**MODEL, "seq_length": 8192}, nodes=4), 32, 8, {"shardings": ("hsdp",)})
+    assert long and {lay.cp for lay in long} == {1}
+    assert all(lay.shard in hsdp_shards(lay.tp, lay.dp, 8) for lay in long)
+    cp = candidates(base({**MODEL, "seq_length": 8192}, nodes=4), 32, 8, {"shardings": ("fsdp",)})
+    assert {lay.cp for lay in cp} > {1}  # the same space without HSDP does take CP
+    args = ["plan", "--model", "gpt3-350m", "--topology", "dgx-a100", "--gpus", "8", "--sharding", "hsdp"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and "HSDP shards over 1, 2, 4 or 8 whole nodes and needs two replicas" in r.stderr
 
 
 SEVEN_B = {

@@ -179,9 +179,11 @@ def candidates(
                                 continue
                             if dp == 1 and sh != "ddp":
                                 continue
-                            shards = hsdp_shards(tp * cp, dp, gpn) if sh == "hsdp" and cp == 1 else (0,)
-                            if sh == "hsdp" and not shards:
-                                continue
+                            shards = (0,)  # HSDP: its shard-group sizes, none with context parallelism
+                            if sh == "hsdp":
+                                shards = hsdp_shards(tp * cp, dp, gpn) if cp == 1 else ()
+                                if not shards:
+                                    continue
                             for ep, etp in _expert_layouts(moe, tp, cp, dp, o):
                                 for rc in recomputes:
                                     for shard in shards:

@@ -74,8 +74,13 @@ def plan(
     capacity_gib = screen.capacity / 2**30
     layouts = candidates(base, gpus, gpn, o, batch)
     if not layouts:
+        hsdp = (
+            "; HSDP shards over 1, 2, 4 or 8 whole nodes and needs two replicas or more"
+            if "hsdp" in o.get("shardings", ())
+            else ""
+        )
         raise ScenarioError(
-            "plan: no layout divides this model, batch and GPU count (within the constraints given)"
+            f"plan: no layout divides this model, batch and GPU count (within the constraints given{hsdp})"
         )
     t0 = time.perf_counter()
     estimates = []
