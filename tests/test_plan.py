@@ -524,7 +524,18 @@ def test_hsdp_shard_groups_fill_whole_nodes_and_leave_replicas():
     assert all(lay.shard in hsdp_shards(lay.tp, lay.dp, 8) for lay in long)
     cp = candidates(base({**MODEL, "seq_length": 8192}, nodes=4), 32, 8, {"shardings": ("fsdp",)})
     assert {lay.cp for lay in cp} > {1}  # the same space without HSDP does take CP
-    args = ["plan", "--model", "gpt3-350m", "--topology", "dgx-a100", "--gpus", "8", "--sharding", "hsdp"]
+    args = [
+        "plan",
+        "--model",
+        "gpt3-350m",
+        "--topology",
+        "dgx-a100",
+        "--gpus",
+        "8",
+        "--global-batch-size",
+        "64",
+    ]
+    args += ["--sharding", "hsdp"]
     r = runner.invoke(app, args)
     assert r.exit_code == 2 and "HSDP shards over 1, 2, 4 or 8 whole nodes and needs two replicas" in r.stderr
 
