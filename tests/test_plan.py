@@ -628,3 +628,40 @@ def test_a_model_too_big_for_the_gpus_plans_the_optimizer_on_the_cpu():
         assert t["estimate_s"] == pytest.approx(t["iteration_time_s"], rel=0.03)
     layouts = candidates(base(big, batch=64), 8, 8, {"shardings": ("zero2-offload",)})
     assert layouts and all(lay.pp == 1 and lay.stage == 2 and lay.offload for lay in layouts)
+
+
+def test_cli_plans_from_a_scenario_file_with_its_switches():
+    """--scenario: the file's model, cluster, training and switches; --gpus and --global-batch-size default to
+    its own (MCORE-H100-70B: TP 8 x PP 2 x DP 48 = 768 H100, batch 384). Each bad combination is one line."""
+    path = "scenarios/published/mcore-h100-70b.yaml"
+    r = runner.invoke(
+        app, ["plan", "--scenario", path, "--top", "2", "--tp", "8", "--sharding", "zero1", "--json"]
+    )
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    ok = [t for t in d["top"] if t["status"] == "ok"]
+    assert ok
+    for t in ok:
+        assert t["tp"] * t["pp"] * t["cp"] * t["dp"] == 768 and t["sharding"] == "zero1"
+        par = t["scenario"]["parallelism"]
+        assert par["sequence_parallel"] is True and par["tp_comm_overlap"] is True
+        assert t["scenario"]["framework"] == "megatron-core-2024"
+        assert 384 % (t["mbs"] * t["dp"]) == 0
+    for args, message in [
+        (
+            ["--scenario", path, "--model", "llama3-8b"],
+            "error: plan: --scenario gives the model, cluster and training; leave out --model",
+        ),
+        (
+            ["--model", "llama3-8b", "--topology", "dgx-h100"],
+            "error: plan: give --model, --topology, --gpus and "
+            "--global-batch-size, or --scenario FILE (missing: --gpus, --global-batch-size)",
+        ),
+        (
+            ["--scenario", path, "--gpus", "200"],
+            "error: --gpus (200) is not a multiple of the --scenario layout's "
+            "TP x PP x CP (8 x 2 x 1 = 16): give such a --gpus, or plan with --model",
+        ),
+    ]:
+        r = runner.invoke(app, ["plan", *args])
+        assert r.exit_code == 2 and r.stderr.strip() == message, r.stderr

@@ -74,6 +74,21 @@ def search_options(tp, pp, pp_max, cp, mbs, ep, sharding, no_zero3, recompute, m
     return options
 
 
+def stand_in(data: dict, own, gpus: int) -> None:
+    """The --scenario file's layout on ``gpus`` GPUs as the plan's base (``data``, its dump, changed in place): its
+    data parallelism scaled, one micro-batch per pipeline stage and data-parallel rank."""
+    p = own.parallelism
+    inner = p.tensor_parallel * p.pipeline_parallel * p.context_parallel
+    if gpus % inner:
+        raise ScenarioError(
+            f"--gpus ({gpus}) is not a multiple of the --scenario layout's TP x PP x CP ({p.tensor_parallel} x "
+            f"{p.pipeline_parallel} x {p.context_parallel} = {inner}): give such a --gpus, or plan with --model"
+        )
+    dp = gpus // inner
+    data["parallelism"]["data_parallel"] = dp
+    data["training"]["global_batch_size"] = dp * own.training.micro_batch_size * p.pipeline_parallel
+
+
 def write_layouts(result: dict, directory: Path) -> list[Path]:
     """Each simulated layout that fits, as a scenario file ``NN-layout.yaml`` in ``directory``, with what the
     simulation gave in a header comment; returns the paths written."""
@@ -99,17 +114,40 @@ def write_layouts(result: dict, directory: Path) -> list[Path]:
 
 
 def plan(
-    model: Annotated[str, typer.Option("--model", help="A preset name or a Hugging Face config.json.")],
-    gpus: Annotated[int, typer.Option("--gpus", min=1, help="GPUs to lay the job out on.")],
-    topology: Annotated[str, typer.Option("--topology", help="A shipped topology name or a YAML file.")],
-    global_batch_size: Annotated[int, typer.Option("--global-batch-size", min=1, help="Sequences per step.")],
+    model: Annotated[
+        str | None, typer.Option("--model", help="A preset name or a Hugging Face config.json.")
+    ] = None,
+    gpus: Annotated[
+        int | None,
+        typer.Option("--gpus", min=1, help="GPUs to lay the job out on (with --scenario: default its own)."),
+    ] = None,
+    topology: Annotated[
+        str | None, typer.Option("--topology", help="A shipped topology name or a YAML file.")
+    ] = None,
+    global_batch_size: Annotated[
+        int | None,
+        typer.Option(
+            "--global-batch-size", min=1, help="Sequences per step (with --scenario: default its own)."
+        ),
+    ] = None,
+    scenario_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--scenario",
+            help="Plan from a scenario file instead of --model / --topology: its model, cluster, training and "
+            "parallelism switches (SP, TP and DDP overlaps, ZeRO settings, rank order) hold for every layout.",
+        ),
+    ] = None,
     seq: Annotated[
         int | None, typer.Option("--seq", min=1, help="Sequence length (default: the model's).")
     ] = None,
-    precision: Annotated[str, typer.Option("--precision", help="bf16, fp16 or fp32.")] = "bf16",
+    precision: Annotated[
+        str | None, typer.Option("--precision", help="bf16 (default), fp16 or fp32.")
+    ] = None,
     attention: Annotated[
-        str, typer.Option("--attention", help="flash (default: every current stack has it) or standard.")
-    ] = "flash",
+        str | None,
+        typer.Option("--attention", help="flash (default: every current stack has it) or standard."),
+    ] = None,
     framework: Annotated[
         str, typer.Option("--framework", help="Framework profile (default: auto).")
     ] = "auto",
@@ -182,21 +220,55 @@ def plan(
     """Search parallel layouts (TP, PP, CP, DP, virtual stages, micro-batch, ZeRO / FSDP, recompute) for a
     model on N GPUs: screen every one with a fast estimate, confirm the best by simulation."""
     from simulator.hardware.topology import load_topology
+    from simulator.study.emit import FRAMEWORKS, emit_text
     from simulator.study.plan import plan as run_plan
 
-    model_section: dict = {"hf_config": model} if model.endswith(".json") else {"preset": model}
-    model_section["attention"] = attention
-    if seq:
-        model_section["seq_length"] = seq
-    data = {
-        "name": f"plan-{Path(model).stem}",
-        "framework": framework,
-        "model": model_section,
-        "cluster": {"topology": topology, "num_nodes": 1},
-        "training": {"global_batch_size": global_batch_size, "micro_batch_size": 1, "precision": precision},
-        "parallelism": {"data_parallel": 1},
-    }
-    from simulator.study.emit import FRAMEWORKS, emit_text
+    own = None  # the --scenario file's scenario
+    if scenario_file is not None:
+        given = [
+            o for o, v in (("--model", model), ("--topology", topology), ("--seq", seq)) if v is not None
+        ]
+        given += [o for o, v in (("--precision", precision), ("--attention", attention)) if v is not None]
+        if given:
+            fail(f"plan: --scenario gives the model, cluster and training; leave out {', '.join(given)}")
+        try:
+            own = load_scenario(scenario_file)
+        except ScenarioError as e:
+            fail(str(e))
+        data = own.model_dump(mode="json", exclude_none=True)
+        data["name"] = f"plan-{own.name}"
+        if framework != "auto":
+            data["framework"] = framework
+        topology = own.cluster.topology
+        q = own.parallelism
+        gpus = gpus or q.tensor_parallel * q.pipeline_parallel * q.context_parallel * q.data_parallel
+        global_batch_size = global_batch_size or own.training.global_batch_size
+    else:
+        missing = [
+            o for o, v in (("--model", model), ("--topology", topology), ("--gpus", gpus)) if v is None
+        ]
+        missing += ["--global-batch-size"] if global_batch_size is None else []
+        if missing:
+            fail(
+                "plan: give --model, --topology, --gpus and --global-batch-size, or --scenario FILE "
+                f"(missing: {', '.join(missing)})"
+            )
+        model_section: dict = {"hf_config": model} if model.endswith(".json") else {"preset": model}
+        model_section["attention"] = attention or "flash"
+        if seq:
+            model_section["seq_length"] = seq
+        data = {
+            "name": f"plan-{Path(model).stem}",
+            "framework": framework,
+            "model": model_section,
+            "cluster": {"topology": topology, "num_nodes": 1},
+            "training": {
+                "global_batch_size": global_batch_size,
+                "micro_batch_size": 1,
+                "precision": precision or "bf16",
+            },
+            "parallelism": {"data_parallel": 1},
+        }
 
     try:
         if emit is not None and emit not in FRAMEWORKS:
@@ -218,10 +290,14 @@ def plan(
                         f"GPUs (cluster.gpus_per_node: {gpus})",
                         file=sys.stderr,
                     )
-            # a valid stand-in layout (every GPU data-parallel, one sequence each); the search replaces it
+            # a valid stand-in layout the search replaces: every GPU data-parallel, one sequence each; or the
+            # --scenario file's own, its data parallelism scaled to the GPUs (its switches are the plan's)
             n = gpus
-            data["parallelism"] = {}
-            data["training"] = {**data["training"], "global_batch_size": n}
+            if own is None:
+                data["parallelism"] = {}
+                data["training"] = {**data["training"], "global_batch_size": n}
+            else:
+                stand_in(data, own, n)
             base = load_scenario(data)
             show = not quiet and not json_out and sys.stderr.isatty()
             with err.status("screening layouts...") if show else nullcontext():
