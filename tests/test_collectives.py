@@ -401,3 +401,26 @@ def test_a_cluster_and_its_routes_go_when_the_simulation_is_done():
     del cluster
     gc.collect()
     assert ref() is None
+
+
+def test_nccl_tree_correction_and_ring_plateau_are_tuning_cc_s():
+    """NCCL v2.14.3-v2.17.1 ncclTopoGetAlgoTime: a tree's bandwidth x treeCorrectionFactor[protocol][log2(bytes >>
+    6)] below 2^29 bytes (Simple: 0.9 at 64 B, 0.5 at 1 MB = 2^20 -> index 14, 0.9 at 256 MB, 1.0 from 512 MB), on top
+    of ncclTopoTuneModel's x 0.92; a multi-node Simple ring all-reduce of at least nRanks / 16 x 64 KiB pays its
+    latency x 1.9 before Hopper, x 1.5 from it, nothing else does."""
+    from simulator.costs.nccl import protocol_costs, ring_plateau, tree_correction
+
+    assert tree_correction("Simple", 64) == 0.9
+    assert tree_correction("Simple", 2**20) == 0.5 and tree_correction("LL", 2**18) == 0.4
+    assert tree_correction("Simple", 2**28) == 0.9 and tree_correction("Simple", 2**29) == 1.0
+    simple = {c.protocol: c for c in protocol_costs("tree", 2, 2, "nvlink", size_bytes=2**20)}["Simple"]
+    assert simple.bandwidth_factor == pytest.approx(0.92 * 0.5)
+    assert ring_plateau("all_reduce", 16, 2, 2**16, "ampere") == 1.9
+    assert ring_plateau("all_reduce", 16, 2, 2**16, "hopper") == 1.5
+    assert ring_plateau("all_reduce", 16, 2, 2**16 - 1, "ampere") == 1.0  # below 16/16 x 64 KiB
+    assert ring_plateau("all_gather", 16, 2, 2**30, "ampere") == 1.0
+    assert ring_plateau("all_reduce", 8, 1, 2**30, "ampere") == 1.0  # one node
+    plain = {c.protocol: c for c in protocol_costs("ring", 14, 4, "nvlink")}
+    slow = {c.protocol: c for c in protocol_costs("ring", 14, 4, "nvlink", plateau=1.9)}
+    assert slow["Simple"].latency_s == pytest.approx(1.9 * plain["Simple"].latency_s)
+    assert slow["LL128"].latency_s == plain["LL128"].latency_s
