@@ -665,3 +665,26 @@ def test_cli_plans_from_a_scenario_file_with_its_switches():
     ]:
         r = runner.invoke(app, ["plan", *args])
         assert r.exit_code == 2 and r.stderr.strip() == message, r.stderr
+
+
+def test_zero3_replays_only_where_they_can_rank_and_the_ranking_is_unchanged():
+    """plan screens ZeRO-3 with a lower bound (every call hidden) and replays DeepSpeed's coordinator only where
+    that bound could reach the layouts it may simulate (3 x --top): the first 3 x top fitting layouts, their
+    order and times, are exactly those of replaying every one."""
+    from simulator.study.plan import refine
+
+    screen, _ = _screen(16)
+    lays = candidates(screen.base, 128, 8, {"recompute": ("none", "full")}, 256)
+    assert sum(lay.kind == "zero3" for lay in lays) >= 8
+    full = sorted((e for e in map(screen.estimate, lays) if e.fits), key=lambda e: e.iteration_s)
+    need = 6
+    bounds = [screen.estimate(lay, bound=True) for lay in lays]
+    assert any(e.bound for e in bounds)
+    fast = sorted((e for e in refine(screen, bounds, need) if e.fits), key=lambda e: e.iteration_s)
+    assert [(e.layout, e.iteration_s) for e in fast[:need]] == [
+        (e.layout, e.iteration_s) for e in full[:need]
+    ]
+    assert all(not e.bound for e in fast[:need]) and sum(e.bound for e in fast) > 40  # most never replayed
+    for e in fast[need:]:  # a bound left unrefined is never later than the exact time
+        if e.bound:
+            assert e.iteration_s <= screen.estimate(e.layout).iteration_s

@@ -87,9 +87,10 @@ def plan(
     invalid = 0
     for lay in layouts:
         try:
-            estimates.append(screen.estimate(lay))
+            estimates.append(screen.estimate(lay, bound=True))
         except ScenarioError:
             invalid += 1
+    estimates = refine(screen, estimates, 3 * top)
     rate = len(layouts) / max(time.perf_counter() - t0, 1e-9)
     fitting = sorted((e for e in estimates if e.fits), key=lambda e: e.iteration_s)
     confirmed: list[Confirmed] = []
@@ -171,6 +172,17 @@ def plan(
         "why": why(ranked),
         "caveat": caveat(base.framework),
     }
+
+
+def refine(screen: Screen, estimates: list, need: int) -> list:
+    """Replay DeepSpeed's ZeRO-3 coordinator (the screen's costliest step) only for the layouts whose lower bound
+    could still rank among the ``need`` best that plan may simulate: the ``need``-th best exact estimate that fits
+    caps them; a layout above it keeps its bound, which can only be later than its exact time."""
+    exact = sorted(e.iteration_s for e in estimates if e.fits and not e.bound)
+    cut = exact[need - 1] if len(exact) >= need else math.inf
+    return [
+        screen.estimate(e.layout) if e.bound and e.fits and e.iteration_s <= cut else e for e in estimates
+    ]
 
 
 def caveat(framework: str) -> str:

@@ -53,6 +53,7 @@ class Estimate:
     bubble_s: float
     comm_s: float
     fits: bool
+    bound: bool = False  # a lower bound: ZeRO-3's calls taken as hidden, the coordinator not replayed yet
 
 
 class Screen:
@@ -215,7 +216,9 @@ class Screen:
         p = fastest(costs, volume / bw)
         return p.latency_s, volume / bw / p.bandwidth_factor
 
-    def estimate(self, lay: Layout) -> Estimate:
+    def estimate(self, lay: Layout, bound: bool = False) -> Estimate:
+        """The layout's iteration time, memory and their parts; ``bound``: for ZeRO-3, a lower bound without
+        replaying DeepSpeed's coordinator (every call hidden), which ``plan`` refines where it can matter."""
         emb, f, b, rc, head, w, s = self._block_times(lay)
         m = self.base.model
         gas = self.batch // (lay.mbs * lay.dp)
@@ -278,7 +281,14 @@ class Screen:
             # matters as much as the bytes. Forward's calls hide only under forward's compute; backward's
             # gathers and reduce-scatters, in turn (the host waits for the reduction three buckets back), under
             # backward's and the recomputation's
-            fwd, bwd = self._zero3_calls_s(s, w, n, per_node)
+            # (the replay is the screen's costliest step: a layout that cannot fit is not replayed, its estimate
+            # never ranked)
+            if self.memory(lay, psi, s, experts, edp) > MEMORY_HEADROOM * self.capacity:
+                fwd = bwd = math.inf
+            elif bound:
+                fwd = bwd = 0.0
+            else:
+                fwd, bwd = self._zero3_calls_s(s, w, n, per_node)
             exposed = gas * (max(0.0, fwd - layers * f) + max(0.0, bwd - layers * (b + rc)))
         else:  # fsdp: each unit (layer, embedding, output layer) gathered in forward and again in backward (its
             # recomputation inside), its gradients reduce-scattered: one call each, each paying the ring's latency.
@@ -328,6 +338,7 @@ class Screen:
             bubble,
             exposed,
             memory <= MEMORY_HEADROOM * self.capacity,
+            bound and lay.kind == "zero3",
         )
 
     def _zero3_calls_s(self, s: Scenario, w, n: int, per_node: int) -> tuple[float, float]:
