@@ -382,3 +382,48 @@ def test_deepspeed_dispatch_is_two_dense_einsums_around_a_capacity_padded_all_to
             pipeline_parallel=2,
             moe={"dispatcher": "deepspeed", "overlap_a2a": True},
         )
+
+
+def test_megatron_moe_host_work_as_its_source_launches_it():
+    """Megatron-LM 1e057005 (TE 2.4): the router's unfused top-k / softmax / scatters 12 kernels and its aux loss 7
+    (backward 13, the gating's gradients 3 + 3), fused (--moe-router-fusion) 1 and 4 (backward 7); DeepEP's
+    indices-to-multihot 18 kernels and three host syncs after the received-count wait (backward 11 and one),
+    fused (--enable-experimental with --moe-permute-fusion) one kernel and none; Transformer Engine's grouped
+    GEMM one cuBLAS launch per local expert at the profile's library_kernel_s (4 experts per rank here)."""
+    from simulator.frameworks import get_framework
+
+    fw = get_framework("megatron-core-2024")
+
+    def layer(**moe):
+        s = scenario(framework="megatron-core-2024", expert_parallel=2, moe={"dispatcher": "deepep", **moe})
+        return build_workload(s, fw, 8).layers[0]
+
+    def launches(ops, name):
+        return op(ops, name).launches
+
+    plain, fused = layer(), layer(router_fusion=True, fused_multihot=True)
+    for blk, route, aux, route_bwd, multihot, multihot_bwd in (
+        (plain, 12, 7, 13, 18, 11),
+        (fused, 1, 4, 7, 1, 1),
+    ):
+        assert launches(blk.forward, "router") == 3
+        assert launches(blk.forward, "router top-k, softmax and scatter") == route
+        assert launches(blk.forward, "aux-loss scores (second softmax, top-k)") == aux
+        assert launches(blk.backward, "router top-k, softmax and scatter backward") == route_bwd
+        assert launches(blk.backward, "router dgrad") == launches(blk.backward, "router wgrad") == 3
+        assert launches(blk.forward, "indices to multihot") == multihot
+        assert launches(blk.backward, "indices to multihot backward") == multihot_bwd
+    syncs = [
+        sum(o.kind == "sync" for o in ops)
+        for ops in (plain.forward, plain.backward, fused.forward, fused.backward)
+    ]
+    assert syncs == [4, 1, 1, 0]
+    local = 8 // 2  # SMALL_MOE's 8 experts over EP 2
+    cublas = [o for o in plain.forward if o.kind == "host"]
+    assert [o.host_s for o in cublas] == pytest.approx([local * fw.host.library_kernel_s] * 2)
+    assert fw.host.library_kernel_s == 8e-6
+    back = [o.host_s for o in plain.backward if o.kind == "host"]
+    assert back == pytest.approx([2 * local * fw.host.library_kernel_s] * 2)
+    # without Transformer Engine's modules (the ideal profile) or with one local expert, no per-expert launches
+    ideal = build_workload(scenario(expert_parallel=2, moe={"dispatcher": "deepep"})).layers[0]
+    assert not [o for o in ideal.forward if o.kind == "host"]

@@ -113,6 +113,13 @@ class HostProfile(BaseModel):
         le=1e-2,
         description="DeepSpeed ZeRO-3: extra host seconds per parameter tensor at the step.",
     )
+    library_kernel_s: float = Field(
+        0.0,
+        ge=0,
+        le=1e-3,
+        description="Host seconds per kernel a library call launches from C++ in a loop (Transformer Engine's "
+        "grouped GEMM: one cuBLASLt GEMM per local expert), beside the call's own per-kernel cost.",
+    )
     syncs: Syncs = Syncs()
     graph_launch_s: float = Field(
         1e-5,

@@ -174,6 +174,17 @@ class MoeParallelConfig(Section):
         description="Each micro-batch's dispatch and combine all-to-alls hidden behind another micro-batch's compute "
         "(Megatron-Core 0.14 --overlap-moe-expert-parallel-comm: combined 1F1B).",
     )
+    router_fusion: bool = Field(
+        False,
+        description="The router's top-k and scores, the aux-loss scores and the aux loss as Transformer Engine fused "
+        "kernels (Megatron-Core --moe-router-fusion, core_v0.14.0+, off by default); false: unfused PyTorch ops.",
+    )
+    fused_multihot: bool = Field(
+        False,
+        description="DeepEP dispatcher: the indices-to-multihot step as one Triton kernel (Megatron-Core "
+        "--enable-experimental with --moe-permute-fusion); false (the default): boolean-mask indexing with three "
+        "host synchronisations in forward and one in backward.",
+    )
 
 
 class ParallelismConfig(Section):

@@ -190,9 +190,30 @@ def deepep(
         a2a = collective_op("deepep nvlink (dispatch)", "all_to_all", group, T * h * e * ranks)
         ops_f, ops_b = [a2a], [replace(a2a, direction="backward")]
     gathered = rows * h * e
+    # the routing map of the received tokens (token_dispatcher.py _DeepepManager._indices_to_multihot, Megatron-LM
+    # 1e057005 through main of 2025-12): boolean-mask indexing, about 18 kernels and three host syncs
+    # (indices[mask], repeat_interleave without output_size, probs[mask]); backward the index_put's about 11
+    # kernels and a sync on the mask (nonzero). With --enable-experimental and --moe-permute-fusion one Triton
+    # kernel each way (fusions/fused_indices_converter.py), no sync.
+    fused = p.moe.fused_multihot
+    multihot_bytes = rows * (INDEX_BYTES + PROB_BYTES + 1)
+    multihot = replace(memory_op("indices to multihot", multihot_bytes), launches=1 if fused else 18)
+    multihot_bwd = replace(
+        memory_op("indices to multihot backward", multihot_bytes, direction="backward"),
+        launches=1 if fused else 11,
+    )
+
+    def mask_syncs(n: int, what: str) -> list[Op]:
+        return (
+            []
+            if fused or size <= 1
+            else [sync_op(f"host waits on a boolean mask ({what})", fw.host.sync_s)] * n
+        )
+
     dispatch = present(
         *ops_f,
         sync_op("host waits for the received token counts", fw.host.sync_s) if size > 1 else None,
+        *((multihot, *mask_syncs(3, "indices to multihot")) if size > 1 else ()),
         memory_op("permute received tokens", e * T * ranks * h + gathered, "elementwise", round(rows), h),
     )
     combine = present(
@@ -213,6 +234,7 @@ def deepep(
         memory_op(
             "permute backward", gathered + e * T * ranks * h, "elementwise", round(rows), h, "backward"
         ),
+        *((multihot_bwd, *mask_syncs(1, "indices to multihot backward")) if size > 1 else ()),
         *(replace(o, name=o.name.replace("dispatch", "dispatch gradients")) for o in ops_b),
     )
     return dispatch, combine, dispatch_bwd, combine_bwd

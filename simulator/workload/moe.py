@@ -12,6 +12,15 @@ reverse: sorted back, reduce-scattered over ETP, all-to-all over EP, unpermuted 
 experts' rows picked, the outputs reduce-scattered back. The shared expert (``SharedExpertMLP``) is a dense MLP
 on the attention's tensor-parallel group, run after the dispatch (or beside it with ``shared_expert_overlap``).
 The busiest expert-parallel rank (``expert_load.py``) is the one simulated: its experts' rows, its all-to-all.
+
+Host work (what the host thread issues: ``launches`` per op, costs/dispatch.py), read from Megatron-LM 1e057005
+(2025-05-24) with Transformer Engine 2.4: the router's gating is two casts and an fp32 GEMM (router.py); its
+top-k / softmax / scatters are 12 PyTorch kernels (moe_utils.py topk_softmax_with_capacity), the aux loss's scores,
+loss and tracker 7 (switch_load_balancing_loss_func, router.py); backward 13 for those and 6 for the gating's
+gradients and casts. With ``parallelism.moe.router_fusion`` (--moe-router-fusion, core_v0.14.0) the three become
+Transformer Engine fused kernels, one each way. The grouped expert GEMMs launch one cuBLAS GEMM per local expert
+from C++ (Transformer Engine GroupedLinear -> nvte_multi_stream_cublas_gemm, 4 side streams): the framework's
+``library_kernel_s`` each, beside the module call.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from simulator.workload.dispatchers import (
     overlapping,
 )
 from simulator.workload.expert_load import ExpertLoad, capacity, expert_load
-from simulator.workload.ops import Op, collective_op, gemm, gemm_backward, linear, memory_op
+from simulator.workload.ops import Op, collective_op, gemm, gemm_backward, host_op, linear, memory_op
 from simulator.workload.params import mlp_params, router_params
 from simulator.workload.shape import LayerShape, activation
 
@@ -62,7 +71,13 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
     f_rank = f // etp
 
     # -- router -------------------------------------------------------------------------------------------------
+    megatron = (
+        p.moe.dispatcher != "deepspeed"
+    )  # Megatron-Core's router and modules (DeepSpeed-MoE: its own gate)
+    fused = p.moe.router_fusion
     router = gemm("router", T, experts, h)
+    if megatron:  # the input and the weight cast to fp32 (--moe-router-dtype fp32), then the GEMM
+        router = replace(router, launches=3)
     route = memory_op(
         "router top-k, softmax and scatter",
         T * experts * (PROB_BYTES + PROB_BYTES + 2),
@@ -78,6 +93,9 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
         experts,
         "backward",
     )
+    if megatron:  # kernels per call, unfused or TE-fused (see the module docstring)
+        route = replace(route, launches=1 if fused else 12)
+        route_bwd = replace(route_bwd, launches=7 if fused else 13)
     aux: list[Op | None] = []
     if moe.aux_loss != "none":
         model_group = (
@@ -93,15 +111,14 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
                     T * experts * PROB_BYTES * size,
                 )
             )
-        aux.append(
-            memory_op(
-                "aux-loss scores (second softmax, top-k)",
-                T * experts * (3 * PROB_BYTES + 1),
-                "softmax",
-                T,
-                experts,
-            )
+        scores = memory_op(
+            "aux-loss scores (second softmax, top-k)",
+            T * experts * (3 * PROB_BYTES + 1),
+            "softmax",
+            T,
+            experts,
         )
+        aux.append(replace(scores, launches=4 if fused else 7) if megatron else scores)
         if size > 1:
             aux.append(
                 collective_op(
@@ -156,9 +173,27 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
         act, act_bwd = activation(
             m, f"{name} {m.activation} (probability-weighted)", e, n_int, f_rank, n * PROB_BYTES
         )
-        fwd_experts += [fc1, act, fc2]
+        # Transformer Engine's grouped GEMM: one cuBLAS GEMM per local expert, launched from C++
+        per_expert = (
+            local_experts * fw.host.library_kernel_s
+            if p.moe.grouped_gemm and local_experts > 1 and megatron and fw.modules == "megatron"
+            else 0.0
+        )
+
+        def cublas(what: str, passes: int, direction: str = "forward", each: float = per_expert) -> Op | None:
+            seconds = passes * each
+            return host_op(f"{what}: a cuBLAS GEMM per local expert", seconds, direction) if seconds else None
+
+        fwd_experts += present(cublas(f"{name} fc1", 1), fc1, act, cublas(f"{name} fc2", 1), fc2)
         acts.append(act)
-        bwd_experts = [*gemm_backward(fc2), act_bwd, *gemm_backward(fc1), *bwd_experts]
+        bwd_experts = [
+            *present(cublas(f"{name} fc2 dgrad and wgrad", 2, "backward")),
+            *gemm_backward(fc2),
+            act_bwd,
+            *present(cublas(f"{name} fc1 dgrad and wgrad", 2, "backward")),
+            *gemm_backward(fc1),
+            *bwd_experts,
+        ]
 
     # -- shared expert -----------------------------------------------------------------------------------------
     shared_fwd: tuple[Op, ...] = ()
@@ -190,9 +225,10 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
         dispatch = tuple(overlapping(op, "next") for op in dispatch)
         combine_bwd = tuple(overlapping(op, "next") for op in combine_bwd)
     forward = present(router, route, *aux, *dispatch, *shared_fwd, *fwd_experts, *combine)
-    backward = present(
-        *combine_bwd, *bwd_experts, *shared_bwd, *dispatch_bwd, route_bwd, *gemm_backward(router)
-    )
+    router_bwd = gemm_backward(router)
+    if megatron:  # each gradient GEMM with its cast back to bf16; the weight's also its main_grad add
+        router_bwd = (replace(router_bwd[0], launches=3), replace(router_bwd[1], launches=3))
+    backward = present(*combine_bwd, *bwd_experts, *shared_bwd, *dispatch_bwd, route_bwd, *router_bwd)
     expert_params = local * mlp_params(m, f) // etp
     return Part(forward, backward, router_params(m) + shared_params, expert_params, tuple(acts), shared_fwd)
 
