@@ -197,23 +197,25 @@ def deepep(
     # kernel each way (fusions/fused_indices_converter.py), no sync.
     fused = p.moe.fused_multihot
     multihot_bytes = rows * (INDEX_BYTES + PROB_BYTES + 1)
-    multihot = replace(memory_op("indices to multihot", multihot_bytes), launches=1 if fused else 18)
-    multihot_bwd = replace(
-        memory_op("indices to multihot backward", multihot_bytes, direction="backward"),
-        launches=1 if fused else 11,
-    )
-
-    def mask_syncs(n: int, what: str) -> list[Op]:
-        return (
-            []
-            if fused or size <= 1
-            else [sync_op(f"host waits on a boolean mask ({what})", fw.host.sync_s)] * n
+    multihot_f: tuple[Op, ...] = ()
+    multihot_b: tuple[Op, ...] = ()
+    if size > 1:
+        wait = sync_op("host waits on a boolean mask (indices to multihot)", fw.host.sync_s)
+        multihot_f = (
+            replace(memory_op("indices to multihot", multihot_bytes), launches=1 if fused else 18),
+            *([] if fused else [wait] * 3),
         )
-
+        multihot_b = (
+            replace(
+                memory_op("indices to multihot backward", multihot_bytes, direction="backward"),
+                launches=1 if fused else 11,
+            ),
+            *([] if fused else [wait]),
+        )
     dispatch = present(
         *ops_f,
         sync_op("host waits for the received token counts", fw.host.sync_s) if size > 1 else None,
-        *((multihot, *mask_syncs(3, "indices to multihot")) if size > 1 else ()),
+        *multihot_f,
         memory_op("permute received tokens", e * T * ranks * h + gathered, "elementwise", round(rows), h),
     )
     combine = present(
@@ -234,7 +236,7 @@ def deepep(
         memory_op(
             "permute backward", gathered + e * T * ranks * h, "elementwise", round(rows), h, "backward"
         ),
-        *((multihot_bwd, *mask_syncs(1, "indices to multihot backward")) if size > 1 else ()),
+        *multihot_b,
         *(replace(o, name=o.name.replace("dispatch", "dispatch gradients")) for o in ops_b),
     )
     return dispatch, combine, dispatch_bwd, combine_bwd

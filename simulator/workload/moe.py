@@ -71,9 +71,8 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
     f_rank = f // etp
 
     # -- router -------------------------------------------------------------------------------------------------
-    megatron = (
-        p.moe.dispatcher != "deepspeed"
-    )  # Megatron-Core's router and modules (DeepSpeed-MoE: its own gate)
+    # Megatron-Core's router and modules (DeepSpeed-MoE's einsum dispatcher has its own gate)
+    megatron = p.moe.dispatcher != "deepspeed"
     fused = p.moe.router_fusion
     router = gemm("router", T, experts, h)
     if megatron:  # the input and the weight cast to fp32 (--moe-router-dtype fp32), then the GEMM
@@ -180,17 +179,15 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
             else 0.0
         )
 
-        def cublas(what: str, passes: int, direction: str = "forward", each: float = per_expert) -> Op | None:
-            seconds = passes * each
-            return host_op(f"{what}: a cuBLAS GEMM per local expert", seconds, direction) if seconds else None
-
-        fwd_experts += present(cublas(f"{name} fc1", 1), fc1, act, cublas(f"{name} fc2", 1), fc2)
+        fwd_experts += present(
+            _cublas_loop(f"{name} fc1", per_expert), fc1, act, _cublas_loop(f"{name} fc2", per_expert), fc2
+        )
         acts.append(act)
         bwd_experts = [
-            *present(cublas(f"{name} fc2 dgrad and wgrad", 2, "backward")),
+            *present(_cublas_loop(f"{name} fc2 dgrad and wgrad", 2 * per_expert, "backward")),
             *gemm_backward(fc2),
             act_bwd,
-            *present(cublas(f"{name} fc1 dgrad and wgrad", 2, "backward")),
+            *present(_cublas_loop(f"{name} fc1 dgrad and wgrad", 2 * per_expert, "backward")),
             *gemm_backward(fc1),
             *bwd_experts,
         ]
@@ -231,6 +228,12 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
     backward = present(*combine_bwd, *bwd_experts, *shared_bwd, *dispatch_bwd, route_bwd, *router_bwd)
     expert_params = local * mlp_params(m, f) // etp
     return Part(forward, backward, router_params(m) + shared_params, expert_params, tuple(acts), shared_fwd)
+
+
+def _cublas_loop(what: str, seconds: float, direction: str = "forward") -> Op | None:
+    """The host seconds of Transformer Engine's grouped GEMM launching one cuBLAS GEMM per local expert from C++
+    (none where it does not)."""
+    return host_op(f"{what}: a cuBLAS GEMM per local expert", seconds, direction) if seconds else None
 
 
 def _scaled(op: Op, share: float) -> Op:
