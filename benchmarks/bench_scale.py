@@ -32,6 +32,16 @@ CASES = [
 ]
 
 
+def timed(s, runs: int = 3):
+    """``s`` simulated ``runs`` times: the metrics and each run's wall seconds (the first with caches cold)."""
+    walls = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        m = simulate(s).metrics
+        walls.append(time.perf_counter() - t0)
+    return m, walls
+
+
 def main(paths: list[str]) -> None:
     print(
         f"{'scenario':32s} {'GPUs':>6s} {'sim. iteration':>15s} {'ranks':>6s} {'tasks':>9s} {'SimPy ev.':>9s}"
@@ -39,11 +49,7 @@ def main(paths: list[str]) -> None:
     )
     for rel in paths:
         s = load_scenario(ROOT / rel)
-        walls = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            m = simulate(s).metrics
-            walls.append(time.perf_counter() - t0)
+        m, walls = timed(s)
         print(
             f"{s.name:32s} {m.gpus:6d} {m.iteration_time_s:13.3f} s {m.ranks_simulated:6,d} {m.tasks:9,d}"
             f" {m.events:9,d} {walls[0]:10.3f} s"
@@ -124,11 +130,7 @@ def scale_175b() -> None:
     )
     for gpus, target in ((16_384, 0.15), (65_536, None), (131_072, 0.3)):
         s = gpt3_175b(gpus)
-        walls = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            m = simulate(s).metrics
-            walls.append(time.perf_counter() - t0)
+        m, walls = timed(s)
         tracemalloc.start()
         simulate(s)
         heap = tracemalloc.get_traced_memory()[1]
