@@ -11,12 +11,8 @@ from typing import Any
 from simulator.scenario.schema import Scenario
 
 SHARDINGS = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp", "zero2-offload", "zero3-offload")
-FULL_SHARDINGS = (
-    "zero3",
-    "fsdp",
-    "hsdp",
-    "zero3-offload",
-)  # weights sharded too (--no-zero3 leaves them out)
+# weights sharded too (--no-zero3 leaves them out)
+FULL_SHARDINGS = ("zero3", "fsdp", "hsdp", "zero3-offload")
 # ZeRO stage of each sharding; ``-offload``: DeepSpeed's optimizer on the host CPU (ZeRO-Offload, Ren et al.
 # ATC'21; with stage 3 the weights stay on the GPU), without pipelining as DeepSpeed and the simulation allow
 STAGES = {
@@ -46,9 +42,8 @@ class Layout:
     recompute: str
     ep: int = 1  # expert parallel (MoE models)
     etp: int = 1  # expert tensor parallel (MoE models)
-    shard: int = (
-        0  # HSDP: data-parallel ranks per shard group (FSDP2 hybrid sharding; replicated across groups)
-    )
+    # HSDP: data-parallel ranks per shard group (FSDP2 hybrid sharding; replicated across groups)
+    shard: int = 0
 
     def parallelism(self) -> dict:
         par: dict[str, Any] = {
@@ -73,6 +68,12 @@ class Layout:
     def stage(self) -> int:
         """The ZeRO stage the sharding amounts to (FSDP and HSDP: 3)."""
         return STAGES[self.sharding]
+
+    @property
+    def state_shards(self) -> int:
+        """Data-parallel ranks the model states are sharded over (HSDP: its shard group; DDP keeps them whole
+        whatever this says)."""
+        return self.shard if self.sharding == "hsdp" else self.dp
 
     @property
     def offload(self) -> bool:
@@ -108,8 +109,8 @@ SEQUENTIAL_SCHEDULES = ("gpipe", "1f1b", "zb-h1", "pipedream-2bw", "deepspeed")
 def carried(par: dict, lay: Layout) -> dict:
     """The base's parallelism settings (``par``, dumped) that apply to ``lay``: ``KEPT`` always; sequence
     parallelism and TP communication overlap with TP > 1; the ZeRO settings under ZeRO (but its offload, which the
-    sharding decides), FSDP's under FSDP / HSDP;
-    a non-interleaved pipeline schedule with PP > 1 and no virtual stages."""
+    sharding decides), FSDP's under FSDP / HSDP; a non-interleaved pipeline schedule with PP > 1 and no virtual
+    stages."""
     out = {k: v for k, v in par.items() if k in KEPT}
     if lay.tp > 1:
         out.update({k: par[k] for k in ("sequence_parallel", "tp_comm_overlap") if k in par})

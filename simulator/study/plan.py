@@ -177,7 +177,8 @@ def plan(
 def refine(screen: Screen, estimates: list, need: int) -> list:
     """Replay DeepSpeed's ZeRO-3 coordinator (the screen's costliest step) only for the layouts whose lower bound
     could still rank among the ``need`` best that plan may simulate: the ``need``-th best exact estimate that fits
-    caps them; a layout above it keeps its bound, which can only be later than its exact time."""
+    caps them; a layout above it keeps its bound, and its exact time, never earlier than the bound, ranks below the
+    cut too."""
     exact = sorted(e.iteration_s for e in estimates if e.fits and not e.bound)
     cut = exact[need - 1] if len(exact) >= need else math.inf
     return [

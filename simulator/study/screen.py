@@ -79,9 +79,8 @@ class Screen:
             plan.gemm_scale if (plan := fp8_plan(base, cluster.gpu)) else 1.0,
         )
         self._blocks: dict[tuple, tuple] = {}
-        self._shapes: dict[
-            tuple, tuple
-        ] = {}  # costs of one workload, shared by the recompute policies it serves
+        # costs of one workload, shared by the recompute policies it serves
+        self._shapes: dict[tuple, tuple] = {}
         self._tp_comm: dict[tuple, CollectiveModel] = {}
         self._calls: dict[tuple, tuple[float, float]] = {}
         self._rings: dict[tuple, tuple[float, float]] = {}
@@ -247,9 +246,9 @@ class Screen:
         per_node = max(1, min(lay.dp, self.gpn // inner)) if inner < self.gpn else 1
         n = lay.dp * lay.cp if lay.cp > 1 else lay.dp
         grads = psi * g_b
-        ddp = (
-            s.parallelism.ddp
-        )  # the scenario's switches, else the framework's (as the simulation reads them)
+        memory = self.memory(lay, psi, s, experts, edp)
+        # the scenario's switches, else the framework's (as the simulation reads them)
+        ddp = s.parallelism.ddp
         overlap_reduce = (
             ddp.overlap_grad_reduce
             if ddp.overlap_grad_reduce is not None
@@ -283,7 +282,7 @@ class Screen:
             # backward's and the recomputation's
             # (the replay is the screen's costliest step: a layout that cannot fit is not replayed, its estimate
             # never ranked)
-            if self.memory(lay, psi, s, experts, edp) > MEMORY_HEADROOM * self.capacity:
+            if memory > MEMORY_HEADROOM * self.capacity:
                 fwd = bwd = math.inf
             elif bound:
                 fwd = bwd = 0.0
@@ -321,15 +320,13 @@ class Screen:
             backward = max(ag, rs + across, on_network, on_node)
             exposed = gas * (max(0.0, ag - layers * f) + max(0.0, backward - layers * (b + rc)))
         sharded = lay.sharding != "ddp"
-        over = lay.shard if lay.sharding == "hsdp" else lay.dp  # ranks the states are sharded over
-        opt_states = psi / (over if sharded else 1) + experts / (edp if sharded else 1)
+        opt_states = psi / (lay.state_shards if sharded else 1) + experts / (edp if sharded else 1)
         optimizer = opt_states * 30 / (self.cluster.gpu.hbm_bytes_per_s * 0.8)
         if (
             lay.offload
         ):  # ZeRO-Offload: gradients to the host under backward, the step on the CPU, weights back
             optimizer = self.offload.exposed_s(s, psi / lay.dp, gas, layers * (b + rc))
         iteration = pipeline + exposed + optimizer
-        memory = self.memory(lay, psi, s, experts, edp)
         return Estimate(
             lay,
             iteration,
@@ -364,13 +361,11 @@ class Screen:
         w_b, _, k_b = state_bytes_per_param(self.base.training.precision, self.base.training.optimizer)
         g_b = grad_bytes(s, self.framework)  # as the simulation keeps them (Megatron's fp32 main grads)
         stage = lay.stage
-        over = lay.shard if lay.sharding == "hsdp" else lay.dp  # HSDP: sharded inside its shard group only
         states = 0.0
-        for params, n in ((psi, over), (experts, edp)):
+        for params, n in ((psi, lay.state_shards), (experts, edp)):
             states += w_b * params / (n if stage >= 3 else 1)
-            if (
-                not lay.offload
-            ):  # offloaded: states and the gradient partition in host memory (strategy/offload.py)
+            # offloaded: the optimizer states and the gradient partition in host memory (strategy/offload.py)
+            if not lay.offload:
                 states += g_b * params / (n if stage >= 2 else 1) + k_b * params / (n if stage >= 1 else 1)
         layers = self.base.model.num_layers // lay.pp
         in_flight = lay.pp if lay.pp > 1 else 1

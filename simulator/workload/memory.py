@@ -150,12 +150,10 @@ def activation_bytes_per_layer(s: Scenario, recompute: str | None = None, moe: b
     f_up = (2 if m.activation == "swiglu" else 1) * m.ffn_size / h
     f = m.ffn_size / h
     lin = linear_input_bytes(s)  # what a linear layer keeps of its input: 2, or 1 in FP8 (Transformer Engine)
-    replicated = sbh * (
-        lin + 1 + lin + 1 + 4
-    )  # QKV input, attention dropout mask, MLP input, MLP dropout mask, 2 norms
-    mlp = (
-        0.0 if moe or "mlp" in modules else 2 * f_up + lin * f
-    )  # MLP up out, act out (the down projection's input; MoE: its own; recomputed mlp: only its input)
+    # QKV input, attention dropout mask, MLP input, MLP dropout mask, 2 norms
+    replicated = sbh * (lin + 1 + lin + 1 + 4)
+    # MLP up out, act out (the down projection's input; MoE: its own; recomputed mlp: only its input)
+    mlp = 0.0 if moe or "mlp" in modules else 2 * f_up + lin * f
     sharded = sbh * (2 * q + 2 * kv + 2 * v + lin * out + mlp)  # Q, K, V, projection input, MLP
     if m.attention == "standard" and "core_attn" not in modules:
         sharded += 5 * a * sq * sq * b  # softmax output, dropout mask, dropout output
