@@ -189,34 +189,36 @@ def replay(
             budget += n
 
     steps = len(trace)
+    # each module's parameters once: as listed, as a set, sorted (the coordinator's order), and their elements
+    own_params = [m.params for m in trace]
+    own_sets = [set(ps) for ps in own_params]
     # prefix sums of each module's parameter elements (persistent ones count too: iter_params sees them)
     prefix = [0] * (steps + 1)
-    for k, m in enumerate(trace):
-        prefix[k + 1] = prefix[k] + sum(numel[p] for p in m.params)
+    for k, ps in enumerate(own_params):
+        prefix[k + 1] = prefix[k] + sum(numel[p] for p in ps)
     # next use of each (step, parameter) after that step
     next_use: list[dict[int, int]] = [{} for _ in range(steps)]
     seen: dict[int, int] = {}
     for k in range(steps - 1, -1, -1):
-        for p in trace[k].params:
+        for p in own_params[k]:
             if p in seen:
                 next_use[k][p] = seen[p]
             seen[p] = k
 
     NOT_AVAILABLE, INFLIGHT, AVAILABLE = 0, 1, 2
+    NEVER = -(10**18)
     status = [AVAILABLE if persist[p] else NOT_AVAILABLE for p in range(len(numel))]
     handle: dict[int, int] = {}  # in-flight parameter -> gather index
     gathered_before: set[int] = set()
-    queue = deque((p, k) for k, m in enumerate(trace) for p in sorted(set(m.params)))
+    queue = deque((p, k) for k, own in enumerate(own_sets) for p in sorted(own))
     most_recent: dict[int, int] = {}
     live = peak = 0
     gathers: list[Gather] = []
     waits: dict[Block, list[int]] = {}
 
-    def all_gather(step: int, params, prefetch: bool, block: Block) -> None:
+    def all_gather(step: int, todo: list[int], prefetch: bool, block: Block) -> None:
+        """One coalesced call for ``todo`` (sorted, every one not available)."""
         nonlocal live, peak
-        todo = sorted(p for p in params if status[p] == NOT_AVAILABLE)
-        if not todo:
-            return
         # DeepSpeed gathers parameters that already have a secondary (hpZ) shard apart from those without
         for again in (False, True):
             part = tuple(p for p in todo if (p in gathered_before) == again)
@@ -231,19 +233,24 @@ def replay(
         peak = max(peak, live)
 
     for k, m in enumerate(trace):
-        own = set(m.params)
-        all_gather(k, own, False, m.block)
-        for p in own:  # wait for in-flight parameters (their gather, or an earlier prefetch)
-            if status[p] == INFLIGHT:
-                g = handle.pop(p)
-                w = waits.setdefault(m.block, [])
-                if g not in w:
-                    w.append(g)
-                status[p] = AVAILABLE
+        own = own_sets[k]
+        if not own:  # a container module: no fetch, no wait, no release; the prefetcher still runs
+            pending_count = 0
+        else:
+            todo = sorted(p for p in own if status[p] == NOT_AVAILABLE)
+            if todo:
+                all_gather(k, todo, False, m.block)
+            for p in own:  # wait for in-flight parameters (their gather, or an earlier prefetch)
+                if status[p] == INFLIGHT:
+                    g = handle.pop(p)
+                    w = waits.setdefault(m.block, [])
+                    if g not in w:
+                        w.append(g)
+                    status[p] = AVAILABLE
+            pending_count = sum(1 for p in own if most_recent.get(p, NEVER) < k)
         # pop this module's own parameters off the prefetch queue
-        pending = {p for p in own if most_recent.get(p, -(10**18)) < k}
         popped: set[int] = set()
-        while queue and len(popped) < len(pending):
+        while queue and len(popped) < pending_count:
             p, used_at = queue.popleft()
             most_recent[p] = used_at
             popped.add(p)
@@ -257,14 +264,16 @@ def replay(
                 if status[p] == NOT_AVAILABLE and p not in chosen:
                     chosen.append(p)
                     count += numel[p]
-                most_recent[p] = max(most_recent.get(p, -(10**18)), used_at)
+                recent = most_recent.get(p, NEVER)
+                if used_at > recent:
+                    most_recent[p] = used_at
             if chosen:
-                all_gather(k, chosen, True, m.block)
+                all_gather(k, sorted(chosen), True, m.block)
         # release after the module (step id is now k + 1)
         for p in own:
             if persist[p] or status[p] != AVAILABLE:
                 continue
-            if most_recent.get(p, -(10**18)) > k + 1:
+            if most_recent.get(p, NEVER) > k + 1:
                 continue  # the prefetcher already passed its next use
             j = next_use[k].get(p)
             if j is not None and j > k and prefix[j] - prefix[k + 1] < max_reuse:

@@ -90,8 +90,10 @@ def plan(
             estimates.append(screen.estimate(lay, bound=True))
         except ScenarioError:
             invalid += 1
+    t1 = time.perf_counter()
     estimates = refine(screen, estimates, 3 * top)
-    rate = len(layouts) / max(time.perf_counter() - t0, 1e-9)
+    t2 = time.perf_counter()
+    rate = len(layouts) / max(t2 - t0, 1e-9)
     fitting = sorted((e for e in estimates if e.fits), key=lambda e: e.iteration_s)
     confirmed: list[Confirmed] = []
     folded = 0
@@ -163,6 +165,7 @@ def plan(
     return {
         "screened": len(layouts),
         "screened_per_s": rate,
+        "zero3_replay_s": t2 - t1,  # of the screen: DeepSpeed's coordinator replayed where ZeRO-3 could rank
         "screened_invalid": invalid,
         "fit_in_memory": len(fitting),
         "collapsed": folded,
