@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from simulator.costs.collectives import CollectiveModel, ring_bytes_per_rank, ring_steps
+from simulator.costs.nccl import defaults as nccl_defaults
 from simulator.costs.traffic import hops as pattern_hops
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
@@ -424,3 +425,45 @@ def test_nccl_tree_correction_and_ring_plateau_are_tuning_cc_s():
     slow = {c.protocol: c for c in protocol_costs("ring", 14, 4, "nvlink", plateau=1.9)}
     assert slow["Simple"].latency_s == pytest.approx(1.9 * plain["Simple"].latency_s)
     assert slow["LL128"].latency_s == plain["LL128"].latency_s
+
+
+def test_nccl_chooses_ring_or_tree_by_its_own_model_on_two_nodes():
+    """NCCL's tuning model (tuning.cc v2.14.3-v2.23.4) gives ring and tree one bus bandwidth B and converts it
+    by n / (2(n-1)) for the ring and 0.5 x 0.92 x correction for the tree: between two 8-GPU nodes the tree wins
+    small calls on latency and loses large ones, although on the graph it would move each byte across the network
+    once each way against the ring's 2(n-1)/n. The call then costs what the chosen algorithm does; at 1 and 4 GB
+    that is the bus bandwidth measured on 2 x 8 A100 with 8 HDR NICs (NCCL 2.17.1, microsoft/mscclpp
+    docs/performance-ndmv4.md: 183.8 and 188.2 GB/s)."""
+    auto = model("dgx-a100", 2, algorithm="auto")
+    group = tuple(range(16))
+
+    def seconds(cm: CollectiveModel, size: float) -> float:
+        return sum(p.duration_s for p in cm._cost("all_reduce", (group,), size))
+
+    ring, tree = model("dgx-a100", 2, algorithm="ring"), model("dgx-a100", 2, algorithm="tree")
+    for size in (2**16, 2**20):  # latency-bound: the tree (2 x 7 NVLink hops + 2 network hops, not 30 hops)
+        assert auto._nccl_prefers_tree((group,), size, 2)
+        assert seconds(auto, size) == pytest.approx(seconds(tree, size))
+        assert seconds(tree, size) < seconds(ring, size) / 2
+    for size in (2**24, 2**30, 2**32):  # bandwidth-bound: NCCL's model favours the ring, the graph the tree
+        assert not auto._nccl_prefers_tree((group,), size, 2)
+        assert seconds(auto, size) == pytest.approx(seconds(ring, size))
+        assert seconds(tree, size) < seconds(ring, size)
+    for size, measured_busbw in ((2**30, 183.82e9), (2**32, 188.18e9)):
+        busbw = 2 * 15 / 16 * size / seconds(auto, size)
+        assert busbw == pytest.approx(measured_busbw, rel=0.02)
+    # the crossing point by hand: NCCL's times with its own constants (nccl.yaml) on the ring's bus bandwidth
+    busbw = auto._busbw(auto._pattern("ring", (group,)))
+    size = 2**24
+    d = nccl_defaults()
+    ring_ll128 = (
+        d["base_us"]["ring"]["LL128"]
+        + 28 * d["hop_us"]["ring"]["nvlink"]["LL128"]
+        + 4 * d["hop_us"]["ring"]["network"]["LL128"]
+    ) * 1e-6 + 30 / 16 * size / (busbw * 0.92)
+    tree_ll128 = (
+        d["base_us"]["tree"]["LL128"]
+        + 14 * d["hop_us"]["tree"]["nvlink"]["LL128"]
+        + 2 * d["hop_us"]["tree"]["network"]["LL128"]
+    ) * 1e-6 + size / (0.5 * busbw * 0.8625 * 0.9)
+    assert ring_ll128 < tree_ll128  # LL128 at 16 MiB (tree correction 0.9 at log2(16 MiB / 64) = 18)

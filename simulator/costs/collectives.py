@@ -230,7 +230,35 @@ class CollectiveModel:
         tree = (self._tree(groups, size_bytes),)
         if self.algorithm == "tree":
             return tree
-        return min((ring, tree), key=lambda ph: sum(p.duration_s for p in ph))  # NCCL chooses ring or tree
+        return tree if self._nccl_prefers_tree(groups, size_bytes, nodes) else ring
+
+    def _nccl_prefers_tree(self, groups, size_bytes: float, nodes: int) -> bool:
+        """Whether NCCL runs this all-reduce on its tree: the choice NCCL makes by its own tuning model, with its
+        own constants (the call then costs what the chosen algorithm does on the graph).
+
+        ncclTopoTuneModel (src/graph/tuning.cc, v2.14.3 through v2.23.4 alike) gives both algorithms the same bus
+        bandwidth (the graph's per-channel bandwidth x channels: bwIntra on up to two nodes, bwInter beyond;
+        here the ring's Simple bus bandwidth on the graph) and converts it to an algorithm bandwidth by
+        nRanks / nsteps for the ring and 0.5 for the tree (after each protocol's factor, the tree's x 0.92 and
+        its correction by size); ncclTopoGetAlgoTime adds each one's latency. So NCCL takes the tree for its
+        latency, never for the bandwidth a tree can reach between exactly two nodes (each byte crosses the
+        network once each way, against 2(n-1)/n times on the ring): on 2 x 8 A100 with 8 HDR NICs at 1-4 GB
+        (NCCL 2.17.1, microsoft/mscclpp docs/performance-ndmv4.md) all-reduce ran at the ring's bus bandwidth."""
+        n = len(groups[0])
+        busbw = self._busbw(self._pattern("ring", groups))
+        if not busbw:
+            return False
+        inter = 2 * nodes
+        steps = ring_steps("all_reduce", n)
+        plateau = ring_plateau("all_reduce", n, nodes, size_bytes, self.cluster.gpu.architecture)
+        ring = protocol_costs(
+            "ring", steps - inter, min(inter, steps), self.intra, None, busbw, plateau=plateau
+        )
+        ring_s = min(c.latency_s + 2 * (n - 1) / n * size_bytes / (busbw * c.bandwidth_factor) for c in ring)
+        depth = max(1, (nodes - 1).bit_length())
+        tree = protocol_costs("tree", 2 * (n // nodes - 1), 2 * depth, self.intra, None, busbw, size_bytes)
+        tree_s = min(c.latency_s + size_bytes / (0.5 * busbw * c.bandwidth_factor) for c in tree)
+        return tree_s < ring_s
 
     def _nvls(self) -> float | None:
         """The node's NVLink SHARP bus bandwidth as a fraction of NVLink's (None: no NVLS)."""
