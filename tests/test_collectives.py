@@ -7,6 +7,7 @@ import yaml
 
 from simulator.costs.collectives import CollectiveModel, ring_bytes_per_rank, ring_steps
 from simulator.costs.nccl import defaults as nccl_defaults
+from simulator.costs.nccl import ring_plateau
 from simulator.costs.traffic import hops as pattern_hops
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
@@ -441,12 +442,17 @@ def test_nccl_chooses_ring_or_tree_by_its_own_model_on_two_nodes():
         return sum(p.duration_s for p in cm._cost("all_reduce", (group,), size))
 
     ring, tree = model("dgx-a100", 2, algorithm="ring"), model("dgx-a100", 2, algorithm="tree")
+
+    def prefers_tree(size: float) -> bool:  # a 16-rank ring over 2 nodes: 30 steps, 4 across the network
+        plateau = ring_plateau("all_reduce", 16, 2, size, "ampere")
+        return auto._nccl_prefers_tree((group,), size, 30, 4, 2, plateau)
+
     for size in (2**16, 2**20):  # latency-bound: the tree (2 x 7 NVLink hops + 2 network hops, not 30 hops)
-        assert auto._nccl_prefers_tree((group,), size, 2)
+        assert prefers_tree(size)
         assert seconds(auto, size) == pytest.approx(seconds(tree, size))
         assert seconds(tree, size) < seconds(ring, size) / 2
     for size in (2**24, 2**30, 2**32):  # bandwidth-bound: NCCL's model favours the ring, the graph the tree
-        assert not auto._nccl_prefers_tree((group,), size, 2)
+        assert not prefers_tree(size)
         assert seconds(auto, size) == pytest.approx(seconds(ring, size))
         assert seconds(tree, size) < seconds(ring, size)
     for size, measured_busbw in ((2**30, 183.82e9), (2**32, 188.18e9)):

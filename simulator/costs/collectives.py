@@ -48,6 +48,13 @@ class Phase:
         return self.latency_s + self.busiest_s
 
 
+def tree_steps(n: int, nodes: int) -> tuple[int, int]:
+    """(steps inside nodes, steps across the network) of NCCL's tree all-reduce over ``n`` ranks on ``nodes``
+    nodes: up and down a chain of n / nodes - 1 NVLink hops and a binary tree of log2(nodes) network hops
+    (tuning.cc: 2 x ((nRanks/nNodes - 1) x intraLat + log2i(nNodes) x interLat))."""
+    return 2 * (n // nodes - 1), 2 * max(1, (nodes - 1).bit_length())
+
+
 def ring_steps(op: str, n: int) -> int:
     """Steps of the ring algorithm: 2(n-1) for all-reduce (reduce-scatter + all-gather), n-1 otherwise (a reduce
     to one rank runs as a pipelined chain of n-1 hops)."""
@@ -230,9 +237,12 @@ class CollectiveModel:
         tree = (self._tree(groups, size_bytes),)
         if self.algorithm == "tree":
             return tree
-        return tree if self._nccl_prefers_tree(groups, size_bytes, nodes) else ring
+        prefers_tree = self._nccl_prefers_tree(groups, size_bytes, steps, inter, nodes, plateau)
+        return tree if prefers_tree else ring
 
-    def _nccl_prefers_tree(self, groups, size_bytes: float, nodes: int) -> bool:
+    def _nccl_prefers_tree(
+        self, groups, size_bytes: float, steps: int, inter: int, nodes: int, plateau: float
+    ) -> bool:
         """Whether NCCL runs this all-reduce on its tree: the choice NCCL makes by its own tuning model, with its
         own constants (the call then costs what the chosen algorithm does on the graph).
 
@@ -248,15 +258,11 @@ class CollectiveModel:
         busbw = self._busbw(self._pattern("ring", groups))
         if not busbw:
             return False
-        inter = 2 * nodes
-        steps = ring_steps("all_reduce", n)
-        plateau = ring_plateau("all_reduce", n, nodes, size_bytes, self.cluster.gpu.architecture)
         ring = protocol_costs(
             "ring", steps - inter, min(inter, steps), self.intra, None, busbw, plateau=plateau
         )
         ring_s = min(c.latency_s + 2 * (n - 1) / n * size_bytes / (busbw * c.bandwidth_factor) for c in ring)
-        depth = max(1, (nodes - 1).bit_length())
-        tree = protocol_costs("tree", 2 * (n // nodes - 1), 2 * depth, self.intra, None, busbw, size_bytes)
+        tree = protocol_costs("tree", *tree_steps(n, nodes), self.intra, None, busbw, size_bytes)
         tree_s = min(c.latency_s + size_bytes / (0.5 * busbw * c.bandwidth_factor) for c in tree)
         return tree_s < ring_s
 
@@ -311,10 +317,8 @@ class CollectiveModel:
         """NCCL double binary tree across nodes, chain inside each node; pipelined, so the bandwidth term is
         the busiest link and the latency 2 x (chain length x intra-node hop + tree depth x network hop)."""
         pattern = self._pattern("tree", groups)
-        nodes = self._nodes(groups[0])
-        per_node = len(groups[0]) // nodes
-        depth = max(1, (nodes - 1).bit_length())
-        return self._on_protocol(pattern, 1, size_bytes, 2 * (per_node - 1), 2 * depth, "tree")
+        steps = tree_steps(len(groups[0]), self._nodes(groups[0]))
+        return self._on_protocol(pattern, 1, size_bytes, *steps, "tree")
 
     def _hierarchical(self, groups, size_bytes: float) -> tuple[Phase, ...]:
         """Reduce-scatter inside each node, all-reduce across nodes per local rank, all-gather inside the node."""
