@@ -1,12 +1,16 @@
 """DeepSpeed ZeRO-3's coordinator replayed against what its logic gives by hand (partitioned_param_coordinator.py
 and stage3.py, v0.16.4), and the calls of a whole iteration."""
 
+import sys
+from collections import Counter
+
 import pytest
 from conftest import make
 
 from simulator import simulate
+from simulator.strategy import zero3_fetch
 from simulator.strategy.units import parameter_tensors
-from simulator.strategy.zero3_fetch import Module, model_modules, replay
+from simulator.strategy.zero3_fetch import Module, call_sizes, model_modules, replay, schedule_for
 
 
 def four_modules():
@@ -224,3 +228,87 @@ def test_zero3_calls_go_out_as_the_host_reaches_the_hooks_and_at_most_three_redu
         assert tl.issued[t.id] >= tl.end[r3]
     # the wait binds: some step's host resumed only when a reduction ended, leaving the GPU idle
     assert any(tl.host_idle[t.id] > 0 and tl.start[t.id] >= tl.end[t.host_waits[0]] for t in waiting)
+
+
+def _shape(layers, hidden, heads, ffn, vocab, tp, fused, recompute, tied):
+    return (
+        ("layers", layers),
+        ("hidden", hidden),
+        ("heads", heads // tp),
+        ("kv_heads", heads // tp),
+        ("head_dim", hidden // heads),
+        ("ffn", ffn // tp),
+        ("vocab", vocab // tp),
+        ("seq", 2048),
+        ("swiglu", not fused),
+        ("bias", fused),
+        ("layernorm", fused),
+        ("learned_positions", fused),
+        ("tied", tied),
+        ("fused", fused),
+        ("recompute", recompute),
+    )
+
+
+def _knobs(prefetch, live, reuse, persist, model_persist, reduce):
+    return (
+        ("prefetch_bucket", prefetch),
+        ("max_live", live),
+        ("max_reuse", reuse),
+        ("persistence_threshold", persist),
+        ("model_persistence_threshold", model_persist),
+        ("reduce_bucket", reduce),
+    )
+
+
+@pytest.mark.parametrize("tp", [1, 4])
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("recompute", [True, False])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        _knobs(5e7, 1e9, 1e9, 1e5, float(sys.maxsize), 5e8),  # DeepSpeed's defaults
+        _knobs(1e8, 3e8, 2e8, 0, float("inf"), 2e8),  # max_live stops the prefetcher mid-layer
+        _knobs(1e9, 1e9, 5e9, 1e6, float("inf"), 1e9),  # windows of several layers
+        _knobs(5e7, 1e9, 1e9, 1e5, 2e5, 5e8),  # a model-wide persistence budget that runs out
+    ],
+)
+@pytest.mark.parametrize(
+    "model",
+    [
+        (96, 12288, 96, 49152, 51200, True),
+        (80, 8192, 64, 28672, 128256, False),
+        (24, 2048, 16, 8192, 51200, True),
+    ],
+)
+def test_call_counts_from_shallow_replays_equal_the_whole_replay(tp, fused, recompute, knobs, model):
+    """The planner counts ZeRO-3's calls from replays of a few layers (call_sizes): every (operation, pass,
+    size) count equals the whole model's replay, for GPT-3 175B, a Llama-3-70B shape and a 24-layer model
+    (windows as wide as the model: the whole replay), at DeepSpeed's defaults and at settings that make the
+    pattern longer than a layer or the persistence budget run out partway."""
+    layers, hidden, heads, ffn, vocab, tied = model
+    key = _shape(layers, hidden, heads, ffn, vocab, tp, fused, recompute, tied)
+    whole = schedule_for(key, knobs)
+    expected = Counter(("all_gather", g.block[1], g.numel) for g in whole.gathers)
+    expected.update(("reduce_scatter", "backward", r.numel) for r in whole.reduces)
+    assert call_sizes(key, knobs) == expected
+    assert sum(n for (op, _, _), n in expected.items() if op == "reduce_scatter") == len(whole.reduces) > 0
+
+
+def test_shallow_replays_stand_for_gpt3_175b():
+    """GPT-3 175B on 8 tensor-parallel ranks at DeepSpeed's defaults: a layer is 226,576,896 elements on a rank,
+    the 1e9-element reuse distance reaches ceil(1e9 / 226,576,896) = 5 layers, a window of 6; the counts come
+    from a one-layer model (the layer's size) and replays of 2 x 6 + 3 = 15 and 16 layers, not 96."""
+    key = _shape(96, 12288, 96, 49152, 51200, 8, True, True, True)
+    knobs = _knobs(5e7, 1e9, 1e9, 1e5, float(sys.maxsize), 5e8)
+    replayed = []
+    with pytest.MonkeyPatch.context() as mp:
+        real = zero3_fetch.model_modules
+
+        def spy(**kw):
+            replayed.append(kw["layers"])
+            return real(**kw)
+
+        mp.setattr(zero3_fetch, "model_modules", spy)
+        zero3_fetch.call_sizes.__wrapped__(key, knobs)
+    assert replayed == [1, 15, 16]

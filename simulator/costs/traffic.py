@@ -87,7 +87,8 @@ def hops(kind: str, groups, gpus_per_node: int, nics: int) -> tuple[np.ndarray, 
         g = np.sort(g, axis=1)
         node = g // gpus_per_node
         count = 1 + (np.diff(node, axis=1) != 0).sum(axis=1)  # nodes each group spans
-        for nodes in np.unique(count).tolist():
+        # the distinct counts (np.unique of a plain array imports numpy.ma, 6 ms, on first use)
+        for nodes in np.flatnonzero(np.bincount(count)).tolist():
             rows = g[count == nodes]
             k = n // nodes
             segs = rows.reshape(len(rows), nodes, k) if nodes * k == n else None
@@ -240,7 +241,7 @@ class LinkLoads:
         inside = na == nb
         if inside.any():
             pair = la * gpn + lb
-            for p in np.unique(pair[inside]).tolist():
+            for p in np.flatnonzero(np.bincount(pair[inside])).tolist():  # the GPU pairs used
                 m = inside & (pair == p)
                 add(cl.local_links(f"gpu{p // gpn}", f"gpu{p % gpn}"), ra[m], share[m])
         per_class: dict[LinkClass, float] = {}

@@ -123,6 +123,12 @@ def step_temporaries(s: Scenario, params: float, dp: int, stage: int) -> float:
 
 def fetch_schedule(s: Scenario, w: Workload):
     """DeepSpeed's ZeRO-3 calls for one microbatch of this scenario (simulator/strategy/zero3_fetch.py)."""
+    return schedule_for(*fetch_key(s, w))
+
+
+def fetch_key(s: Scenario, w: Workload) -> tuple[tuple, tuple]:
+    """The model's shape on one tensor-parallel rank and DeepSpeed's ZeRO-3 settings, as
+    :func:`simulator.strategy.zero3_fetch.schedule_for` takes them (hashable: replays are cached on them)."""
     m, t, cfg = s.model, s.parallelism.tensor_parallel, s.parallelism.zero
     key = (
         ("layers", w.num_layers),
@@ -149,7 +155,7 @@ def fetch_schedule(s: Scenario, w: Workload):
         ("model_persistence_threshold", cfg.stage3_model_persistence_threshold),
         ("reduce_bucket", cfg.reduce_bucket_size),
     )
-    return schedule_for(key, knobs)
+    return key, knobs
 
 
 def _stage_1_2(p: Program, s: Scenario, w: Workload, us: list[Unit], overlap: bool) -> None:

@@ -22,7 +22,8 @@ Nothing here knows about SimPy or the program.
 
 from __future__ import annotations
 
-from collections import deque
+import math
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -312,3 +313,85 @@ def schedule_for(key: tuple, knobs: tuple) -> FetchSchedule:
     """Cached :func:`replay` of :func:`model_modules` (``key`` and ``knobs`` are their keyword items)."""
     numel, trace = model_modules(**dict(key))
     return replay(numel, trace, **dict(knobs))
+
+
+# What the planner's screen needs of a replay is only how many calls of each size each pass makes
+# (simulator/study/screen.py); that it can get without replaying every layer.
+CallSizes = Counter  # ("all_gather" | "reduce_scatter", "forward" | "backward", elements) -> calls
+
+
+@cache
+def call_sizes(key: tuple, knobs: tuple) -> CallSizes:
+    """The calls of :func:`schedule_for` counted by (operation, pass, elements), for a deep model from shallow
+    replays. The layers are alike, so away from the model's ends (farther than the coordinator's windows, the
+    prefetch bucket and the reuse distance, reach) a layer's calls repeat layer after layer, and a layer more
+    adds one such layer's calls. A model of ``shallow`` layers is replayed (a window's worth of layers at each
+    end, three between), then one of ``shallow + 1``: where the three middle layers of the first made the same
+    calls and the second added exactly those, the deep model's gathers are the shallow one's plus ``layers -
+    shallow`` middle layers'. Otherwise (a period longer than a layer, windows as wide as the model, a
+    model-wide persistence budget that runs out at some depth) the whole model is replayed. Gradient buckets
+    fill in the order gradients become ready, which does not repeat per layer (a bucket holds a fraction of
+    layers), so they are packed over the deep model's order, built from the shallow one's with a middle layer
+    repeated. tests/test_zero3_fetch.py checks the counts against whole replays."""
+    args, k = dict(key), dict(knobs)
+    layers = args["layers"]
+    numel, trace = model_modules(**{**args, "layers": 1})
+    own = [numel[p] for p in {p for m in trace if m.block[0] == 1 for p in m.params}]
+    per_layer = sum(own)
+    span = max(k["prefetch_bucket"], k["max_reuse"], 1.0)
+    window = math.ceil(span / max(per_layer, 1)) + 1  # layers a window can reach
+    shallow = 2 * window + 3
+    # the persistent parameters are the small ones unless their elements together pass the model-wide budget
+    small = [n for n in numel if n <= k["persistence_threshold"]]
+    small_layer = sum(n for n in own if n <= k["persistence_threshold"])
+    within = sum(small) + (layers - 1) * small_layer <= k["model_persistence_threshold"]
+    if shallow + 1 >= layers or not within:
+        return _counted(schedule_for(key, knobs))
+    built = [model_modules(**{**args, "layers": n}) for n in (shallow, shallow + 1)]
+    first, second = (replay(numel, trace, **k) for numel, trace in built)
+    mid = shallow // 2 + 1  # a middle layer's unit (the embedding is unit 0, layer i unit i + 1)
+    middle = _gathers(first, mid)
+    if not middle or any(_gathers(first, u) != middle for u in range(window + 1, shallow - window + 1)):
+        return _counted(schedule_for(key, knobs))
+    out = _gathers(first)
+    if _gathers(second) != out + middle:
+        return _counted(schedule_for(key, knobs))
+    for c, n in middle.items():
+        out[c] += n * (layers - shallow)
+    ready = _ready(*built[0])
+    at = next(i for i, (u, _) in enumerate(ready) if u == mid)
+    one = [n for u, n in ready if u == mid]
+    order = [n for _, n in ready[:at]] + one * (layers - shallow) + [n for _, n in ready[at:]]
+    in_bucket = 0
+    for n in order:  # as replay() fills the buckets
+        if in_bucket + n > k["reduce_bucket"] and in_bucket > 0:
+            out[("reduce_scatter", "backward", in_bucket)] += 1
+            in_bucket = 0
+        in_bucket += n
+    if in_bucket:
+        out[("reduce_scatter", "backward", in_bucket)] += 1
+    return out
+
+
+def _counted(fs: FetchSchedule) -> CallSizes:
+    out = _gathers(fs)
+    out.update(("reduce_scatter", "backward", r.numel) for r in fs.reduces)
+    return out
+
+
+def _gathers(fs: FetchSchedule, unit: int | None = None) -> CallSizes:
+    """The gathers of ``fs`` (those issued in ``unit``'s blocks only, if given) counted by pass and size."""
+    return Counter(
+        ("all_gather", g.block[1], g.numel) for g in fs.gathers if unit is None or g.block[0] == unit
+    )
+
+
+def _ready(numel: list[int], trace: list[Module]) -> list[tuple[int, int]]:
+    """(unit, elements) of each parameter in the order its gradient becomes ready (its last backward use, ties
+    by parameter), as :func:`replay` fills the buckets."""
+    last: dict[int, tuple[int, int]] = {}
+    for k, m in enumerate(trace):
+        if not m.forward:
+            for p in m.params:
+                last[p] = (k, m.block[0])
+    return [(unit, numel[p]) for p, (_, unit) in sorted(last.items(), key=lambda kv: (kv[1][0], kv[0]))]

@@ -12,7 +12,6 @@ simulation of the best ``k`` decides.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass
 
 from simulator.costs.collectives import CollectiveModel
@@ -26,7 +25,8 @@ from simulator.hardware.placement import Placement
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
 from simulator.strategy.state_bytes import grad_bytes, weight_bytes
-from simulator.strategy.zero import fetch_schedule
+from simulator.strategy.zero import fetch_key
+from simulator.strategy.zero3_fetch import call_sizes
 from simulator.study.layouts import Layout, carried
 from simulator.study.offload import OffloadScreen
 from simulator.tables.select import resolve_tables
@@ -340,22 +340,23 @@ class Screen:
 
     def _zero3_calls_s(self, s: Scenario, w, n: int, per_node: int) -> tuple[float, float]:
         """(forward, backward) seconds of DeepSpeed ZeRO-3's all-gather and reduce-scatter calls for one
-        microbatch, each a ring over the ``n`` data-parallel ranks (cached per call size)."""
-        fs = fetch_schedule(s, w)
+        microbatch, each a ring over the ``n`` data-parallel ranks (cached per call size). The calls are counted
+        from a replay of a few layers where the middle layers repeat (zero3_fetch.call_sizes: the same counts as
+        the simulation's whole replay)."""
+        key, knobs = fetch_key(s, w)
         w_b, g_b = weight_bytes(s), grad_bytes(s, self.framework)
-        key = (id(fs), n, per_node, w_b, g_b)  # schedule_for caches fs for the process: its id names it
-        if key not in self._calls:
-            sizes = Counter(("all_gather", g.block[1], g.numel * w_b) for g in fs.gathers)
-            sizes.update(("reduce_scatter", "backward", r.numel * g_b) for r in fs.reduces)
-            self._calls[key] = tuple(
+        memo = (key, knobs, n, per_node, w_b, g_b)
+        if memo not in self._calls:
+            sizes = call_sizes(key, knobs)
+            self._calls[memo] = tuple(
                 sum(
-                    k * self.ring_s(op, n, per_node, b)
-                    for (op, phase, b), k in sizes.items()
+                    k * self.ring_s(op, n, per_node, numel * (w_b if op == "all_gather" else g_b))
+                    for (op, phase, numel), k in sizes.items()
                     if phase == want
                 )
                 for want in ("forward", "backward")
             )
-        return self._calls[key]
+        return self._calls[memo]
 
     def memory(self, lay: Layout, psi: float, s: Scenario, experts: float = 0.0, edp: int = 1) -> float:
         w_b, _, k_b = state_bytes_per_param(self.base.training.precision, self.base.training.optimizer)

@@ -102,16 +102,21 @@ class _Shaped:
         seconds = np.array([r.seconds for r in rows])
         self.log_ratio = np.log(seconds / model)
         self.rate = np.array([work(r.op, r.direction, r.m, r.n, r.k, r.batch) for r in rows]) / seconds
-        self.lo, self.hi = self.x.min(axis=0), self.x.max(axis=0)
+        self.lo, self.hi = self.x.min(axis=0).tolist(), self.x.max(axis=0).tolist()
 
     def cost(self, direction: str, m: int, n: int, k: int, batch: int, roofline_s: float) -> float | None:
-        q = np.array(_features(self.op, m, n, k, batch))
-        if (q < self.lo - 1e-9).any() or (q > self.hi + 1e-9).any():
+        q = _features(self.op, m, n, k, batch)
+        if any(v < lo - 1e-9 or v > hi + 1e-9 for v, lo, hi in zip(q, self.lo, self.hi, strict=True)):
             return None
-        gaps = np.abs(self.x - q)
-        d2 = (gaps * gaps).sum(axis=1)
-        near = np.argsort(d2)[:NEIGHBOURS]
-        if gaps[near[0]].max() > MAX_LOG2_GAP:
+        gaps = self.x - np.array(q)
+        d2 = np.einsum("ij,ij->i", gaps, gaps)
+        # the NEIGHBOURS nearest rows, equal distances in table order (a grid of powers of two has many)
+        if len(d2) > NEIGHBOURS:
+            within = np.flatnonzero(d2 <= np.partition(d2, NEIGHBOURS - 1)[NEIGHBOURS - 1])
+            near = within[np.argsort(d2[within], kind="stable")[:NEIGHBOURS]]
+        else:
+            near = np.argsort(d2, kind="stable")
+        if np.abs(gaps[near[0]]).max() > MAX_LOG2_GAP:
             return None
         w = 1.0 / (d2[near] + 0.01)
         seconds = roofline_s * float(np.exp((w * self.log_ratio[near]).sum() / w.sum()))
@@ -135,6 +140,7 @@ class KernelLookup:
         self.exact = {k: median(v) for k, v in exact.items()}
         self.shaped = {k: _Shaped(v, roofline) for k, v in shaped.items()}
         self.curves = _curves(points)
+        self._seen: dict[tuple, Cost | None] = {}
 
     @staticmethod
     def _key(op, direction, dtype, m, n, k, batch) -> tuple:
@@ -144,7 +150,16 @@ class KernelLookup:
     def cost(
         self, op: str, direction: str, dtype: str, m: int, n: int, k: int, batch: int, roofline_s: float
     ) -> Cost | None:
-        """Seconds and source of one kernel, or None where the table cannot say (the caller models it)."""
+        """Seconds and source of one kernel, or None where the table cannot say (the caller models it); kept
+        per query (one GEMM shape recurs across many ops and layouts)."""
+        query = (op, direction, dtype, m, n, k, batch, roofline_s)
+        if query not in self._seen:
+            self._seen[query] = self._cost(*query)
+        return self._seen[query]
+
+    def _cost(
+        self, op: str, direction: str, dtype: str, m: int, n: int, k: int, batch: int, roofline_s: float
+    ) -> Cost | None:
         for dt, exact_source in ((dtype, MEASURED), (_SAME_WIDTH.get(dtype), INTERPOLATED)):
             if dt is None:
                 continue
