@@ -48,7 +48,19 @@ def main() -> None:
         for t in r["top"]:
             sim = f"{t['iteration_time_s']:.2f} s, MFU {t['mfu']:.1%}" if t["status"] == "ok" else t["status"]
             print(f"  {t['layout']:40s} estimate {t['estimate_s']:.2f} s; simulated {sim}")
-        print(f"  {r['why']}\n")
+        print(f"  {r['why']}")
+        print(f"  {accuracy(r)}\n")
+
+
+def accuracy(r: dict) -> str:
+    """The plan's screen_accuracy as one line (issue 33: rank correlation and largest error over the confirmed)."""
+    acc = r["screen_accuracy"]
+    rho = acc["rank_correlation"]
+    return (
+        f"screen against simulation over the {acc['simulated']} simulated: rank correlation "
+        f"{'n/a' if rho is None else f'{rho:.2f}'}, largest |error| {acc['max_error']:.1%} ({acc['worst']}), "
+        f"mean {acc['mean_error']:.1%}"
+    )
 
 
 def deepseek_v3() -> None:
@@ -71,6 +83,7 @@ def deepseek_v3() -> None:
     for t in r["top"]:
         sim = f"{t['iteration_time_s']:.2f} s, MFU {t['mfu']:.1%}" if t["status"] == "ok" else t["status"]
         print(f"  {t['layout']:40s} estimate {t['estimate_s']:.2f} s; simulated {sim}")
+    print(f"  {accuracy(r)}")
 
 
 if __name__ == "__main__":

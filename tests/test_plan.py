@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from simulator import load_scenario
 from simulator.cli import app
 from simulator.study.layouts import Layout, candidates, hsdp_shards
-from simulator.study.plan import plan
+from simulator.study.plan import Confirmed, plan, screen_accuracy
 
 runner = CliRunner()
 
@@ -688,3 +688,41 @@ def test_zero3_replays_only_where_they_can_rank_and_the_ranking_is_unchanged():
     for e in fast[need:]:  # a bound left unrefined is never later than the exact time
         if e.bound:
             assert e.iteration_s <= screen.estimate(e.layout).iteration_s
+
+
+def test_screen_accuracy_by_hand():
+    """Estimates 1, 1, 2 s against simulated 1, 2, 3 s: ranks (1.5, 1.5, 3) and (1, 2, 3), centred (-0.5, -0.5,
+    1) and (-1, 0, 1): covariance 1.5, variances 1.5 and 2, Spearman's rho 1.5 / sqrt(3) = 0.866; errors 0, 50%
+    and 33.3%, the largest on the second layout, mean 27.8%. A layout that did not run is left out."""
+
+    def confirmed(dp: int, est: float, sim: float | None, status: str = "ok") -> Confirmed:
+        return Confirmed(Layout(1, 1, 1, dp, 1, 1, "ddp", "none"), est, sim, 0.5, 1.0, 0.0, 0.0, 1.0, status)
+
+    acc = screen_accuracy(
+        [
+            confirmed(8, 1.0, 1.0),
+            confirmed(16, 1.0, 2.0),
+            confirmed(32, 2.0, 3.0),
+            confirmed(64, 0.5, None, "oom"),
+        ]
+    )
+    assert acc["simulated"] == 3
+    assert acc["rank_correlation"] == pytest.approx(1.5 / math.sqrt(3))
+    assert acc["max_error"] == pytest.approx(0.5)
+    assert acc["mean_error"] == pytest.approx((0 + 0.5 + 1 / 3) / 3)
+    assert acc["worst"] == Layout(1, 1, 1, 16, 1, 1, "ddp", "none").label()
+    reversed_ = screen_accuracy([confirmed(8, 1.0, 3.0), confirmed(16, 2.0, 2.0), confirmed(32, 3.0, 1.0)])
+    assert reversed_["rank_correlation"] == pytest.approx(-1.0)
+    assert screen_accuracy([confirmed(8, 1.0, 1.0), confirmed(16, 1.0, 2.0)])["rank_correlation"] is None
+
+
+def test_plan_reports_the_screens_accuracy_over_what_it_simulated():
+    r = CliRunner().invoke(app, [*PLAN_ARGS, "--top", "3", "--json"])
+    acc = json.loads(r.output)["screen_accuracy"]
+    ok = [t for t in json.loads(r.output)["top"] if t["status"] == "ok"]
+    assert acc["simulated"] == len(ok) >= 2
+    assert acc["max_error"] == pytest.approx(
+        max(abs(t["estimate_s"] / t["iteration_time_s"] - 1) for t in ok)
+    )
+    text = CliRunner().invoke(app, [*PLAN_ARGS, "--top", "3"], env={"COLUMNS": "120"}).output
+    assert f"estimates within {acc['max_error']:.1%}" in text

@@ -380,6 +380,17 @@ def plan(
             highlight=False,
         )
     c.print(result["why"], markup=False, highlight=False)
+    acc = result["screen_accuracy"]
+    if acc["simulated"] >= 2:
+        rho = (
+            f"rank correlation {acc['rank_correlation']:.2f}, " if acc["rank_correlation"] is not None else ""
+        )
+        c.print(
+            f"screen against simulation over the {acc['simulated']} simulated: {rho}estimates within "
+            f"{acc['max_error']:.1%} (mean {acc['mean_error']:.1%}; largest: {acc['worst']})",
+            markup=False,
+            highlight=False,
+        )
     c.print(result["caveat"], markup=False, highlight=False)
     for path in written:
         c.print(f"wrote {path}")

@@ -11,6 +11,8 @@ import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from simulator.errors import ScenarioError
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.topology import cluster_spec
@@ -172,9 +174,49 @@ def plan(
         "confirmed": len(confirmed),
         "memory_budget_gib": capacity_gib,
         "top": [c.to_dict() for c in ranked],
+        "screen_accuracy": screen_accuracy(ranked),
         "why": why(ranked),
         "caveat": caveat(base.framework),
     }
+
+
+def screen_accuracy(confirmed: list[Confirmed]) -> dict:
+    """How the screen's estimates compare with the simulation over the simulated layouts that ran: Spearman's
+    rank correlation (ties at their mean rank; None under three layouts or where either side is all one value)
+    and the largest and mean |estimate / simulated - 1|, with the layout of the largest."""
+    ok = [c for c in confirmed if c.status == "ok" and c.iteration_time_s]
+    if not ok:
+        return {
+            "simulated": 0,
+            "rank_correlation": None,
+            "max_error": None,
+            "mean_error": None,
+            "worst": None,
+        }
+    est = np.array([c.estimate_s for c in ok])
+    sim = np.array([c.iteration_time_s for c in ok])
+    error = np.abs(est / sim - 1)
+    rho = None
+    if len(ok) >= 3 and np.ptp(est) > 0 and np.ptp(sim) > 0:
+        rho = float(np.corrcoef(_ranks(est), _ranks(sim))[0, 1])
+    worst = int(error.argmax())
+    return {
+        "simulated": len(ok),
+        "rank_correlation": rho,
+        "max_error": float(error[worst]),
+        "mean_error": float(error.mean()),
+        "worst": ok[worst].layout.label(),
+    }
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks 1..n of ``x``, equal values at their mean rank."""
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(1, len(x) + 1)
+    _, inverse = np.unique(x, return_inverse=True)
+    inverse = inverse.ravel()
+    return (np.bincount(inverse, ranks) / np.bincount(inverse))[inverse]
 
 
 def refine(screen: Screen, estimates: list, need: int) -> list:
