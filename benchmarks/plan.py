@@ -17,7 +17,7 @@ import yaml
 from bench_scale import timed
 
 from simulator import load_scenario
-from simulator.study.plan import plan
+from simulator.study.plan import accuracy_line, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,18 +49,7 @@ def main() -> None:
             sim = f"{t['iteration_time_s']:.2f} s, MFU {t['mfu']:.1%}" if t["status"] == "ok" else t["status"]
             print(f"  {t['layout']:40s} estimate {t['estimate_s']:.2f} s; simulated {sim}")
         print(f"  {r['why']}")
-        print(f"  {accuracy(r)}\n")
-
-
-def accuracy(r: dict) -> str:
-    """The plan's screen_accuracy as one line (issue 33: rank correlation and largest error over the confirmed)."""
-    acc = r["screen_accuracy"]
-    rho = acc["rank_correlation"]
-    return (
-        f"screen against simulation over the {acc['simulated']} simulated: rank correlation "
-        f"{'n/a' if rho is None else f'{rho:.2f}'}, largest |error| {acc['max_error']:.1%} ({acc['worst']}), "
-        f"mean {acc['mean_error']:.1%}"
-    )
+        print(f"  {accuracy_line(r['screen_accuracy'])}\n")
 
 
 def deepseek_v3() -> None:
@@ -83,7 +72,7 @@ def deepseek_v3() -> None:
     for t in r["top"]:
         sim = f"{t['iteration_time_s']:.2f} s, MFU {t['mfu']:.1%}" if t["status"] == "ok" else t["status"]
         print(f"  {t['layout']:40s} estimate {t['estimate_s']:.2f} s; simulated {sim}")
-    print(f"  {accuracy(r)}")
+    print(f"  {accuracy_line(r['screen_accuracy'])}")
 
 
 if __name__ == "__main__":

@@ -157,6 +157,23 @@ def test_the_held_out_multi_node_runs_simulate_and_name_their_rows():
     assert {r.status for r in run_cases(cases)} <= {"ok", "off"}
 
 
+def test_torchtitans_2024_runs_are_held_out_and_simulate():
+    """simulator/validation/torchtitan-2024.yaml: torchtitan's own 2024 tables (FSDP2 on 64 A100, Llama 3.1 405B
+    in 2D on 128 H100), held out: every case names its source commit, simulates, fits in memory, and the A100
+    rows stay within 10% (measured 2026-11-26: median 2.2%, max 9.0%)."""
+    from pathlib import Path
+
+    from simulator.validation.runner import run_cases
+
+    path = Path(__file__).resolve().parents[1] / "simulator" / "validation" / "torchtitan-2024.yaml"
+    cases = load_cases(path)
+    assert len(cases) == 11 and all("@3faaa1a0d" in c["published"]["source"] for c in cases)
+    results = run_cases(cases)
+    assert {r.status for r in results} == {"ok"}
+    a100 = [r for r in results if r.id.startswith("TTA100")]
+    assert len(a100) == 8 and max(abs(r.error_pct) for r in a100) < 10
+
+
 def test_cross_validation_refits_each_profile_without_the_source_it_predicts(monkeypatch):
     """Leave one source out: a profile fitted on the source is refitted on its other fit cases, else on other
     sources' cases that run it, else falls back to the reference (its fitted factors at 1); a profile never fitted

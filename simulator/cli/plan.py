@@ -221,6 +221,7 @@ def plan(
     model on N GPUs: screen every one with a fast estimate, confirm the best by simulation."""
     from simulator.hardware.topology import load_topology
     from simulator.study.emit import FRAMEWORKS, emit_text
+    from simulator.study.plan import accuracy_line
     from simulator.study.plan import plan as run_plan
 
     own = None  # the --scenario file's scenario
@@ -380,17 +381,8 @@ def plan(
             highlight=False,
         )
     c.print(result["why"], markup=False, highlight=False)
-    acc = result["screen_accuracy"]
-    if acc["simulated"] >= 2:
-        rho = (
-            f"rank correlation {acc['rank_correlation']:.2f}, " if acc["rank_correlation"] is not None else ""
-        )
-        c.print(
-            f"screen against simulation over the {acc['simulated']} simulated: {rho}estimates within "
-            f"{acc['max_error']:.1%} (mean {acc['mean_error']:.1%}; largest: {acc['worst']})",
-            markup=False,
-            highlight=False,
-        )
+    if line := accuracy_line(result["screen_accuracy"]):
+        c.print(line, markup=False, highlight=False)
     c.print(result["caveat"], markup=False, highlight=False)
     for path in written:
         c.print(f"wrote {path}")

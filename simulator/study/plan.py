@@ -209,6 +209,17 @@ def screen_accuracy(confirmed: list[Confirmed]) -> dict:
     }
 
 
+def accuracy_line(acc: dict) -> str | None:
+    """:func:`screen_accuracy` as one line for a reader (None under two simulated layouts)."""
+    if acc["simulated"] < 2:
+        return None
+    rho = f"rank correlation {acc['rank_correlation']:.2f}, " if acc["rank_correlation"] is not None else ""
+    return (
+        f"screen against simulation over the {acc['simulated']} simulated: {rho}estimates within "
+        f"{acc['max_error']:.1%} (mean {acc['mean_error']:.1%}; largest: {acc['worst']})"
+    )
+
+
 def _ranks(x: np.ndarray) -> np.ndarray:
     """Ranks 1..n of ``x``, equal values at their mean rank."""
     order = np.argsort(x, kind="stable")

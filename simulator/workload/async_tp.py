@@ -10,8 +10,12 @@ PyTorch 2.5+: ``_fused_all_gather_matmul_impl`` and ``_fused_matmul_reduce_scatt
 
 So the communication hides behind GEMMs a TP-th the size, which run at their own (lower) efficiency, plus the
 reduction, instead of behind one whole GEMM: the overlap is partial where chunks are short. The backward's
-all-gather (of the output gradient) feeds its input-gradient GEMM the same way; its reduce-scatter keeps hiding
-behind the weight-gradient GEMM issued after it.
+all-gather (of the output gradient) feeds its input-gradient GEMM the same way. Its reduce-scatter (of the
+input gradient) is not fused: Inductor's pass (torch/_inductor/fx_passes/micro_pipeline_tp.py,
+fuse_matmul_reduce_scatter) fuses a reduce-scatter only with the single matmul producing its input, and
+torchtitan's layers sum several dgrads there (workload/tensor_parallel.py keeps it a plain collective).
+With FP8 linear layers (torchao's Float8 under TP casts the input before the all-gather) the fused op gathers
+FP8 shards and multiplies them chunk by chunk; nothing is cast per chunk (``decompose``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 from dataclasses import replace
 from math import ceil
 
+from simulator.workload.block import Block
 from simulator.workload.ops import Op, collective_op, memory_op
 
 
@@ -68,7 +73,10 @@ def matmul_reduce_scatter(g: Op, c: Op, t: int, e: int) -> list[Op]:
 def decompose(ops: tuple[Op, ...], t: int, e: int) -> tuple[Op, ...]:
     """``ops`` with each collective marked ``async`` and its GEMM rewritten as above (an all-gather with the
     next GEMM, a reduce-scatter with the GEMM just before it); where no GEMM adjoins, the collective keeps
-    Transformer Engine's overlap (behind the neighbouring kernel)."""
+    Transformer Engine's overlap (behind the neighbouring kernel). An FP8 GEMM's quantize kernel between the
+    all-gather and the GEMM runs once, before the chunks: the fused op multiplies operands already in FP8
+    (torch/distributed/_symmetric_memory/__init__.py ``_fused_all_gather_scaled_matmul``; torchao casts the
+    input and the weight once, float8/float8_tensor_parallel.py), so a chunk does not cast the weight again."""
     out: list[Op] = []
     i = 0
     while i < len(ops):
@@ -79,9 +87,14 @@ def decompose(ops: tuple[Op, ...], t: int, e: int) -> tuple[Op, ...]:
             continue
         if op.collective == "all_gather":
             nxt = i + 1
+            casts = []
+            while nxt < len(ops) and ops[nxt].kind == "memory" and nxt + 1 < len(ops) and ops[nxt + 1].dtype:
+                casts.append(ops[nxt])  # the FP8 GEMM's quantize kernel (workload/fp8.py)
+                nxt += 1
             if nxt < len(ops) and ops[nxt].kind == "gemm":
+                out += casts
                 out += all_gather_matmul(op, ops[nxt], t)
-                i += 2
+                i = nxt + 1
                 continue
             out.append(replace(op, overlaps="next"))
         elif out and out[-1].kind == "gemm":
@@ -90,3 +103,18 @@ def decompose(ops: tuple[Op, ...], t: int, e: int) -> tuple[Op, ...]:
             out.append(replace(op, overlaps="previous"))
         i += 1
     return tuple(out)
+
+
+def decompose_block(block: Block, t: int, e: int) -> Block:
+    """``block`` with every op list decomposed (forward, backward and what each recompute policy re-runs), after
+    FP8 quantization has put its casts and FP8 all-gathers in place."""
+    return block.map_ops(lambda ops: decompose(ops, t, e))
+
+
+def decompose_blocks(blocks: tuple[Block, ...], t: int, e: int) -> tuple[Block, ...]:
+    """:func:`decompose_block` of each block (blocks repeated in ``blocks`` decomposed once)."""
+    done: dict[int, Block] = {}
+    for b in blocks:
+        if id(b) not in done:
+            done[id(b)] = decompose_block(b, t, e)
+    return tuple(done[id(b)] for b in blocks)

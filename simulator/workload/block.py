@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from simulator.workload.ops import Op
 
@@ -33,6 +34,18 @@ class Block:
         if policy == "op":
             return self.recompute_op
         return ()
+
+    def map_ops(self, f: Callable[[tuple[Op, ...]], tuple[Op, ...]]) -> Block:
+        """This block with ``f`` applied to each of its op lists: forward, backward and what each recompute policy
+        re-runs (FP8 quantization, async TP's chunking)."""
+        return replace(
+            self,
+            forward=f(self.forward),
+            backward=f(self.backward),
+            recompute_selective=f(self.recompute_selective),
+            recompute_full=f(self.recompute_full),
+            recompute_op=f(self.recompute_op),
+        )
 
     @property
     def forward_model_flops(self) -> float:

@@ -203,14 +203,7 @@ def quantize_block(block: Block, plan: Fp8Plan, s: Scenario) -> Block:
     tp_amax = (
         plan.recipe == "tensorwise" and s.parallelism.sequence_parallel and s.parallelism.tensor_parallel > 1
     )
-    return replace(
-        block,
-        forward=quantized(block.forward, plan, tp_amax),
-        backward=quantized(block.backward, plan, tp_amax),
-        recompute_selective=quantized(block.recompute_selective, plan, tp_amax),
-        recompute_full=quantized(block.recompute_full, plan, tp_amax),
-        recompute_op=quantized(block.recompute_op, plan, tp_amax),
-    )
+    return block.map_ops(lambda ops: quantized(ops, plan, tp_amax))
 
 
 def is_quantized(block: Block) -> bool:

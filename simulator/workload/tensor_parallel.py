@@ -25,6 +25,12 @@ def tp_collectives(
             return lambda name: None
         if overlap == "async" and (direction == "forward" or kind == "all_gather"):
             side = "async"  # PyTorch async TP: rewritten with its GEMM by workload/async_tp.py
+        elif overlap == "async":
+            # the input gradient's reduce-scatter: Inductor fuses a reduce-scatter only with the one matmul whose
+            # output is its only input (torch/_inductor/fx_passes/micro_pipeline_tp.py,
+            # fuse_matmul_reduce_scatter); torchtitan's layers sum several dgrads there (separate wq / wk / wv,
+            # w1 / w3: models/llama3/model.py), so it stays the plain NCCL collective it is without async TP
+            pass
         elif overlap:
             side = "next" if kind == "all_gather" else "previous"
         return lambda name: collective_op(

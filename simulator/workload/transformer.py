@@ -263,8 +263,6 @@ def build_workload(
                 fw, tr.precision, "layer", params + mlp.expert_params, tensors_per_layer(m)
             ),
         )
-        if p.tp_comm_overlap == "async" and t > 1:  # PyTorch async TP: GEMMs in chunks beside the copies
-            fwd, bwd = async_tp.decompose(fwd, t, e), async_tp.decompose(bwd, t, e)
         # DeepSpeed activation checkpointing: the checkpoint (layer input) split over the TP ranks
         # (partition_activations) and kept in host memory (cpu_checkpointing); backward fetches and re-gathers it.
         # Both copies are synchronous and go through pageable memory (DeepSpeed v0.6.2 to v0.16.4,
@@ -319,6 +317,8 @@ def build_workload(
     plan = fp8_plan(s, gpu or get_gpu(cluster_spec(s).node.gpu))
     if plan is not None:
         layers, mtp, setup = _quantized(s, plan, layers, mtp, setup)
+    if p.tp_comm_overlap == "async" and t > 1:  # PyTorch async TP, after FP8 has placed its casts
+        layers, mtp = async_tp.decompose_blocks(layers, t, e), async_tp.decompose_blocks(mtp, t, e)
     moe_stats = moe_load(s, sh) if moe is not None else None
     return Workload(s, layers, embedding, head, fw, setup, moe_stats, mtp, plan)
 
