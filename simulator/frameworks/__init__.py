@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from simulator.hardware.gpus import Architecture
 from simulator.scenario.files import load_named
 
 PROFILE_DIR = Path(__file__).parent
@@ -227,17 +228,30 @@ class Framework(BaseModel):
     )
     host: HostProfile = Field(HostProfile(), description="How the host thread issues work (eager mode).")
     gpus: dict[str, GpuFactors] = Field(
-        default_factory=dict, description="Per-GPU factors (catalogue name -> factors) replacing those above."
+        default_factory=dict,
+        description="Per-GPU factors replacing those above, by architecture (hopper) or catalogue name (the name's "
+        "over the architecture's).",
     )
 
     def on_gpu(self, gpu: str) -> Framework:
-        """The profile as it applies on ``gpu``."""
-        factors = self.gpus.get(gpu)
-        if factors is None:
+        """The profile as it applies on ``gpu``: its architecture's factors (a ``gpus`` key such as ``hopper``),
+        then the GPU's own (a catalogue name) over them."""
+        entries = [self.gpus[gpu]] if gpu in self.gpus else []
+        if any(key in get_args(Architecture) for key in self.gpus):
+            from simulator.errors import ScenarioError
+            from simulator.hardware.gpus import get_gpu
+
+            try:
+                arch = get_gpu(gpu).architecture
+            except ScenarioError:  # not a GPU the catalogue or a file names (a test's stand-in)
+                arch = None
+            entries = ([self.gpus[arch]] if arch in self.gpus else []) + entries
+        if not entries:
             return self
-        return self.model_copy(
-            update={k: v for k, v in factors.model_dump(exclude={"fitted"}).items() if v is not None}
-        )
+        update: dict = {}
+        for factors in entries:
+            update.update({k: v for k, v in factors.model_dump(exclude={"fitted"}).items() if v is not None})
+        return self.model_copy(update=update)
 
 
 AUTO = "auto"

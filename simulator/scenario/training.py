@@ -144,6 +144,12 @@ class TrainingConfig(Section):
         "mode): an eager framework's elementwise chains run fused, except RoPE in complex numbers, which Inductor "
         "leaves to eager kernels (workload/elementwise.py).",
     )
+    compile_loss: bool = Field(
+        True,
+        description="With compile: the loss compiled too, its fp32 upcast fused into log_softmax (torchtitan "
+        "train.py; off from 2024-12-18, e8977b0, to 2025-04-02, bbb1b61, so its December 2024 benchmarks ran "
+        "the loss eager).",
+    )
     activation_offload_layers: int = Field(
         0,
         ge=0,

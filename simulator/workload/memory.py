@@ -266,7 +266,7 @@ def checkpoint_bytes_per_layer(s: Scenario) -> float:
 # ``cross_entropy_loss``: ``F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))``): the 16-bit
 # logits, their fp32 copy and log_softmax's fp32 output (saved for backward) are all live while log_softmax runs,
 # at the end of the forward when every layer's activations are held; compiled (torchtitan compiles the loss with
-# the model), the copy fuses into the log_softmax kernel.
+# the model, training.compile_loss), the copy fuses into the log_softmax kernel.
 LOGIT_BYTES = {"megatron": 4, "torch": 2 + 4 + 4, "torch-compiled": 2 + 4}
 
 
@@ -276,6 +276,6 @@ def head_activation_bytes(s: Scenario) -> float:
     m, p = s.model, s.parallelism
     sq, b, t = m.seq_length // p.context_parallel, s.training.micro_batch_size, p.tensor_parallel
     loss = get_framework(s.framework).loss
-    if loss == "torch" and s.training.compile:
+    if loss == "torch" and s.training.compile and s.training.compile_loss:
         loss = "torch-compiled"
     return 4 * sq * b * m.hidden_size / t + LOGIT_BYTES[loss] * sq * b * m.vocab_size / t
