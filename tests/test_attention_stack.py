@@ -1,0 +1,56 @@
+"""Which attention kernel a stack runs, per GPU architecture (framework profiles' ``gpus: hopper:``), and what the
+loss keeps when torch.compile leaves it eager (``training.compile_loss``)."""
+
+import pytest
+
+from simulator import load_scenario
+from simulator.frameworks import get_framework
+from simulator.validation.crossval import reference
+from simulator.workload.memory import head_activation_bytes
+
+
+def test_sdpa_runs_flashattention2_on_hopper_only():
+    """FlashAttention-2 on H100: 333-370 TFLOP/s forward against cuDNN's 529-600 (FlashAttention-3 paper, Fig. 5):
+    the eager PyTorch profile runs attention at 0.62 of the GPU file's level on every Hopper GPU, 1.0 elsewhere."""
+    torch = get_framework("pytorch-2024")
+    for gpu in ("h100-sxm5-80gb", "h100-sxm5-96gb-500w", "h200-sxm-141gb", "h100-pcie-80gb"):
+        assert torch.on_gpu(gpu).attention_efficiency == 0.62
+    for gpu in ("a100-sxm4-80gb", "b200-sxm-180gb"):
+        assert torch.on_gpu(gpu).attention_efficiency == 1.0
+
+
+def test_a_gpus_own_factors_apply_over_its_architectures_and_survive_cross_validation():
+    """llm-foundry-2023 on H100 80GB: the architecture's attention factor and the GPU's own fitted GEMM factor
+    together; on H100 96 GB only the architecture's. Leaving MosaicML out drops the fitted GEMM factor, keeps the
+    attention one (a fact about the kernel, not a fit)."""
+    foundry = get_framework("llm-foundry-2023")
+    h100 = foundry.on_gpu("h100-sxm5-80gb")
+    assert h100.attention_efficiency == 0.62 and h100.gemm_efficiency == pytest.approx(0.7325)
+    other = foundry.on_gpu("h100-sxm5-96gb-500w")
+    assert other.attention_efficiency == 0.62 and other.gemm_efficiency == foundry.gemm_efficiency
+    ref = reference(foundry).on_gpu("h100-sxm5-80gb")
+    assert ref.attention_efficiency == 0.62 and ref.gemm_efficiency == 1.0
+    assert foundry.on_gpu("not-a-gpu") == foundry  # a stand-in name: nothing applies
+
+
+@pytest.mark.parametrize(("compile_loss", "per_logit"), [(True, 6), (False, 10)])
+def test_an_eager_loss_keeps_the_logits_fp32_copy(compile_loss, per_logit):
+    """Llama 3 8B, 8192 tokens, micro-batch 2, TP 1, compiled blocks: at the loss 4 s b h bytes for the final
+    norm's input and, per logit, the 16-bit logits and log_softmax's fp32 output, plus their fp32 copy when the
+    loss runs eager (torchtitan 2024-12-18 .. 2025-04-02): 6 or 10 bytes x 8192 x 2 x 128,256."""
+    s = load_scenario(
+        {
+            "model": {"preset": "llama3-8b"},
+            "framework": "pytorch-2024",
+            "cluster": {"topology": "dgx-h100", "num_nodes": 1},
+            "training": {
+                "global_batch_size": 16,
+                "micro_batch_size": 2,
+                "compile": True,
+                "compile_loss": compile_loss,
+            },
+            "parallelism": {"data_parallel": 8, "fsdp": {}},
+        }
+    )
+    tokens = 8192 * 2
+    assert head_activation_bytes(s) == 4 * tokens * 4096 + per_logit * tokens * 128256
