@@ -5,9 +5,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from simulator.costs import collectives
 from simulator.costs.collectives import CollectiveModel, ring_bytes_per_rank, ring_steps
 from simulator.costs.nccl import defaults as nccl_defaults
 from simulator.costs.nccl import ring_plateau
+from simulator.costs.stage_symmetry import translated
 from simulator.costs.traffic import hops as pattern_hops
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
@@ -192,19 +194,39 @@ def test_all_to_all_sends_n_minus_1_over_n_of_the_buffer_per_rank():
     assert max(phase.demand_s.values()) == pytest.approx(7 / 8 * S / bandwidth, rel=1e-12)
 
 
-def test_a_later_stages_collective_is_stage_zeros_moved_when_its_nodes_are():
+def test_a_later_stages_collective_is_stage_zeros_moved_when_its_nodes_are(monkeypatch):
     """Pipeline stages outermost, 20 nodes per stage and 20 per leaf switch (dgx-a100): stage 1's data-parallel
     groups are stage 0's moved by one leaf, so its phases are stage 0's with the link classes' stage set moved
     (computed once). Computed directly they are the same."""
     m = model("dgx-a100", 40, "auto", tp=8, pp=2, dp=20)
     moved = m.phases("all_reduce", "dp", 1e9, 1)
     direct = model("dgx-a100", 40, "auto", tp=8, pp=2, dp=20)
-    direct._translated = lambda *a: None  # force the loads of stage 1's own groups
-    assert moved == direct.phases("all_reduce", "dp", 1e9, 1)
+    with monkeypatch.context() as mp:  # force the loads of stage 1's own groups
+        mp.setattr(collectives, "translated", lambda *a: None)
+        assert moved == direct.phases("all_reduce", "dp", 1e9, 1)
     assert {c[0] for ph in moved for c in ph.demand_s} <= {frozenset({1}), frozenset()}
     # 16 nodes per stage do not fill whole leaves: computed directly
     odd = model("dgx-a100", 32, "auto", tp=8, pp=2, dp=16)
-    assert odd._translated("all_reduce", "dp", 1e9, 1) is None
+    assert translated(odd, "all_reduce", "dp", 1e9, 1) is None
+
+
+def test_a_stage_is_moved_from_any_stage_a_whole_number_of_leaves_away(monkeypatch):
+    """8 nodes per stage, 20 per leaf: stage 6 starts 48 nodes after stage 0 (not whole leaves) but 40 after stage
+    1 (two leaves). With stage 1 computed first, stage 6 is stage 1's phases with the stage sets moved by 5, the
+    same as computing its own groups' loads."""
+    m = model("dgx-a100", 56, "auto", tp=8, pp=7, dp=8)
+    m.phases("all_reduce", "dp", 1e9, 1)
+    calls = []
+    real = collectives.CollectiveModel._cost
+    monkeypatch.setattr(
+        collectives.CollectiveModel, "_cost", lambda self, *a: calls.append(a) or real(self, *a)
+    )
+    six = m.phases("all_reduce", "dp", 1e9, 6)
+    assert not calls  # moved, not computed
+    assert {c[0] for ph in six for c in ph.demand_s} <= {frozenset({6}), frozenset()}
+    direct = model("dgx-a100", 56, "auto", tp=8, pp=7, dp=8)
+    monkeypatch.setattr(collectives, "translated", lambda *a: None)
+    assert six == direct.phases("all_reduce", "dp", 1e9, 6)
 
 
 def reference_loads(cm: CollectiveModel, hops) -> dict:

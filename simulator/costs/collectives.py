@@ -22,6 +22,7 @@ from functools import cached_property
 import numpy as np
 
 from simulator.costs.nccl import defaults, fastest, protocol_costs, ring_plateau
+from simulator.costs.stage_symmetry import translated
 from simulator.costs.traffic import LinkClass, LinkLoads
 from simulator.costs.traffic import hops as traffic_hops
 from simulator.hardware.cluster import Cluster
@@ -117,7 +118,7 @@ class CollectiveModel:
         pipeline stage only (each stage reduces its gradients at its own time)."""
         key = (op, group, size_bytes, stage)
         if key not in self._phases and stage:
-            shifted = self._translated(op, group, size_bytes, stage)
+            shifted = translated(self, op, group, size_bytes, stage)
             if shifted is not None:
                 self._phases[key], self._sources[key] = shifted
         if key not in self._phases:
@@ -145,33 +146,6 @@ class CollectiveModel:
                     by_stage[x].append(g)
             self._by_stage[group] = {x: tuple(gs) for x, gs in by_stage.items()}
         return self._by_stage[group].get(stage, ())
-
-    def _translated(self, op: str, group: str, size_bytes: float, stage: int):
-        """Stage ``stage``'s phases as stage 0's, moved: exact when stage ``stage``'s groups are stage 0's shifted
-        by whole leaf switches and every node holds one stage (the usual placement: pipeline stages outermost),
-        so its links are loaded alike; the link classes then carry the stage set shifted by ``stage``.
-        ``None`` where that does not hold (the caller computes the groups' loads)."""
-        gpn, per_leaf = self.cluster.gpus_per_node, self.cluster.spec.fabric.nodes_per_leaf
-        base, mine = self._stage_groups(group, 0), self._stage_groups(group, stage)
-        if not base or len(base) != len(mine):
-            return None
-        shift = min(r for g in mine for r in g) - min(r for g in base for r in g)
-        nodes = shift // gpn
-        if shift % gpn or nodes % per_leaf or any(len(n) != 1 for n in self.links.node_stages):
-            return None
-        if sorted(tuple(r + shift for r in g) for g in base) != sorted(mine):
-            return None
-        last = max(x for n in self.links.node_stages for x in n)
-        phases = self.phases(op, group, size_bytes, 0)
-        moved = []
-        for ph in phases:
-            demand = {}
-            for (stages, *rest), sec in ph.demand_s.items():
-                if any(x + stage > last for x in stages):
-                    return None
-                demand[(frozenset(x + stage for x in stages), *rest)] = sec
-            moved.append(Phase(ph.latency_s, demand))
-        return tuple(moved), self._sources[(op, group, size_bytes, 0)]
 
     def standalone_time_s(self, op: str, group: str, size_bytes: float, stage: int | None = None) -> float:
         return sum(p.duration_s for p in self.phases(op, group, size_bytes, stage))
