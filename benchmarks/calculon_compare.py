@@ -86,6 +86,27 @@ def describe(e: dict) -> str:
     )
 
 
+def calculon_top(name: str, stored: dict, title: str = "") -> None:
+    """Calculon's stored top layouts, each also simulated here."""
+    print(
+        f"\n{title or name}: Calculon's top layouts ({stored['command']}; {stored['executions']:,} executions)"
+    )
+    for rank, row in sorted(stored["top"].items(), key=lambda kv: int(kv[0])):
+        e, stats = row["execution"], row["stats"]
+        m = simulate(scenario_of(name, e)).metrics
+        ours = f"{m.iteration_time_s:7.1f} s, {m.memory_gib['device']:5.1f} GiB" + (" OOM" if m.oom else "")
+        print(
+            f"  #{int(rank) + 1} {describe(e):62s} Calculon {stats['total_time']:7.1f} s,"
+            f" {stats['proc_mem_tier1_cap_req'] / 2**30:5.1f} GiB | this simulator {ours}"
+        )
+    for label, seconds in stored.get("calculon_on_our_picks", {}).items():
+        best = stored["top"]["0"]["stats"]["total_time"]
+        print(
+            f"  Calculon on this simulator's pick {label}: {seconds:.1f} s, {seconds / best - 1:+.1%} against "
+            f"Calculon's own pick ({best:.1f} s)"
+        )
+
+
 def main() -> None:
     for name, shape in CASES.items():
         path = MEASURED / f"calculon-{name}.json"
@@ -93,17 +114,7 @@ def main() -> None:
             print(f"{name}: no stored Calculon search ({path.name})")
             continue
         stored = json.loads(path.read_text())
-        print(f"\n{name}: Calculon's top layouts ({stored['command']}; {stored['executions']:,} executions)")
-        for rank, row in sorted(stored["top"].items(), key=lambda kv: int(kv[0])):
-            e, stats = row["execution"], row["stats"]
-            m = simulate(scenario_of(name, e)).metrics
-            ours = f"{m.iteration_time_s:7.1f} s, {m.memory_gib['device']:5.1f} GiB" + (
-                " OOM" if m.oom else ""
-            )
-            print(
-                f"  #{int(rank) + 1} {describe(e):62s} Calculon {stats['total_time']:7.1f} s,"
-                f" {stats['proc_mem_tier1_cap_req'] / 2**30:5.1f} GiB | this simulator {ours}"
-            )
+        calculon_top(name, stored)
         first = stored["top"]["0"]["execution"]
         base = scenario_of(name, first)
         # Calculon's space (Megatron layouts: DDP or the distributed optimizer), then this simulator's (ZeRO-2/3, FSDP)
@@ -121,8 +132,10 @@ def main() -> None:
                     else t["status"]
                 )
                 print(f"    {t['layout']:40s} {sim}")
-        for label, seconds in stored.get("calculon_on_our_picks", {}).items():
-            print(f"  Calculon (llm) on this simulator's pick {label}: {seconds:.1f} s")
+        # the same search without Calculon's second memory tier: the layouts both tools can express
+        restricted = MEASURED / f"calculon-{name}-no-offload.json"
+        if restricted.exists():
+            calculon_top(name, json.loads(restricted.read_text()), f"{name}, no offload")
 
 
 if __name__ == "__main__":

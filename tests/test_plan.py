@@ -726,3 +726,23 @@ def test_plan_reports_the_screens_accuracy_over_what_it_simulated():
     )
     text = CliRunner().invoke(app, [*PLAN_ARGS, "--top", "3"], env={"COLUMNS": "120"}).output
     assert f"estimates within {acc['max_error']:.1%}" in text
+
+
+def test_the_space_has_every_interleaving_and_micro_batch_that_divides():
+    """GPT-3 175B (96 layers) on 1,024 GPUs, batch 1,536: at PP 8 a stage holds 12 layers, so 2, 3, 4, 6 and 12
+    virtual stages (where the micro-batches are a multiple of 8); at DP 16 a rank's 96 samples split into
+    micro-batches of 1, 2, 3, 4, 6, 8, 12 and 16, at DP 64 its 24 into 1, 2, 3, 4, 6, 8 (12 makes 2 micro-batches,
+    fewer than the 8 stages, so no interleaving, but it is searched without)."""
+    base = load_scenario(
+        {
+            "model": {"preset": "gpt3-175b"},
+            "cluster": {"topology": "dgx-a100", "num_nodes": 128},
+            "training": {"global_batch_size": 1024, "micro_batch_size": 1},
+        }
+    )
+    lays = candidates(base, 1024, 8, {"tp": (8,), "pp": (8,)}, 1536)
+    assert {x.v for x in lays} == {1, 2, 3, 4, 6, 12}
+    assert {x.mbs for x in lays if x.dp == 16} == {1, 2, 3, 4, 6, 8, 12, 16}
+    assert {x.mbs for x in lays if x.dp == 16 and x.v > 1} == {1, 2, 3, 4, 6, 12}
+    wide = candidates(base, 1024, 8, {"tp": (8,), "pp": (2,)}, 1536)
+    assert {x.mbs for x in wide} == {1, 2, 3, 4, 6, 8, 12}

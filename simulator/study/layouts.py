@@ -28,6 +28,7 @@ STAGES = {
 OFFLOAD = {"offload_optimizer": {"device": "cpu", "pin_memory": True}}
 HSDP_NODES = (1, 2, 4, 8)  # HSDP shard groups searched: this many whole nodes
 RECOMPUTE = ("none", "selective", "full")
+MAX_MICRO_BATCH = 16  # micro-batches searched by default: every one up to this dividing a rank's batch
 
 
 @dataclass(frozen=True)
@@ -133,8 +134,9 @@ def candidates(
     base: Scenario, gpus: int, gpn: int, options: dict | None = None, batch: int | None = None
 ) -> list[Layout]:
     """Every layout that divides: TP within a node and dividing heads / query groups / FFN, PP dividing the
-    layers, CP (FlashAttention only) leaving at least 2,048 tokens per rank, micro-batches dividing the
-    batch, interleaving only where the microbatches are a multiple of PP, ZeRO-2/3, FSDP and HSDP only without PP
+    layers, CP (FlashAttention only) leaving at least 2,048 tokens per rank, micro-batches up to
+    MAX_MICRO_BATCH dividing a data-parallel rank's batch, interleaving by every number of virtual stages that
+    divides a stage's layers, only where the microbatches are a multiple of PP, ZeRO-2/3, FSDP and HSDP only without PP
     (HSDP without CP, its shard groups whole nodes: ``hsdp_shards``); for
     a mixture-of-experts model EP dividing the experts and ETP (1 or TP) with ETP x EP dividing TP x CP x DP,
     sharding by DDP or ZeRO-1/2 (what the MoE frameworks run)."""
@@ -151,7 +153,7 @@ def candidates(
         else []
     )
     pps = [p for p in divisors(m.num_layers, min(m.num_layers, o.get("max_pp", 64)))]
-    mbss = [b for b in o.get("micro_batch_sizes", (1, 2, 4, 8, 16))]
+    mbss = o.get("micro_batch_sizes")  # default: every micro-batch up to 16 dividing a rank's batch (below)
     moe = m.moe
     shardings = o.get("shardings", SHARDINGS if moe is None else ("ddp", "zero1", "zero2"))
     # selective recompute re-runs the attention scores that FlashAttention never stores: the same as none
@@ -165,13 +167,14 @@ def candidates(
                 if gpus % (tp * cp * pp):
                     continue
                 dp = gpus // (tp * cp * pp)
-                for mbs in mbss:
-                    if batch % (mbs * dp):
+                local = batch // dp if batch % dp == 0 else 0  # a data-parallel rank's samples
+                for mbs in mbss or divisors(local, MAX_MICRO_BATCH):
+                    if not local or local % mbs:
                         continue
                     gas = batch // (mbs * dp)
                     vs = [1] + [
                         v
-                        for v in o.get("virtual", (2, 4))
+                        for v in o.get("virtual", range(2, m.num_layers // pp + 1))
                         if pp > 1 and m.num_layers % (pp * v) == 0 and gas % pp == 0
                     ]
                     for v in vs:
