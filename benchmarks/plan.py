@@ -45,11 +45,16 @@ def main() -> None:
             f"{r['screened_per_s']:,.0f}/s (target 10,000/s; {r['zero3_replay_s']:.3f} s of it replaying ZeRO-3's "
             f"coordinator), {r['confirmed']} simulated, {wall:.1f} s in all (target under 10 s)"
         )
-        for t in r["top"]:
-            sim = f"{t['iteration_time_s']:.2f} s, MFU {t['mfu']:.1%}" if t["status"] == "ok" else t["status"]
-            print(f"  {t['layout']:40s} estimate {t['estimate_s']:.2f} s; simulated {sim}")
-        print(f"  {r['why']}")
-        print(f"  {accuracy_line(r['screen_accuracy'])}\n")
+        show(r)
+        print(f"  {r['why']}\n")
+
+
+def show(r: dict) -> None:
+    """The confirmed layouts, estimate beside simulation, and how close the screen came over them."""
+    for t in r["top"]:
+        sim = f"{t['iteration_time_s']:.2f} s, MFU {t['mfu']:.1%}" if t["status"] == "ok" else t["status"]
+        print(f"  {t['layout']:40s} estimate {t['estimate_s']:.2f} s; simulated {sim}")
+    print(f"  {accuracy_line(r['screen_accuracy'])}")
 
 
 def deepseek_v3() -> None:
@@ -69,10 +74,7 @@ def deepseek_v3() -> None:
         f"deepseek-v3 plan on 2,048 H100: {r['screened']} layouts screened at {r['screened_per_s']:,.0f}/s "
         f"(target 1,000/s), {r['confirmed']} simulated, {wall:.1f} s in all"
     )
-    for t in r["top"]:
-        sim = f"{t['iteration_time_s']:.2f} s, MFU {t['mfu']:.1%}" if t["status"] == "ok" else t["status"]
-        print(f"  {t['layout']:40s} estimate {t['estimate_s']:.2f} s; simulated {sim}")
-    print(f"  {accuracy_line(r['screen_accuracy'])}")
+    show(r)
 
 
 if __name__ == "__main__":
