@@ -11,6 +11,24 @@ from simulator.cli import app
 from simulator.study.layouts import Layout, candidates, hsdp_shards
 from simulator.study.plan import Confirmed, plan, screen_accuracy
 
+
+def plan_args(model: str, gpus: int, batch: int) -> list[str]:
+    """``clustersim plan`` for ``model`` on ``gpus`` DGX A100 GPUs at global batch ``batch``."""
+    return [
+        "plan",
+        "--model",
+        model,
+        "--topology",
+        "dgx-a100",
+        "--gpus",
+        str(gpus),
+        "--global-batch-size",
+        str(batch),
+    ]
+
+
+PLAN_ARGS = plan_args("gpt3-1.3b", 8, 16)
+
 runner = CliRunner()
 
 MODEL = {
@@ -80,18 +98,7 @@ def test_a_model_too_big_to_replicate_is_sharded():
 
 def test_cli_plan_json_and_bad_gpu_count():
     runner = CliRunner()
-    args = [
-        "plan",
-        "--model",
-        "gpt3-1.3b",
-        "--gpus",
-        "8",
-        "--topology",
-        "dgx-a100",
-        "--global-batch-size",
-        "16",
-    ]
-    r = runner.invoke(app, [*args, "--top", "2", "--json"])
+    r = runner.invoke(app, [*PLAN_ARGS, "--top", "2", "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert {"screened", "screened_per_s", "confirmed", "top", "why"} <= set(d)
@@ -233,19 +240,6 @@ def test_plan_confirms_expert_parallel_layouts_by_simulation():
     assert all(t["iteration_time_s"] > 0 for t in ok)
 
 
-PLAN_ARGS = [
-    "plan",
-    "--model",
-    "gpt3-1.3b",
-    "--gpus",
-    "8",
-    "--topology",
-    "dgx-a100",
-    "--global-batch-size",
-    "16",
-]
-
-
 def test_plan_at_80_columns_wraps_the_layout_and_never_cuts_a_number():
     r = CliRunner().invoke(app, [*PLAN_ARGS, "--top", "3"], env={"COLUMNS": "80"}, terminal_width=80)
     assert r.exit_code == 0, r.output
@@ -283,17 +277,7 @@ def test_plan_writes_runnable_scenarios_and_days_to_train(tmp_path):
 def test_constraints_narrow_the_search_and_each_bad_list_is_one_line():
     """--tp / --pp / --mbs / --sharding / --no-zero3 / --recompute / --max-memory-gib: every confirmed layout
     keeps to them, the budget holds in the simulation too; a bad list names the option."""
-    args = [
-        "plan",
-        "--model",
-        "gpt3-350m",
-        "--topology",
-        "dgx-a100",
-        "--gpus",
-        "16",
-        "--global-batch-size",
-        "64",
-    ]
+    args = plan_args("gpt3-350m", 16, 64)
     narrow = ["--tp", "1,2", "--pp", "1,2", "--mbs", "1,2", "--no-zero3", "--max-memory-gib", "12"]
     r = runner.invoke(app, [*args, *narrow, "--top", "4", "--json"])
     assert r.exit_code == 0, r.output
@@ -524,17 +508,7 @@ def test_hsdp_shard_groups_fill_whole_nodes_and_leave_replicas():
     assert all(lay.shard in hsdp_shards(lay.tp, lay.dp, 8) for lay in long)
     cp = candidates(base({**MODEL, "seq_length": 8192}, nodes=4), 32, 8, {"shardings": ("fsdp",)})
     assert {lay.cp for lay in cp} > {1}  # the same space without HSDP does take CP
-    args = [
-        "plan",
-        "--model",
-        "gpt3-350m",
-        "--topology",
-        "dgx-a100",
-        "--gpus",
-        "8",
-        "--global-batch-size",
-        "64",
-    ]
+    args = plan_args("gpt3-350m", 8, 64)
     args += ["--sharding", "hsdp"]
     r = runner.invoke(app, args)
     assert r.exit_code == 2 and "HSDP shards over 1, 2, 4 or 8 whole nodes and needs two replicas" in r.stderr
