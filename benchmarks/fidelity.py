@@ -96,7 +96,7 @@ def trillion() -> None:
 
 def held_out() -> None:
     print("6. held out (never fitted on):")
-    for name in ("vtrain-multi", "deepspeed", "torchtitan-2024"):
+    for name in ("vtrain-multi", "deepspeed", "torchtitan-2024", "h100-rank"):
         results = run_cases(load_cases(ROOT / "simulator" / "validation" / f"{name}.yaml"))
         s = summarize(results)
         signed = statistics.fmean(r.error_pct for r in results if r.error_pct is not None)

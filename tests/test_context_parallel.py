@@ -122,3 +122,116 @@ def test_simulated_ranks_stand_for_exactly_the_gpus_of_the_job(par):
     m = r.metrics
     job = r.workload.model_flops_per_microbatch * 2 * 8  # per CP rank x 2 CP ranks x 8 microbatches in all
     assert m.model_tflops_per_gpu * 1e12 * m.iteration_time_s * 8 == pytest.approx(job, rel=1e-9)
+
+
+def run_torch(cp: int):
+    """MODEL under the pytorch-2024 profile, whose ring attention is torch 2.6's (context_parallel: torch)."""
+    return simulate(
+        make(
+            framework="pytorch-2024",
+            model=MODEL,
+            cluster={"gpus_per_node": cp},
+            training={"global_batch_size": 1, "micro_batch_size": 1},
+            parallelism={"context_parallel": cp, "data_parallel": 1},
+        )
+    )
+
+
+def test_torchs_ring_adds_its_fp32_merges_and_moves_k_v_repeated_to_the_query_heads():
+    """torch 2.6's ring merges each step's output in fp32 and sums gradients in fp32 as eager ops beside the flash
+    kernels (cp_merge_bytes); Megatron-Core's (Transformer Engine) folds them into its kernels. torchtitan repeats
+    K / V to the query heads before SDPA, so the ring moves 32 heads' K / V, not the 8 groups'."""
+    from simulator.workload.attention import cp_merge_bytes
+
+    torch_ring, fused = run_torch(4), run(4)
+    fwd = {op.name: op for op in torch_ring.workload.layer.forward}
+    bwd = {op.name: op for op in torch_ring.workload.layer.backward}
+    out = 1 * (32768 // 4) * 32 * 128  # this rank's output (= its queries) elements
+    f, b = cp_merge_bytes(4, out, out, 2 * out, 2)
+    assert fwd["cp ring merges (fp32, eager)"].bytes == pytest.approx(f)
+    assert bwd["cp ring gradient sums (fp32, eager)"].bytes == pytest.approx(b)
+    assert not any("merges" in op.name for op in fused.workload.layer.forward)
+    kv = {op.name: op for op in fused.workload.layer.forward}["cp ring K/V exchange"]
+    assert fwd["cp ring K/V exchange"].bytes == pytest.approx(4 * kv.bytes)  # 32 heads / 8 groups
+    assert torch_ring.metrics.iteration_time_s > run_torch(1).metrics.iteration_time_s / 4
+
+
+def test_cp_merge_bytes_equal_what_torchs_ring_code_moves():
+    """Every byte the eager ops of torch 2.6's ring attention read and write (counted by a dispatch mode on
+    benchmarks/cp_attention.py's replay of _templated_ring_attention and its backward, averaged over ranks; the
+    flash kernels and NCCL's buffers left out) equals cp_merge_bytes within the small lse terms it leaves out."""
+    torch = pytest.importorskip("torch")
+    import sys
+    from pathlib import Path
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    from simulator.workload.attention import cp_merge_bytes
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    if not (bench / "cp_attention.py").exists():
+        pytest.skip("benchmarks/ not in this checkout")
+    sys.path.insert(0, str(bench))
+    import cp_attention
+
+    aten = torch.ops.aten
+    kernels = {
+        aten._scaled_dot_product_flash_attention_for_cpu.default,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+    }
+    unwritten = {aten.empty_like.default, aten.empty.memory_format, aten.empty_strided.default}
+
+    class Bytes(TorchDispatchMode):
+        moved = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in kernels or func in unwritten:
+                return out
+            outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            if func is aten.zeros_like.default:
+                ins = []
+            storages = {i.untyped_storage().data_ptr() for i in ins}
+            if not func._schema.is_mutable and all(o.untyped_storage().data_ptr() in storages for o in outs):
+                return out  # a view of an input: nothing moves
+            self.moved += sum(t.numel() * t.element_size() for t in ins + outs)
+            return out
+
+    b, h, t, d = 1, 2, 64, 128
+    op = cp_attention.Flash("cpu")
+    for n in (2, 4, 8):
+        fwd = bwd = 0
+        for rank in range(n):
+            q, k, v = (torch.randn(b, h, t, d, dtype=torch.bfloat16) for _ in range(3))
+            with Bytes() as count:
+                out, lse = cp_attention.ring_forward(
+                    op, q, cp_attention.gathered_kv(k, v, n, fill=False), rank, n
+                )
+            fwd += count.moved
+            dout = torch.randn_like(out)
+            with Bytes() as count:
+                kv_at = cp_attention.gathered_kv(k, v, n, fill=False)
+                cp_attention.ring_backward(op, dout, q, kv_at, out, lse, rank, n)
+            bwd += count.moved
+        elems = b * h * t * d
+        f, bw = cp_merge_bytes(n, elems, elems, 2 * elems, 2)
+        assert fwd / n == pytest.approx(f, rel=0.02)
+        assert bwd / n == pytest.approx(bw, rel=0.02)
+
+
+def test_ring_replay_equals_causal_attention():
+    """benchmarks/cp_attention.py's replay of torch's load-balanced ring (what the merges above are counted on)
+    computes causal attention: every rank's merged output and dQ equal full attention's on its tokens."""
+    pytest.importorskip("torch")
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    if not (bench / "cp_attention.py").exists():
+        pytest.skip("benchmarks/ not in this checkout")
+    sys.path.insert(0, str(bench))
+    import cp_attention
+
+    cp_attention.check()

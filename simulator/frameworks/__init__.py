@@ -210,6 +210,14 @@ class Framework(BaseModel):
         "code writes them (torchtitan, Hugging Face): RoPE in fp32 complex numbers, SiLU then multiply, autograd's "
         "residual-gradient sums. training.compile fuses all but the complex RoPE.",
     )
+    context_parallel: Literal["fused", "torch"] = Field(
+        "fused",
+        description="How ring attention (context parallelism) merges each step's output and accumulates its "
+        "gradients: 'fused' = inside the attention kernels' own launches (Transformer Engine), not costed apart; "
+        "'torch' = torch 2.6's _templated_ring_attention: fp32 merges, copies and gradient sums as separate eager "
+        "ops (workload/attention.py cp_merge_bytes), on K / V with their heads repeated to the query heads "
+        "(torchtitan's repeat_kv before SDPA).",
+    )
     loss: Literal["megatron", "torch"] = Field(
         "megatron",
         description="How the cross-entropy loss runs on fp32 logits: 'megatron' = vocab_parallel_cross_entropy's "

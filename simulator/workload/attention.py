@@ -74,14 +74,48 @@ def projection_ops(s: Scenario, sh: LayerShape) -> tuple[tuple[Op, ...], tuple[O
     return tuple(ops_f), tuple(ops_b), params
 
 
-def attention_ops(s: Scenario, sh: LayerShape) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
-    """(forward, backward) ops of attention's core, between the QKV and the output projection."""
+def attention_ops(
+    s: Scenario, sh: LayerShape, context_parallel: str = "fused"
+) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
+    """(forward, backward) ops of attention's core, between the QKV and the output projection;
+    ``context_parallel``: the framework's ring attention ('fused' or 'torch', frameworks.Framework)."""
     if s.model.attention == "flash":
-        return _flash(s, sh)
+        return _flash(s, sh, context_parallel)
     return _standard(sh)
 
 
-def _flash(s: Scenario, sh: LayerShape) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
+def cp_merge_bytes(n: int, out: float, q: float, kv: float, e: int) -> tuple[float, float]:
+    """(forward, backward) bytes one rank's eager ops move around the flash kernels of torch's ring attention over
+    ``n`` context-parallel ranks, per attention call: ``out`` / ``q`` elements of this rank's output / queries,
+    ``kv`` of its keys and values together, ``e`` bytes each. torch/distributed/tensor/experimental/_attention.py
+    at v2.6.0, causal with the round-robin load balancer, convert_to_f32: `_templated_ring_attention` upcasts
+    each step's output to fp32 and `_SDPAMerger._merge_one` merges it, out - sigmoid(lse' - lse) * (out - out')
+    (32 bytes per element: three fp32 passes), on half the queries with a torch.cat of the whole fp32 output when
+    the step holds the other rank's later chunk (`partial`, half of the n - 1 later steps on average over ranks),
+    and concatenates K and V before each exchange; `_templated_ring_attention_backward` zero-fills fp32 dQ, dK,
+    dV, adds each step's gradients in fp32 (half of them through `_partial_update`'s add and torch.cat), and
+    concatenates dK, dV for the all-to-all every step; both end casting back to bf16. Measured on one H100 with
+    benchmarks/cp_attention.py (docs/measurements/h100-cp-attention.json)."""
+    f32 = 4
+    up = (e + f32) * out  # out.float() / the final .to(dtype)
+    merge = up + 32 * out
+    fwd = up + (n - 1) * (0.75 * merge + 4 * out) + (n - 1) * 2 * e * kv + up
+    add = 2 * f32 + e  # an fp32 += of a bf16 gradient
+    mixed = 0.75 * add + 4  # per element: half the steps a plain add, half a chunk add and a torch.cat
+    bwd = (
+        f32 * (q + kv)  # zeros_like(..., dtype=float32)
+        + (n - 1) * 2 * e * kv  # K / V concatenated before each exchange
+        + add * (q + kv)  # step 0's sums
+        + (n - 1) * mixed * (q + kv)  # the later steps' sums
+        + n * 2 * f32 * kv  # dK / dV concatenated for the all-to-all, every step
+        + (f32 + e) * (q + kv)  # the final casts
+    )
+    return float(fwd), float(bwd)
+
+
+def _flash(
+    s: Scenario, sh: LayerShape, context_parallel: str = "fused"
+) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
     """FlashAttention (Dao 2023): one kernel forward and one backward (2.5x the forward's matmul work)."""
     b, e, d, dv, seq, heads, kv_heads, tokens = (
         sh.b,
@@ -122,17 +156,50 @@ def _flash(s: Scenario, sh: LayerShape) -> tuple[tuple[Op, ...], tuple[Op, ...]]
             direction="backward",
         ),
     )
-    if s.parallelism.context_parallel > 1:
+    n = s.parallelism.context_parallel
+    if n > 1:
         # K and V blocks go round the CP ring while the kernel works on the block it has (Liu et al. 2023,
         # Ring Attention; Megatron-Core context parallelism): an all-gather of K,V forward; K,V again and
-        # their gradients (a reduce-scatter) backward
-        kv = e * b * full_seq * kv_heads * (d + dv)  # all of K and V, this rank's heads
+        # their gradients (a reduce-scatter) backward. torch's ring takes K / V as SDPA gets them: torchtitan
+        # repeats them to the query heads first (repeat_kv, models/llama/model.py @9dec370).
+        ring_heads = heads if context_parallel == "torch" else kv_heads
+        kv = e * b * full_seq * ring_heads * (d + dv)  # all of K and V, this rank's heads
         fwd = (*fwd, collective_op("cp ring K/V exchange", "all_gather", "cp", kv, overlaps="previous"))
         bwd = (
             bwd[0],
             collective_op("cp ring K/V exchange", "all_gather", "cp", kv, overlaps="previous"),
             collective_op("cp ring dK/dV exchange", "reduce_scatter", "cp", kv, overlaps="previous"),
         )
+        if context_parallel == "torch":
+            merge_f, merge_b = cp_merge_bytes(
+                n, b * seq * heads * dv, b * seq * heads * d, b * seq * ring_heads * (d + dv), e
+            )
+            rows = b * heads * seq
+            fwd = (
+                *fwd,
+                Op(
+                    "cp ring merges (fp32, eager)",
+                    "memory",
+                    0.0,
+                    merge_f,
+                    rows,
+                    dv,
+                    launches=12 * (n - 1) + 4,
+                ),
+            )
+            bwd = (
+                *bwd,
+                Op(
+                    "cp ring gradient sums (fp32, eager)",
+                    "memory",
+                    0.0,
+                    merge_b,
+                    rows,
+                    d,
+                    direction="backward",
+                    launches=8 * n + 6,
+                ),
+            )
     return fwd, bwd
 
 
