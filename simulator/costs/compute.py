@@ -62,6 +62,48 @@ def gemm_bytes(dtype: str, m: int, n: int, k: int, batch: int) -> float:
     return batch * (width * (m * k + k * n) + max(width, 2) * m * n)
 
 
+# FlashAttention's rate by shape, relative to the shape the GPU files' flash_attention_efficiency describes (16k
+# tokens, 16 heads of 128, causal: Dao 2023 Fig. 4 on A100, Shah et al. 2024 Fig. 5 on H100). A thread block takes
+# 128 queries of one (sample, head) and walks the key blocks they see (FlashAttention-2 Algorithm 1; the backward
+# walks the query blocks of each key block): its fixed work (loading its block, the final rescale and write) is
+# worth FLASH_OVERHEAD key blocks of the walk, and a grid of few blocks leaves SMs idle behind the longest causal
+# rows (FLASH_FILL thread blocks per SM give half the rate). Fitted on torch's FlashAttention-2 measured on one
+# H100 80GB (benchmarks/flash_shapes.py, docs/measurements/flash_shapes_h100.json, 2026-11-26: 19 causal shapes
+# of head dim 128 each way, 512-16k tokens, 16-512 sample-heads; rms 4.4% forward, 2.2% backward).
+FLASH_BLOCK = 128
+FLASH_OVERHEAD = {"forward": 1.91, "backward": 4.47}
+FLASH_FILL = {"forward": 272 / 132, "backward": 139 / 132}
+FLASH_REFERENCE = (16384, 16384, 16)  # queries, keys, sample-heads
+FLASH_BACKWARD = 0.935  # the backward's rate at the reference shape relative to the forward's (the same fit)
+
+
+FLASH_SHAPED = (
+    "hopper",
+)  # architectures the shape factor was measured on; others keep one rate for every shape
+
+
+def flash_shape_factor(
+    gpu: GPU, direction: str, queries: int, keys: int, heads: int, kernel: str = "flash-attention-2"
+) -> float:
+    """FlashAttention-2's rate at ``queries`` x ``keys`` (causal; each query sees half the keys on average, as
+    with context parallelism's load balancing) over ``heads`` (sample, head) pairs, relative to the reference
+    shape's. Only for that kernel (cuDNN's fused attention, measured beside it, follows no such curve: its own
+    heuristics pick kernels by shape) and on the architectures it was measured on: on A100 the kernel's fixed
+    work weighs less against slower tensor cores (Dao 2023 Fig. 4 shows a flatter curve); Blackwell runs other
+    kernels."""
+    if kernel != "flash-attention-2" or gpu.architecture not in FLASH_SHAPED:
+        return 1.0
+    c, fill = FLASH_OVERHEAD[direction], FLASH_FILL[direction] * gpu.sm_count
+
+    def rate(q: int, k: int, bh: int) -> float:
+        seen = k / (2 * FLASH_BLOCK) + 0.5  # key blocks a query block walks, on average
+        blocks = bh * -(-q // FLASH_BLOCK)
+        return seen / (seen + c) * blocks / (blocks + fill)
+
+    relative = rate(queries, keys, heads) / rate(*FLASH_REFERENCE)
+    return relative * FLASH_BACKWARD if direction == "backward" else relative
+
+
 def shape_roofline_s(
     gpu: GPU, op: str, direction: str, dtype: str, m: int, n: int, k: int, batch: int
 ) -> float:
@@ -72,7 +114,8 @@ def shape_roofline_s(
     peak = gpu.peak_tflops.get(dtype, max(gpu.peak_tflops.values())) * 1e12
     flops = work(op, direction, m, n, k, batch)
     if op == "flash_attention":
-        return flops / (peak * gpu.flash_attention_efficiency)
+        shape = flash_shape_factor(gpu, direction, m, n, batch)
+        return flops / (peak * gpu.flash_attention_efficiency * shape)
     eff = gemm_efficiency(gpu, m, n, k, batch) * gpu.dtype_efficiency(dtype)
     return max(flops / (peak * eff), memory_time_s(gpu, gemm_bytes(dtype, m, n, k, batch)))
 
@@ -172,7 +215,8 @@ class ComputeModel:
             comp = op.flops / (peak * eff * f.gemm_efficiency)
             comp = max(comp, gemm_floor_s(g, op.flops, peak, dtype))
         elif op.kind == "flash_attention":
-            comp = op.flops / (self.peak * g.flash_attention_efficiency * f.attention_efficiency)
+            shape = flash_shape_factor(g, op.direction, op.m, op.n, op.batch, f.attention_kernel)
+            comp = op.flops / (self.peak * g.flash_attention_efficiency * shape * f.attention_efficiency)
         else:
             comp = 0.0
         if op.kind in COMPUTE_BOUND:

@@ -210,6 +210,12 @@ class Framework(BaseModel):
         "code writes them (torchtitan, Hugging Face): RoPE in fp32 complex numbers, SiLU then multiply, autograd's "
         "residual-gradient sums. training.compile fuses all but the complex RoPE.",
     )
+    attention_kernel: Literal["fused", "flash-attention-2"] = Field(
+        "fused",
+        description="The FlashAttention kernel the stack runs: 'flash-attention-2' (PyTorch SDPA's flash backend, "
+        "the flash-attn package): its rate follows the shape on Hopper as measured there (costs/compute.py "
+        "flash_shape_factor); 'fused' (cuDNN's fused attention, Transformer Engine): one rate for every shape.",
+    )
     context_parallel: Literal["fused", "torch"] = Field(
         "fused",
         description="How ring attention (context parallelism) merges each step's output and accumulates its "
