@@ -358,7 +358,9 @@ class LinkLoads:
         sets, set_of = self._stage_ids
         ids = set_of[nodes]
         order = np.argsort(ids, kind="stable")
-        present, starts = np.unique(ids[order], return_index=True)
+        ranked = ids[order]  # sorted: each set's rows start where the id changes (np.unique would sort again)
+        starts = np.flatnonzero(np.concatenate(([True], ranked[1:] != ranked[:-1])))
+        present = ranked[starts]
         peak = np.maximum.reduceat(units[order], starts, axis=0) / bandwidth_Bps
         for i, j in zip(*np.nonzero(peak), strict=True):
             c = (sets[present[i]], *links[j])

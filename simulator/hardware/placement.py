@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 from itertools import product
+from math import prod
 
 DEFAULT_ORDER = "tp-cp-dp-pp"
 EXPERT_AXES = ("edp", "ep", "etp")  # the expert grid inside a pipeline stage, outermost first
@@ -94,25 +95,25 @@ class Placement:
             if a not in self.axes:
                 raise ValueError(f"unknown group kind {kind!r}")
         # ranks are row-major over the axes (outermost first); a group varies the named axes, in axes order,
-        # with the others fixed (numpy's transpose + reshape of the rank grid, without importing numpy)
+        # with the others fixed: its members are a base (the fixed axes' offset) plus every offset of the varied
+        # axes, both laid out with numpy (a Python loop over 131,072 ranks took 0.06 s)
+        import numpy as np
+
         sizes = self.sizes
         stride, s = {}, 1
         for a in reversed(self.axes):
             stride[a] = s
             s *= sizes[a]
-        keep = [a for a in self.axes if a not in names]
-        vary = [a for a in self.axes if a in names]
-        offsets = [
-            sum(i * stride[a] for a, i in zip(vary, idx, strict=True))
-            for idx in product(*(range(sizes[a]) for a in vary))
-        ]
-        return tuple(
-            tuple(base + o for o in offsets)
-            for base in (
-                sum(i * stride[a] for a, i in zip(keep, idx, strict=True))
-                for idx in product(*(range(sizes[a]) for a in keep))
-            )
-        )
+
+        def grid(axes: list[str]):  # every combination of the axes' indices, the first outermost (as product)
+            out = np.zeros(1, dtype=np.int64)
+            for a in axes:
+                out = (out[:, None] + np.arange(sizes[a], dtype=np.int64) * stride[a]).ravel()
+            return out
+
+        offsets = grid([a for a in self.axes if a in names])
+        bases = grid([a for a in self.axes if a not in names])
+        return tuple(map(tuple, (bases[:, None] + offsets).tolist()))
 
     def _expert_groups(self, kind: str) -> tuple[tuple[int, ...], ...]:
         """Groups of the expert grid (``ep``, ``etp``, ``edp`` or a ``+``-joined combination): each stage's ranks in
@@ -164,4 +165,22 @@ class Placement:
         raise ValueError(axis)
 
     def group_size(self, kind: str) -> int:
-        return len(self.groups(kind)[0])
+        """The ranks in one group of ``kind``, from the axes' sizes (``groups`` builds every group: O(GPUs))."""
+        if kind == "embedding":
+            return 2
+        if "/" in kind or "%" in kind:
+            sep = "/" if "/" in kind else "%"
+            base, n = kind.split(sep)
+            whole, size = self.group_size(base), int(n)
+            if whole % size:
+                return len(self.groups(kind)[0])  # raises: the groups do not split
+            return size if sep == "/" else whole // size
+        names = kind.split("+")
+        if set(names) <= set(EXPERT_AXES):
+            sizes = {"etp": self.etp, "ep": self.ep, "edp": self.edp}
+            return prod(sizes[a] for a in names)
+        names = [a for part in names for a in (("dp_replicate", "dp_shard") if part == "dp" else (part,))]
+        for a in names:
+            if a not in self.axes:
+                raise ValueError(f"unknown group kind {kind!r}")
+        return prod(self.sizes[a] for a in names)
