@@ -46,28 +46,30 @@ def rotary(x, freqs_cis):
     return torch.view_as_real(xc * freqs).flatten(3).type_as(x)
 
 
-class Block(nn.Module):
-    def __init__(self, dim, heads, kv_heads, ffn):
+def repeat_kv(x, n_rep: int):
+    """torchtitan's repeat_kv: K / V repeated to the query heads before SDPA."""
+    b, s, kv, hd = x.shape
+    return x if n_rep == 1 else x.unsqueeze(3).expand(b, s, kv, n_rep, hd).reshape(b, s, kv * n_rep, hd)
+
+
+class Attention(nn.Module):
+    """torchtitan's Attention: heads inferred from the projections' (possibly tensor-parallel) width."""
+
+    def __init__(self, dim, heads, kv_heads):
         super().__init__()
-        self.heads, self.kv_heads, self.hd = heads, kv_heads, dim // heads
+        self.n_rep, self.hd = heads // kv_heads, dim // heads
         self.wq = nn.Linear(dim, dim, bias=False)
         self.wk = nn.Linear(dim, kv_heads * self.hd, bias=False)
         self.wv = nn.Linear(dim, kv_heads * self.hd, bias=False)
         self.wo = nn.Linear(dim, dim, bias=False)
-        self.w1 = nn.Linear(dim, ffn, bias=False)
-        self.w2 = nn.Linear(ffn, dim, bias=False)
-        self.w3 = nn.Linear(dim, ffn, bias=False)
-        self.attention_norm, self.ffn_norm = RMSNorm(dim), RMSNorm(dim)
 
-    def attention(self, x, freqs_cis):
+    def forward(self, x, freqs_cis):
         b, s, _ = x.shape
         q = self.wq(x).view(b, s, -1, self.hd)
         k = self.wk(x).view(b, s, -1, self.hd)
         v = self.wv(x).view(b, s, -1, self.hd)
         q, k = rotary(q, freqs_cis), rotary(k, freqs_cis)
-        rep = self.heads // self.kv_heads  # repeat_kv
-        k = k.unsqueeze(3).expand(b, s, self.kv_heads, rep, self.hd).reshape(b, s, self.heads, self.hd)
-        v = v.unsqueeze(3).expand(b, s, self.kv_heads, rep, self.hd).reshape(b, s, self.heads, self.hd)
+        k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if RING.size > 1:
             o = RingAttention.apply(q, k, v)
@@ -75,10 +77,72 @@ class Block(nn.Module):
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.wo(o.transpose(1, 2).contiguous().view(b, s, -1))
 
+
+class FeedForward(nn.Module):
+    def __init__(self, dim, ffn):
+        super().__init__()
+        self.w1 = nn.Linear(dim, ffn, bias=False)
+        self.w2 = nn.Linear(ffn, dim, bias=False)
+        self.w3 = nn.Linear(dim, ffn, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, dim, heads, kv_heads, ffn):
+        super().__init__()
+        self.attention = Attention(dim, heads, kv_heads)
+        self.feed_forward = FeedForward(dim, ffn)
+        self.attention_norm, self.ffn_norm = RMSNorm(dim), RMSNorm(dim)
+
     def forward(self, x, freqs_cis):
         h = x + self.attention(self.attention_norm(x), freqs_cis)
-        z = self.ffn_norm(h)
-        return h + self.w2(F.silu(self.w1(z)) * self.w3(z))
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+def apply_tp(model, tp_mesh) -> None:
+    """torchtitan 9dec370 parallelize_llama.py apply_tp (bf16, loss parallel): the embedding row-wise with its
+    output sequence-sharded, the norms sequence-parallel, the projections column- / row-wise."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    parallelize_module(
+        model,
+        tp_mesh,
+        {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(),
+            "output": ColwiseParallel(
+                input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False
+            ),
+        },
+    )
+    for block in model.layers.values():
+        plan = {
+            "attention_norm": SequenceParallel(),
+            "attention": PrepareModuleInput(
+                input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+            ),
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+            ),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+            "feed_forward.w3": ColwiseParallel(),
+        }
+        parallelize_module(block, tp_mesh, plan)
 
 
 class RING:
@@ -155,10 +219,12 @@ def data_moving_fakes(world: int) -> None:
         return collective
 
     def gathered(out, inp):
-        out.view(world, -1).copy_(inp.reshape(1, -1).expand(world, -1))
+        n = out.numel() // inp.numel()  # the group's ranks
+        out.view(n, -1).copy_(inp.reshape(1, -1).expand(n, -1))
 
     def scattered(out, inp):
-        out.copy_(inp.reshape(world, -1)[0].view_as(out))
+        n = inp.numel() // out.numel()
+        out.copy_(inp.reshape(n, -1)[0].view_as(out))
 
     for name, fill in (
         ("all_gather_into_tensor", gathered),
@@ -180,9 +246,15 @@ def run(a, layers: int, device: str) -> dict:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     a.layers = layers
-    mesh = init_device_mesh(device, (a.world,))
+    if a.tp > 1:
+        mesh2 = init_device_mesh(device, (a.world // a.tp, a.tp), mesh_dim_names=("dp", "tp"))
+        mesh = mesh2["dp"]
+    else:
+        mesh = init_device_mesh(device, (a.world,))
     with torch.device("meta"):
         model = Transformer(a)
+    if a.tp > 1:
+        apply_tp(model, mesh2["tp"])
     for name, block in list(model.layers.items()):
         model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)  # ptd_checkpoint_wrapper
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -198,8 +270,12 @@ def run(a, layers: int, device: str) -> dict:
         freqs = torch.outer(torch.arange(a.seq, device=device), freqs)
         model.freqs_cis = torch.polar(torch.ones_like(freqs), freqs)
     opt = torch.optim.AdamW(model.parameters(), lr=8e-4, weight_decay=0.1, foreach=True)
-    tokens = torch.randint(0, a.vocab, (1, a.seq), device=device)
-    labels = torch.randint(0, a.vocab, (1, a.seq), device=device)
+    tokens = torch.randint(0, a.vocab, (a.batch, a.seq), device=device)
+    labels = torch.randint(0, a.vocab, (a.batch, a.seq), device=device)
+    if a.tp > 1:
+        from torch.distributed.tensor.parallel import loss_parallel
+    else:
+        from contextlib import nullcontext as loss_parallel
     cuda = device == "cuda"
     steps = []
     for step in range(a.steps):
@@ -207,10 +283,11 @@ def run(a, layers: int, device: str) -> dict:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
-        pred = model(tokens)
-        loss = F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
-        del pred
-        loss.backward()
+        with loss_parallel():  # torchtitan's train_context: the vocabulary-sharded loss and its backward
+            pred = model(tokens)
+            loss = F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
+            del pred
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
         opt.step()
         opt.zero_grad()
@@ -242,7 +319,11 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=128256)
     p.add_argument("--seq", type=int, default=32768, help="tokens per rank (local batch 1)")
     p.add_argument("--rope-theta", type=float, default=500000.0)
-    p.add_argument("--world", type=int, default=8, help="FSDP ranks (the others are fake)")
+    p.add_argument("--world", type=int, default=8, help="ranks (FSDP x TP; all but one fake)")
+    p.add_argument(
+        "--tp", type=int, default=1, help="tensor-parallel ranks (torchtitan's apply_tp, loss parallel)"
+    )
+    p.add_argument("--batch", type=int, default=1, help="local batch (sequences per rank)")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument(
         "--cp", type=int, default=1, help="context parallel ranks (torch 2.6 ring attention, emulated)"

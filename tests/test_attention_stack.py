@@ -88,3 +88,20 @@ def test_an_eager_loss_keeps_the_logits_fp32_copy(compile_loss, per_logit):
     )
     tokens = 8192 * 2
     assert head_activation_bytes(s) == 4 * tokens * 4096 + per_logit * tokens * 128256
+
+
+def test_a_vocabulary_parallel_eager_loss_keeps_x_minus_max_as_well():
+    """torchtitan runs the loss vocabulary-parallel under tensor parallelism; torch's loss_parallel log_softmax
+    makes x - max a new fp32 tensor beside its fp32 input and result: 14 bytes per logit of this rank's vocabulary
+    shard (measured: Llama 3 70B at TP 8 allocates 57.4 GiB on one H100, simulated 57.3)."""
+    s = load_scenario(
+        {
+            "model": {"preset": "llama3-70b", "seq_length": 8192},
+            "framework": "pytorch-2024",
+            "cluster": {"topology": "dgx-h100", "num_nodes": 4},
+            "training": {"global_batch_size": 32, "micro_batch_size": 8},
+            "parallelism": {"tensor_parallel": 8, "sequence_parallel": True, "data_parallel": 4, "fsdp": {}},
+        }
+    )
+    tokens = 8192 * 8
+    assert head_activation_bytes(s) == (4 * tokens * 8192 + 14 * tokens * 128256) / 8
