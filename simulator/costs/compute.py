@@ -77,9 +77,8 @@ FLASH_REFERENCE = (16384, 16384, 16)  # queries, keys, sample-heads
 FLASH_BACKWARD = 0.935  # the backward's rate at the reference shape relative to the forward's (the same fit)
 
 
-FLASH_SHAPED = (
-    "hopper",
-)  # architectures the shape factor was measured on; others keep one rate for every shape
+# the architectures the shape factor was measured on; others keep one rate for every shape
+FLASH_SHAPED = ("hopper",)
 
 
 def flash_shape_factor(

@@ -94,7 +94,8 @@ def cp_merge_bytes(n: int, out: float, q: float, kv: float, e: int) -> tuple[flo
     the step holds the other rank's later chunk (`partial`, half of the n - 1 later steps on average over ranks),
     and concatenates K and V before each exchange; `_templated_ring_attention_backward` zero-fills fp32 dQ, dK,
     dV, adds each step's gradients in fp32 (half of them through `_partial_update`'s add and torch.cat), and
-    concatenates dK, dV for the all-to-all every step; both end casting back to bf16. Measured on one H100 with
+    concatenates dK, dV for the all-to-all every step; both end casting back to bf16. Counted against that code
+    by a dispatch-mode test (tests/test_context_parallel.py); the ring's time per rank measured on one H100 with
     benchmarks/cp_attention.py (docs/measurements/h100-cp-attention.json)."""
     f32 = 4
     up = (e + f32) * out  # out.float() / the final .to(dtype)
