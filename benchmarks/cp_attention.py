@@ -72,9 +72,9 @@ def _steps(rank, size, q, kv_at):
 
 
 def gathered_kv(k, v, size, fill=True):
-    """`_AllGatherRotater`: the local K, V concatenated, all-gathered (a buffer of size times theirs: its
-    other slices are NCCL's to fill), each step's K, V a slice of it (next_buffer), and the torch.cat torch
-    issues before each exchange_buffers."""
+    """`_AllGatherRotater`: the local K, V concatenated, all-gathered (a buffer of size times theirs, written
+    here as NCCL would with ``fill``, left unwritten without), each step's K, V a slice of it (next_buffer), and
+    the torch.cat torch issues before each exchange_buffers."""
     k, v = k.contiguous(), v.contiguous()
     local = torch.cat([k.flatten(), v.flatten()])
     gathered = torch.empty(size * local.numel(), dtype=local.dtype, device=local.device)

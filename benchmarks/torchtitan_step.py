@@ -199,7 +199,7 @@ class Transformer(nn.Module):
         return self.output(self.norm(h))
 
 
-def data_moving_fakes(world: int) -> None:
+def data_moving_fakes() -> None:
     """Make the fake process group's all-gathers and reduce-scatters write their outputs (this rank's shard
     repeated, or its first chunk), so parameters hold the shards' values, not an empty buffer's (zeros make
     tensor cores run faster than real data does), and the HBM traffic of an output written is there. FSDP2
@@ -341,7 +341,7 @@ def main() -> None:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     RING.size = a.cp
-    data_moving_fakes(a.world)
+    data_moving_fakes()
     sys.path.insert(0, str(Path(__file__).parent))
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=a.world)
     result = {
