@@ -315,6 +315,43 @@ def test_fsdp_beside_the_pipeline_gathers_before_the_first_forward_and_reduces_a
         )
 
 
+def test_fsdp_reducing_in_fp32_moves_and_accumulates_4_bytes_per_gradient():
+    """torchtitan's MixedPrecisionPolicy reduces in fp32 (the pytorch-2024 profile, or fsdp.reduce_in_fp32):
+    beside the pipeline every micro-batch's backward runs without gradient sync, so the stage keeps its
+    gradients unsharded in fp32 (_fsdp_param.py to_accumulated_grad_if_needed): 4 bytes per parameter against
+    the 16-bit weights' 2, and the reduce-scatter after the last backward moves them in fp32. Without a
+    pipeline, each block's reduce-scatter moves 4 bytes per parameter."""
+    par = {"tensor_parallel": 4, "pipeline_parallel": 2, "data_parallel": 2}
+    kw = {
+        "model": MODEL,
+        "cluster": {"num_nodes": 2},
+        "training": {"global_batch_size": 8, "micro_batch_size": 1},
+    }
+    fsdp = {"reshard_after_forward": False}
+    bf16 = simulate(make(**kw, parallelism={**par, "fsdp": {**fsdp, "reduce_in_fp32": False}}))
+    fp32 = simulate(make(**kw, parallelism={**par, "fsdp": {**fsdp, "reduce_in_fp32": True}}))
+    torchtitan = simulate(make(**kw, parallelism={**par, "fsdp": fsdp}, framework="pytorch-2024"))
+    for st in range(2):
+        weights = bf16.program.ranks[st].memory.params  # the stage's 16-bit weights, whole
+        for r in (fp32, torchtitan):
+            mem = r.program.ranks[st].memory
+            assert mem.params == pytest.approx(weights)
+            assert mem.grads == pytest.approx(2 * weights)  # 4 bytes against 2
+            assert mem.optimizer == pytest.approx(bf16.program.ranks[st].memory.optimizer)
+            (reduce,) = [t for t in r.program.tasks if t.rank == st and t.kind == "reduce_scatter"]
+            assert reduce.bytes == pytest.approx(2 * weights)
+        assert bf16.program.ranks[st].memory.grads == pytest.approx(weights)
+    # FSDP without a pipeline: one reduce-scatter per block and microbatch, 4 bytes per parameter in fp32
+    flat = {**kw, "training": {"global_batch_size": 16, "micro_batch_size": 1}}
+    r16 = simulate(make(**flat, parallelism={"data_parallel": 16, "fsdp": {"reduce_in_fp32": False}}))
+    r32 = simulate(make(**flat, parallelism={"data_parallel": 16, "fsdp": {"reduce_in_fp32": True}}))
+    layer = r16.workload.layer.params
+    for r, per_param in ((r16, 2), (r32, 4)):
+        sizes = [t.bytes for t in r.program.tasks if t.kind == "reduce_scatter" and "layer" in t.name]
+        assert len(sizes) == MODEL["num_layers"]  # one per block (one microbatch)
+        assert sizes == pytest.approx([per_param * layer] * len(sizes))
+
+
 def test_pipedream_2bw_has_no_bubble_in_steady_state_and_keeps_two_weight_versions():
     """No flush: one iteration is m (t_F + t_B) + the optimizer step, against (m + p - 1) (t_F + t_B) + step for
     1F1B, on the same equal stages with free communication; the second weight version is held as a buffer."""

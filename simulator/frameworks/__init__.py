@@ -235,6 +235,15 @@ class Framework(BaseModel):
         "itself reduces: 'fp32' = Megatron-LM's main_grad (megatron/arguments.py forces "
         "accumulate_allreduce_grads_in_fp32 for bf16). DeepSpeed and PyTorch FSDP reductions follow their own rules.",
     )
+    fsdp_reduce_in_fp32: bool = Field(
+        False,
+        description="FSDP2's MixedPrecisionPolicy.reduce_dtype: True = float32, torchtitan's "
+        "mixed_precision_reduce (config_manager.py @9dec370: default and only choice 'float32'); False = the "
+        "16-bit parameter dtype (FSDP2's reduce_dtype=None). In fp32 the reduce-scatter moves 4 bytes per "
+        "gradient (_fsdp_collectives.py foreach_reduce allocates its input in reduce_dtype), and gradients "
+        "accumulated without a reduction (every micro-batch under pipelining) are kept unsharded in fp32 "
+        "(_fsdp_param.py to_accumulated_grad_if_needed). parallelism.fsdp.reduce_in_fp32 overrides it.",
+    )
     grad_accumulation_kernels: bool = Field(
         False,
         description="Each backward adds every parameter's gradient into a separate buffer with its own kernel "

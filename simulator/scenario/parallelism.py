@@ -127,6 +127,12 @@ class FsdpConfig(Section):
         None, description="Shard within groups of this many ranks and replicate across them (HSDP)."
     )
     backward_prefetch: bool = True
+    reduce_in_fp32: bool | None = Field(
+        None,
+        description="Reduce gradients in fp32 (MixedPrecisionPolicy(reduce_dtype=torch.float32)): the "
+        "reduce-scatter moves 4 bytes per gradient, and under pipelining the accumulated gradients are kept "
+        "unsharded in fp32. Default: the framework's (pytorch-2024: yes, torchtitan's mixed_precision_reduce).",
+    )
 
 
 class DdpConfig(Section):

@@ -14,7 +14,7 @@ from simulator.scenario.schema import Scenario
 from simulator.strategy.groups import grad_group, grad_group_size, ranks_per_stage
 from simulator.strategy.memory import memory_breakdown
 from simulator.strategy.sharded import ShardingPlan, add_sharded_iteration
-from simulator.strategy.state_bytes import gather_bytes, grad_bytes, weight_bytes
+from simulator.strategy.state_bytes import fsdp_reduce_bytes, gather_bytes, grad_bytes, weight_bytes
 from simulator.strategy.units import units
 from simulator.workload.transformer import Workload
 
@@ -27,6 +27,7 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
     p = Program("hsdp" if hybrid else "fsdp2")
     us = units(w)
     wb, gb = weight_bytes(s), grad_bytes(s)
+    reduce_b = fsdp_reduce_bytes(s, w.framework)  # on the wire: torchtitan reduces in fp32
     plan = ShardingPlan(
         gather_group=grad_group(s, "dp_shard") if hybrid else grad_group(s),
         replicate_group="dp_replicate" if hybrid else None,
@@ -38,7 +39,7 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
         weight_bytes=gather_bytes(
             s, w
         ),  # FSDP2 float8 all-gather: the FP8 layers' shards cast and sent in FP8
-        grad_bytes=gb,
+        grad_bytes=reduce_b,
     )
     add_sharded_iteration(p, s, w, us, plan)
 

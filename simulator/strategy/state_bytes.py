@@ -31,6 +31,23 @@ def grad_bytes(s: Scenario, framework=None) -> int:
     return 4 if fp32 else g
 
 
+def fsdp_reduce_bytes(s: Scenario, framework=None) -> int:
+    """Bytes per gradient element FSDP2 reduce-scatters, and keeps when it accumulates unsharded gradients
+    without reducing (under pipelining): 4 where it reduces in fp32 (``parallelism.fsdp.reduce_in_fp32``, else
+    ``framework.fsdp_reduce_in_fp32``: torchtitan's mixed_precision_reduce), else the gradient's own (PyTorch
+    torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py ``foreach_reduce``: the reduce-scatter input is
+    allocated in reduce_dtype and the unsharded gradients cast into it; _fsdp_param.py
+    ``to_accumulated_grad_if_needed``: ``unsharded_accumulated_grad = grad.to(reduce_dtype)``). The sharded
+    gradient the optimizer steps on is fp32 either way, as the sharded fp32 parameter it belongs to (counted in
+    the ZeRO formulas' 2 + 2 + K)."""
+    g = grad_bytes(s)
+    cfg = s.parallelism.fsdp
+    fp32 = None if cfg is None else cfg.reduce_in_fp32
+    if fp32 is None:
+        fp32 = framework is not None and framework.fsdp_reduce_in_fp32
+    return 4 if fp32 else g
+
+
 def gather_bytes(s: Scenario, w, experts: bool = False) -> float:
     """Bytes per parameter a parameter all-gather moves: the weight's, except with FP8 parameter gathering
     (``training.fp8.param_gather``), where the FP8 layers' weights travel quantized (``Fp8Plan.gather_bytes``)

@@ -24,7 +24,7 @@ from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
-from simulator.strategy.state_bytes import grad_bytes, weight_bytes
+from simulator.strategy.state_bytes import fsdp_reduce_bytes, grad_bytes, weight_bytes
 from simulator.strategy.zero import fetch_key
 from simulator.strategy.zero3_fetch import call_sizes
 from simulator.study.layouts import Layout, carried
@@ -310,10 +310,11 @@ class Screen:
                 )
 
             ag, ag_moving = calls("all_gather", n, per_node, w_b)
-            rs, rs_moving = calls("reduce_scatter", n, per_node, g_b)
+            rs_b = fsdp_reduce_bytes(s, self.framework)  # torchtitan reduces in fp32
+            rs, rs_moving = calls("reduce_scatter", n, per_node, rs_b)
             across = across_moving = 0.0
             if lay.sharding == "hsdp":  # n, per_node: the shard group's; one rank per node across replicas
-                across, across_moving = calls("all_reduce", lay.dp // lay.shard, 1, g_b / lay.shard)
+                across, across_moving = calls("all_reduce", lay.dp // lay.shard, 1, rs_b / lay.shard)
             network = n > per_node  # the group's rings cross the NICs
             on_network = (ag_moving + rs_moving if network else 0.0) + across_moving
             on_node = 0.0 if network else ag_moving + rs_moving

@@ -7,7 +7,7 @@ per batch, with no flush.
 
 FSDP2 beside the pipeline (``parallelism.fsdp`` with ``reshard_after_forward: false``, torchtitan's setting
 when pipelining): a stage's parameters are all-gathered before its first forward and stay gathered for every
-micro-batch, gradients accumulate unsharded, and the stage reduce-scatters them once its last backward is done
+micro-batch, gradients accumulate unsharded (in fp32 where FSDP reduces in fp32: torchtitan), and the stage reduce-scatters them once its last backward is done
 (PyTorch ``torch/distributed/pipelining/stage.py``, ``backward_maybe_with_nosync`` keeps
 ``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)`` until ``perform_reduce_grad``,
 "scheduled after all microbatches W, B actions"); the optimizer steps on its 1/DP shard.
@@ -19,7 +19,7 @@ from simulator.program import Program
 from simulator.scenario.schema import Scenario
 from simulator.strategy.groups import EXPERT_GROUP, expert_grad_group_size, grad_group, grad_group_size
 from simulator.strategy.reduction import bf16_optimizer, ddp_settings, pipeline_grad_reduction
-from simulator.strategy.state_bytes import gather_bytes, grad_bytes
+from simulator.strategy.state_bytes import fsdp_reduce_bytes, gather_bytes, grad_bytes
 from simulator.strategy.steps import add_optimizer
 from simulator.workload.transformer import Workload
 
@@ -35,6 +35,8 @@ def flush_and_step(
     edp = expert_grad_group_size(s)
     gb = grad_bytes(s, w.framework)
     fsdp = par.fsdp is not None  # FSDP2 under torch.distributed.pipelining (module docstring)
+    if fsdp:
+        gb = fsdp_reduce_bytes(s, w.framework)  # the accumulated gradients, fp32 under torchtitan
     deepspeed = par.pipeline_schedule == "deepspeed"  # DeepSpeed's PipelineEngine reduces as DeepSpeed does
     bf16_opt = deepspeed and bf16_optimizer(s)
     if bf16_opt:

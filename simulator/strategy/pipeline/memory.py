@@ -9,7 +9,7 @@ from simulator.strategy.groups import expert_grad_group_size, grad_group_size
 from simulator.strategy.memory import with_host_checkpoints
 from simulator.strategy.reduction import bf16_optimizer
 from simulator.strategy.schedules import SPLITS_BACKWARD, Step
-from simulator.strategy.state_bytes import fp8_weight_copy_bytes, grad_bytes
+from simulator.strategy.state_bytes import fp8_weight_copy_bytes, fsdp_reduce_bytes, grad_bytes
 from simulator.workload.fp8 import is_quantized
 from simulator.workload.memory import (
     MemoryBreakdown,
@@ -40,6 +40,11 @@ def stage_memory(
     w_b, _, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
     g_b = grad_bytes(s, w.framework)
     stage = 1 if par.fsdp else par.zero_stage
+    if par.fsdp:
+        # FSDP2 under torch.distributed.pipelining: every micro-batch's backward runs without gradient sync
+        # (stage.py backward_maybe_with_nosync), so the stage's gradients accumulate unsharded, cast to the
+        # reduce dtype (_fsdp_param.py to_accumulated_grad_if_needed): fp32 under torchtitan
+        g_b = fsdp_reduce_bytes(s, w.framework)
     if par.pipeline_schedule == "deepspeed" and bf16_optimizer(s):
         # BF16_Optimizer: the bf16 gradients of the last backward and the fp32 copy of every gradient, whole
         # on each rank; the fp32 weights and Adam states of the rank's 1/N (bf16_optimizer.py, v0.16.5)
