@@ -495,3 +495,48 @@ def test_nccl_chooses_ring_or_tree_by_its_own_model_on_two_nodes():
         + 2 * d["hop_us"]["tree"]["network"]["LL128"]
     ) * 1e-6 + size / (0.5 * busbw * 0.8625 * 0.9)
     assert ring_ll128 < tree_ll128  # LL128 at 16 MiB (tree correction 0.9 at log2(16 MiB / 64) = 18)
+
+
+@pytest.mark.parametrize(
+    "placement",
+    [
+        {"tp": 2, "dp": 4, "pp": 2},
+        {"tp": 2, "cp": 2, "dp": 4, "pp": 2, "order": "tp-dp-cp-pp"},
+        {"tp": 2, "dp": 8, "dp_shard": 4},
+    ],
+)
+def test_groups_held_as_one_array_are_the_groups_a_rank_by_rank_reading_gives(placement):
+    """A placement's groups are one [groups x ranks] array read as a tuple of tuples. Each group of a kind is
+    the ranks whose coordinates agree on every axis outside the kind, in rank order; ``dp/2`` cuts each dp group
+    into consecutive pairs, ``dp%2`` takes the same position of each pair; ``embedding`` is the first and last
+    rank of each pipeline. The collective model's groups of one stage are those with a rank in it."""
+    pm = Placement(**placement)
+    axes = pm.axes
+    coords = {r: {a: pm.coordinate(r, a) for a in axes} for r in range(pm.world_size)}
+
+    def reference(kind):
+        names = {
+            a for part in kind.split("+") for a in (("dp_replicate", "dp_shard") if part == "dp" else (part,))
+        }
+        out: dict = {}
+        for r in range(pm.world_size):
+            out.setdefault(tuple(coords[r][a] for a in axes if a not in names), []).append(r)
+        return sorted(tuple(g) for g in out.values())
+
+    for kind in ("tp", "dp", "pp", "cp", "dp+cp", "dp_shard", "dp_replicate"):
+        got = pm.groups(kind)
+        assert sorted(got) == reference(kind), kind
+        assert len(got) == len(reference(kind)) and got[0] == tuple(got.array[0].tolist())
+        assert hash(got) == hash(pm.groups(kind)) and got == Placement(**placement).groups(kind)
+    dp = list(pm.groups("dp"))
+    n = len(dp[0])
+    assert list(pm.groups("dp/2")) == [g[i : i + 2] for g in dp for i in range(0, n, 2)]
+    assert list(pm.groups("dp%2")) == [g[j::2] for g in dp for j in range(2)]
+    assert list(pm.groups("embedding")) == [(g[0], g[-1]) for g in pm.groups("pp")]
+    cluster = Cluster(load_topology("dgx-a100"), max(1, pm.world_size // 8))
+    cm = CollectiveModel(cluster, pm, "auto")
+    stage = {r: coords[r]["pp"] for r in coords}
+    for kind in ("dp", "tp", "pp"):
+        for st in range(pm.pp):
+            want = [g for g in pm.groups(kind) if any(stage[r] == st for r in g)]
+            assert list(cm._stage_groups(kind, st)) == want

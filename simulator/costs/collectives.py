@@ -15,7 +15,6 @@ reduce-scatter and all-gather (n-1)/n x S in n-1 steps (Thakur, Rabenseifner & G
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -26,7 +25,7 @@ from simulator.costs.stage_symmetry import translated
 from simulator.costs.traffic import LinkClass, LinkLoads
 from simulator.costs.traffic import hops as traffic_hops
 from simulator.hardware.cluster import Cluster
-from simulator.hardware.placement import Placement
+from simulator.hardware.placement import Groups, Placement
 from simulator.tables.lookup import MODELLED, CollectiveLookup
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "reduce", "broadcast", "all_to_all", "send_recv")
@@ -124,27 +123,28 @@ class CollectiveModel:
         if key not in self._phases:
             groups = self.placement.groups(group)
             gpn = self.cluster.gpus_per_node
+            node_of_first, node_of_last = groups.array[:, 0] // gpn, groups.array[:, -1] // gpn
             if stage is not None:
                 groups = self._stage_groups(group, stage)
-            elif all(g[0] // gpn == g[-1] // gpn for g in groups):
+            elif (node_of_first == node_of_last).all():
                 # groups inside nodes (tensor parallelism): every node is wired alike and runs the same
                 # collective, so the groups of one node give the cost (they still contend with each other)
-                first = groups[0][0] // gpn
-                groups = tuple(g for g in groups if g[0] // gpn == first)
+                first = int(node_of_first[0])
+                groups = groups.where(node_of_first == first, ("node", first))
             phases, source = self._cost(op, groups, size_bytes), MODELLED
             if self.measured is not None and phases:
                 phases, source = self._calibrated(op, groups, size_bytes, phases)
             self._phases[key], self._sources[key] = phases, source
         return self._phases[key]
 
-    def _stage_groups(self, group: str, stage: int) -> tuple:
-        """The groups of kind ``group`` with a rank in pipeline stage ``stage``."""
+    def _stage_groups(self, group: str, stage: int) -> Groups | tuple:
+        """The groups of kind ``group`` with a rank in pipeline stage ``stage`` (``()`` where none has)."""
         if group not in self._by_stage:
-            pp, by_stage = self.placement.stages(), defaultdict(list)
-            for g in self.placement.groups(group):
-                for x in sorted({pp[r] for r in g}):
-                    by_stage[x].append(g)
-            self._by_stage[group] = {x: tuple(gs) for x, gs in by_stage.items()}
+            groups = self.placement.groups(group)
+            of = self.placement.coordinates("pp")[groups.array]  # every member's stage
+            self._by_stage[group] = {}
+            for x in np.flatnonzero(np.bincount(of.ravel())).tolist():  # (np.unique imports numpy.ma)
+                self._by_stage[group][x] = groups.where((of == x).any(axis=1), ("stage", x))
         return self._by_stage[group].get(stage, ())
 
     def standalone_time_s(self, op: str, group: str, size_bytes: float, stage: int | None = None) -> float:
@@ -362,7 +362,7 @@ class CollectiveModel:
 def _shapes(groups, gpus_per_node: int) -> list[tuple[tuple[int, ...], int]]:
     """(a representative group, how many groups share its shape): groups whose ranks sit on nodes at the same
     offsets from their first rank's node, in order, move bytes across nodes alike."""
-    if len({len(g) for g in groups}) == 1:
+    if isinstance(groups, Groups) or len({len(g) for g in groups}) == 1:
         nodes = np.asarray(groups, dtype=np.int64) // gpus_per_node
         rel = nodes - nodes[:, :1]
         _, first, counts = np.unique(rel, axis=0, return_index=True, return_counts=True)

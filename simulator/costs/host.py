@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
+
 from simulator.costs.collectives import CollectiveModel, Phase
 from simulator.errors import ScenarioError
 from simulator.scenario.schema import Scenario
@@ -120,7 +122,7 @@ class HostModel:
         """A node whose GPUs run ``stage`` (any node without pipelining), and those GPUs' local indices."""
         gpn = self.cluster.gpus_per_node
         pp = self.comm.placement.stages()
-        first = next(r for r in range(len(pp)) if stage is None or pp[r] == stage)
+        first = 0 if stage is None else int(np.flatnonzero(pp == stage)[0])
         node = first // gpn
         ranks = range(node * gpn, min((node + 1) * gpn, len(pp)))
         return node, [r % gpn for r in ranks if stage is None or pp[r] == stage]

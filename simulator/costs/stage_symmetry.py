@@ -6,6 +6,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
+
+def same_groups(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two [groups x ranks] arrays hold the same groups, each the same ranks in the same order, in
+    any order of the groups."""
+    if a.shape != b.shape:
+        return False
+    if a.size == 0:
+        return True
+    return np.array_equal(a[np.lexsort(a.T[::-1])], b[np.lexsort(b.T[::-1])])
+
 
 def translated(cm, op: str, group: str, size_bytes: float, stage: int):
     """Stage ``stage``'s phases as another stage's of the collective model ``cm``, moved: exact when stage ``stage``'s groups are that
@@ -15,23 +27,22 @@ def translated(cm, op: str, group: str, size_bytes: float, stage: int):
     is 2,048 nodes, not a whole number of 20-node leaves, but stage 6 is stage 1 moved by 512 of them).
     ``None`` where no stage fits (the caller computes the groups' loads)."""
     gpn, per_leaf = cm.cluster.gpus_per_node, cm.cluster.spec.fabric.nodes_per_leaf
-    if any(len(n) != 1 for n in cm.links.node_stages):
+    if not cm.links.one_stage_per_node:
         return None
     mine = cm._stage_groups(group, stage)
-    if not mine:
+    if not len(mine):
         return None
-    first = min(min(g) for g in mine)
-    last = max(x for n in cm.links.node_stages for x in n)
-    for from_stage in range(last + 1):
+    first = int(np.asarray(mine).min())
+    for from_stage in range(cm.links.last_stage + 1):
         if from_stage == stage or from_stage and (op, group, size_bytes, from_stage) not in cm._phases:
             continue  # stage 0 is computed on demand, another only where it already was
         base = cm._stage_groups(group, from_stage)
-        if not base or len(base) != len(mine):
+        if not len(base) or len(base) != len(mine):
             continue
-        shift = first - min(min(g) for g in base)
+        shift = first - int(np.asarray(base).min())
         if shift % gpn or (shift // gpn) % per_leaf:
             continue
-        if sorted(tuple(r + shift for r in g) for g in base) != sorted(mine):
+        if not same_groups(np.asarray(base) + shift, np.asarray(mine)):
             continue
         out = moved(cm, op, group, size_bytes, from_stage, stage - from_stage)
         if out is not None:
@@ -42,7 +53,7 @@ def translated(cm, op: str, group: str, size_bytes: float, stage: int):
 def moved(cm, op: str, group: str, size_bytes: float, from_stage: int, by: int):
     """``from_stage``'s phases with every link class's stage set moved ``by`` stages (``None`` past the
     first or the last stage)."""
-    last = max(x for n in cm.links.node_stages for x in n)
+    last = cm.links.last_stage
     phases = cm.phases(op, group, size_bytes, from_stage)
     out = []
     for ph in phases:

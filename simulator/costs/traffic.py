@@ -15,7 +15,7 @@ import numpy as np
 
 from simulator.costs.ecmp import slowdown as ecmp_slowdown
 from simulator.hardware.cluster import Cluster
-from simulator.hardware.placement import Placement
+from simulator.hardware.placement import Groups, Placement
 
 LinkClass = tuple[frozenset, str, str]  # (pipeline stages on the link's nodes, from, to)
 
@@ -28,6 +28,17 @@ ALL_PAIRS_EXACT = 256
 SAMPLED_ROTATIONS = 16
 
 
+def by_size(groups) -> list[tuple[int, np.ndarray]]:
+    """(ranks per group, a [groups x ranks] array) for each group size among ``groups``: one entry for a
+    placement's :class:`~simulator.hardware.placement.Groups` (already one array), a loop for tuples."""
+    if isinstance(groups, Groups):
+        return [(groups.size, groups.array)]
+    same: dict[int, list] = defaultdict(list)
+    for grp in groups:
+        same[len(grp)].append(grp)
+    return [(n, np.asarray(gs, dtype=np.int64)) for n, gs in same.items()]
+
+
 def all_pairs(groups, gpus_per_node: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(src GPUs, dst GPUs, shares) of an all-to-all over every group: each rank sends one unit (its chunk for
     that peer) to each of the n-1 others.
@@ -37,14 +48,10 @@ def all_pairs(groups, gpus_per_node: int) -> tuple[np.ndarray, np.ndarray, np.nd
     SAMPLED_ROTATIONS of the others, each weighted by the rotations it stands for. Every rank then still sends
     n-1 units, n-c of them off its node, and receives as many: NVLink, GPU-to-NIC and NIC loads are the exact
     ones; only how the cross-node units spread over leaf-switch pairs is sampled."""
-    by_size: dict[int, list] = defaultdict(list)
-    for grp in groups:
-        by_size[len(grp)].append(grp)
     src, dst, share = [], [], []
-    for n, same in by_size.items():
+    for n, g in by_size(groups):
         if n < 2:
             continue
-        g = np.asarray(same, dtype=np.int64)
         rotations: list[tuple[int, float]]
         if n <= ALL_PAIRS_EXACT:
             rotations = [(s, 1.0) for s in range(1, n)]
@@ -75,11 +82,7 @@ def hops(kind: str, groups, gpus_per_node: int, nics: int) -> tuple[np.ndarray, 
     if kind not in ("pairs", "ring", "tree"):
         raise ValueError(kind)
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    by_size: dict[int, list] = defaultdict(list)
-    for grp in groups:
-        by_size[len(grp)].append(grp)
-    for n, same in by_size.items():
-        g = np.asarray(same, dtype=np.int64)
+    for n, g in by_size(groups):
         if kind == "pairs":  # rank i -> rank i+1 of the group, in the group's order (pipeline neighbours)
             if n > 1:
                 parts.append((g[:, :-1].ravel(), g[:, 1:].ravel(), np.ones(g[:, 1:].size)))
@@ -197,6 +200,15 @@ class LinkLoads:
             self.node_stages = [
                 frozenset(stage[k * gpn : (k + 1) * gpn].tolist()) for k in range(cluster.num_nodes)
             ]
+
+    @cached_property
+    def one_stage_per_node(self) -> bool:
+        """Whether every node's GPUs run one pipeline stage (stage_symmetry's condition)."""
+        return all(len(n) == 1 for n in set(self.node_stages))
+
+    @cached_property
+    def last_stage(self) -> int:
+        return max(x for n in set(self.node_stages) for x in n)
 
     def stages_of(self, link) -> frozenset:
         if link[0] >= 0:

@@ -12,10 +12,13 @@ renumbered as expert tensor parallel (``etp``, innermost) x expert parallel (``e
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from itertools import product
 from math import prod
+
+import numpy as np
 
 DEFAULT_ORDER = "tp-cp-dp-pp"
 EXPERT_AXES = ("edp", "ep", "etp")  # the expert grid inside a pipeline stage, outermost first
@@ -29,6 +32,57 @@ def axes_of(order: str) -> tuple[str, ...]:
         raise ValueError(f"rank order {order!r} must name tp, cp, dp and pp once each, innermost first")
     expanded = [a for part in parts for a in (("dp_shard", "dp_replicate") if part == "dp" else (part,))]
     return tuple(reversed(expanded))
+
+
+class Groups(Sequence):
+    """Every group of one kind, as one (groups x ranks) array of global GPU indices that reads as a tuple of
+    tuples: ``groups[i]`` is a tuple, iteration yields tuples, ``np.asarray(groups)`` is the array. At 131,072
+    GPUs a kind's groups held as Python tuples took 16 MiB; as one int64 array, 1 MiB. Hashed and compared by
+    ``key``, what it was built from (a placement and a kind, then any selection), so the collective model's
+    caches key on it without hashing every rank."""
+
+    __slots__ = ("array", "key")
+
+    def __init__(self, array, key):
+        array = np.asarray(array, dtype=np.int64)
+        if array.ndim != 2:
+            raise ValueError(f"groups must be a 2-D array of ranks, got shape {array.shape}")
+        array.setflags(write=False)
+        self.array, self.key = array, key
+
+    def __len__(self) -> int:
+        return self.array.shape[0]
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return Groups(self.array[i], (self.key, "slice", i.start, i.stop, i.step))
+        return tuple(self.array[i].tolist())
+
+    def __iter__(self) -> Iterator[tuple[int, ...]]:
+        return map(tuple, self.array.tolist())
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Groups):
+            return NotImplemented
+        return self.key == other.key or np.array_equal(self.array, other.array)
+
+    def __array__(self, dtype=None, copy=None):
+        return self.array if dtype is None else self.array.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"Groups({len(self)} x {self.size}, key={self.key!r})"
+
+    @property
+    def size(self) -> int:
+        """Ranks per group."""
+        return self.array.shape[1]
+
+    def where(self, mask, label) -> Groups:
+        """The groups where ``mask`` (one bool per group) holds, keyed by this set's key and ``label``."""
+        return Groups(self.array[np.asarray(mask, dtype=bool)], (self.key, label))
 
 
 @dataclass(frozen=True)
@@ -67,27 +121,30 @@ class Placement:
         }
 
     @cache  # noqa: B019 - placements are few and immutable
-    def groups(self, kind: str) -> tuple[tuple[int, ...], ...]:
+    def groups(self, kind: str) -> Groups:
         """All groups of ``kind`` (``tp``, ``cp``, ``pp``, ``dp``, ``dp_shard``, ``dp_replicate``, a ``+``-joined
         combination such as ``dp+cp``, ``embedding``, or ``KIND/N`` / ``KIND%N`` sub-groups), each a tuple of
-        global GPU indices."""
+        global GPU indices (read from one array: :class:`Groups`)."""
+        return Groups(self._group_array(kind), (self, kind))
+
+    def _group_array(self, kind: str) -> np.ndarray:
         if kind == "embedding":  # first and last stage of each pipeline: they share tied embedding weights
-            return tuple((g[0], g[-1]) for g in self.groups("pp"))
+            return self.groups("pp").array[:, [0, -1]]
         if set(kind.split("+")) <= set(EXPERT_AXES):
-            return self._expert_groups(kind)
+            return np.array(self._expert_groups(kind), dtype=np.int64)
         if "/" in kind or "%" in kind:
             # "dp/8": each dp group cut into consecutive sub-groups of 8 (inside a node: ZeRO++ hpZ, qgZ step 1);
             # "dp%8": the ranks at the same position of those sub-groups (across nodes: qgZ step 2)
             sep = "/" if "/" in kind else "%"
             base, n = kind.split(sep)
             size = int(n)
-            out = []
-            for g in self.groups(base):
-                if len(g) % size:
-                    raise ValueError(f"group {kind}: {len(g)} ranks do not split into groups of {size}")
-                chunks = [g[i : i + size] for i in range(0, len(g), size)]
-                out += chunks if sep == "/" else [tuple(c[j] for c in chunks) for j in range(size)]
-            return tuple(out)
+            whole = self.groups(base).array
+            if whole.shape[1] % size:
+                raise ValueError(f"group {kind}: {whole.shape[1]} ranks do not split into groups of {size}")
+            chunks = whole.reshape(len(whole), -1, size)  # [group, sub-group, position]
+            if sep == "%":
+                chunks = chunks.transpose(0, 2, 1)
+            return chunks.reshape(-1, chunks.shape[2])
         names = [
             a for part in kind.split("+") for a in (("dp_replicate", "dp_shard") if part == "dp" else (part,))
         ]
@@ -97,8 +154,6 @@ class Placement:
         # ranks are row-major over the axes (outermost first); a group varies the named axes, in axes order,
         # with the others fixed: its members are a base (the fixed axes' offset) plus every offset of the varied
         # axes, both laid out with numpy (a Python loop over 131,072 ranks took 0.06 s)
-        import numpy as np
-
         sizes = self.sizes
         stride, s = {}, 1
         for a in reversed(self.axes):
@@ -113,7 +168,7 @@ class Placement:
 
         offsets = grid([a for a in self.axes if a in names])
         bases = grid([a for a in self.axes if a not in names])
-        return tuple(map(tuple, (bases[:, None] + offsets).tolist()))
+        return bases[:, None] + offsets
 
     def _expert_groups(self, kind: str) -> tuple[tuple[int, ...], ...]:
         """Groups of the expert grid (``ep``, ``etp``, ``edp`` or a ``+``-joined combination): each stage's ranks in
@@ -133,7 +188,7 @@ class Placement:
         ]
         stage_of, out = self.stages(), []
         for st in range(self.pp):
-            ranks = [r for r in range(self.world_size) if stage_of[r] == st]
+            ranks = np.flatnonzero(stage_of == st).tolist()
             out += [tuple(ranks[b + o] for o in offsets) for b in bases]
         return tuple(out)
 
@@ -148,14 +203,14 @@ class Placement:
         raise ValueError(axis)
 
     @cache  # noqa: B019 - placements are few and immutable
-    def stages(self) -> tuple[int, ...]:
-        """The pipeline stage of every rank."""
-        return tuple(self.coordinates("pp").tolist())
+    def stages(self) -> np.ndarray:
+        """The pipeline stage of every rank (a read-only array)."""
+        stages = self.coordinates("pp")
+        stages.setflags(write=False)
+        return stages
 
     def coordinates(self, axis: str):
         """Every rank's index along ``axis``, as a numpy array (``coordinate`` for all ranks at once)."""
-        import numpy as np
-
         sizes = self.sizes
         inner = 1
         for a in reversed(self.axes):
