@@ -540,3 +540,22 @@ def test_groups_held_as_one_array_are_the_groups_a_rank_by_rank_reading_gives(pl
         for st in range(pm.pp):
             want = [g for g in pm.groups(kind) if any(stage[r] == st for r in g)]
             assert list(cm._stage_groups(kind, st)) == want
+
+
+def test_distinct_rows_by_projection_are_numpys_distinct_rows_even_where_projections_collide():
+    """_shapes finds the distinct node-offset rows by sorting one projection per row; rows that project alike
+    but differ (weights of ones: (0, 1, 2) and (0, 2, 1)) fall back to np.unique over whole rows."""
+    import numpy as np
+
+    from simulator.costs.collectives import _distinct_rows
+
+    rng = np.random.default_rng(1)
+    rows = rng.integers(0, 3, size=(500, 6))
+    colliding = np.array([[0, 1, 2], [0, 2, 1], [0, 1, 2], [0, 0, 3]])
+    for r, w in ((rows, None), (colliding, np.ones(3, dtype=np.int64)), (colliding, None)):
+        first, counts = _distinct_rows(r, w)
+        _, want_first, want_counts = np.unique(r, axis=0, return_index=True, return_counts=True)
+        got = sorted(zip(map(tuple, r[first].tolist()), counts.tolist(), strict=True))
+        want = sorted(zip(map(tuple, r[want_first].tolist()), want_counts.tolist(), strict=True))
+        assert got == want
+        assert all(np.flatnonzero((r == r[i]).all(axis=1))[0] == i for i in first)  # first occurrences

@@ -193,9 +193,14 @@ class LinkLoads:
         # other stages' traffic at other times), so link classes carry the set of stages of their nodes
         stage = np.asarray(placement.coordinates("pp"))
         if stage.size == cluster.num_nodes * gpn:  # every GPU placed: one row per node
-            rows, which = np.unique(np.sort(stage.reshape(-1, gpn), axis=1), axis=0, return_inverse=True)
-            sets = [frozenset(r.tolist()) for r in rows]
-            self.node_stages = [sets[i] for i in which.ravel().tolist()]
+            per_node = stage.reshape(-1, gpn)
+            if (per_node.min(axis=1) == per_node.max(axis=1)).all():  # one stage per node (the usual)
+                sets = [frozenset((x,)) for x in range(int(stage.max()) + 1)]
+                self.node_stages = [sets[x] for x in per_node[:, 0].tolist()]
+            else:
+                rows, which = np.unique(np.sort(per_node, axis=1), axis=0, return_inverse=True)
+                sets = [frozenset(r.tolist()) for r in rows]
+                self.node_stages = [sets[i] for i in which.ravel().tolist()]
         else:  # fewer ranks than GPUs (part of a node)
             self.node_stages = [
                 frozenset(stage[k * gpn : (k + 1) * gpn].tolist()) for k in range(cluster.num_nodes)
