@@ -7,10 +7,10 @@ import yaml
 
 from simulator.costs import collectives
 from simulator.costs.collectives import CollectiveModel, ring_bytes_per_rank, ring_steps
+from simulator.costs.hops import hops as pattern_hops
 from simulator.costs.nccl import defaults as nccl_defaults
 from simulator.costs.nccl import ring_plateau
 from simulator.costs.stage_symmetry import translated
-from simulator.costs.traffic import hops as pattern_hops
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
 from simulator.hardware.topology import load_topology
@@ -268,7 +268,42 @@ def reference_loads(cm: CollectiveModel, hops) -> dict:
         ),
     ],
 )
-def test_vectorised_link_loads_equal_adding_every_hop_along_its_route(topology, nodes, update, placement):
+def test_vectorised_link_loads_equal_adding_every_hop_along_its_route(
+    topology, nodes, update, placement, monkeypatch
+):
+    """Also summed a few hops at a time (LOADS_CHUNK 5 instead of 16,384): the per-node and per-leaf sums
+    over the chunks are the same loads."""
+    from simulator.costs import traffic
+
+    for chunk in (traffic.LOADS_CHUNK, 5):
+        monkeypatch.setattr(traffic, "LOADS_CHUNK", chunk)
+        _check_link_loads(topology, nodes, update, placement)
+
+
+@pytest.mark.parametrize("routing", ["ecmp", "adaptive"])
+def test_link_loads_summed_in_chunks_equal_summed_at_once(routing, monkeypatch):
+    """A 512-GPU fat tree (2:1 oversubscribed, 16 leaves per rail), ECMP's flow counts included: each pattern's
+    loads summed 7 hops at a time equal those summed at once."""
+    from simulator.costs import traffic
+
+    spec = load_topology("dgx-a100")
+    fabric = {"nodes_per_leaf": 4, "oversubscription": 2.0, "routing": routing}
+    spec = spec.model_copy(update={"fabric": spec.fabric.model_copy(update=fabric)})
+    cluster = Cluster(spec, 64)
+    pm = Placement(tp=2, dp=64, pp=4)
+    for kind in ("ring", "tree", "pairs", "all_pairs"):
+        for group in ("dp", "pp"):
+            hops = pattern_hops(kind, pm.groups(group), cluster.gpus_per_node, spec.node.nics)
+            monkeypatch.setattr(traffic, "LOADS_CHUNK", 1 << 30)
+            whole = CollectiveModel(cluster, pm, "auto").links.loads(hops)
+            monkeypatch.setattr(traffic, "LOADS_CHUNK", 7)
+            chunked = CollectiveModel(cluster, pm, "auto").links.loads(hops)
+            assert chunked.keys() == whole.keys() and whole
+            for c, seconds in whole.items():
+                assert chunked[c] == pytest.approx(seconds, rel=1e-12), (kind, group, c)
+
+
+def _check_link_loads(topology, nodes, update, placement):
     spec = load_topology(topology)
     for part, values in update.items():
         spec = spec.model_copy(update={part: getattr(spec, part).model_copy(update=values)})
@@ -296,7 +331,7 @@ def test_a_large_all_to_all_on_sampled_rotations_loads_nics_and_nvlink_exactly(m
     spaced others, weighted (1-bit Adam's momentum all-to-all over 16,384 GPUs has 2.7e8 pairs). Every rank
     still sends and receives n-1 units, n-c of them off its node: NVLink, GPU-NIC and NIC link classes equal the
     exact pairs' loads; the switch fabric (64 nodes, 4 per leaf, 2:1 oversubscribed) within 10%; the time too."""
-    from simulator.costs import traffic
+    from simulator.costs import hops as traffic
 
     spec = load_topology("dgx-a100")
     spec = spec.model_copy(
@@ -359,9 +394,9 @@ def test_routes_without_the_whole_graph_are_its_shortest_paths():
 @pytest.mark.parametrize("kind", ["ring", "tree", "pairs"])
 @pytest.mark.parametrize("placement", [{"tp": 2, "dp": 12, "pp": 2}, {"dp": 24}, {"tp": 8, "dp": 3}])
 def test_hops_laid_out_with_numpy_are_the_hops_of_each_group_in_turn(kind, placement):
-    """traffic.hops lays out groups of one shape together; each group alone, node by node (_loop_hops), gives the
+    """hops.hops lays out groups of one shape together; each group alone, node by node (_loop_hops), gives the
     same hops. A group spread unevenly over nodes (5 ranks on 2 nodes) takes the loop."""
-    from simulator.costs.traffic import _loop_hops
+    from simulator.costs.hops import _loop_hops
 
     pm = Placement(**placement)
     for group in ("dp", "tp", "pp"):

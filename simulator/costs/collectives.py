@@ -20,10 +20,10 @@ from functools import cached_property
 
 import numpy as np
 
+from simulator.costs.hops import hops as traffic_hops
 from simulator.costs.nccl import defaults, fastest, protocol_costs, ring_plateau
 from simulator.costs.stage_symmetry import translated
 from simulator.costs.traffic import LinkClass, LinkLoads
-from simulator.costs.traffic import hops as traffic_hops
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Groups, Placement
 from simulator.tables.lookup import MODELLED, CollectiveLookup
