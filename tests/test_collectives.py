@@ -1,5 +1,6 @@
 """Collective costs on the graph reduce to the textbook closed forms."""
 
+import pickle
 from pathlib import Path
 
 import pytest
@@ -563,6 +564,8 @@ def test_groups_held_as_one_array_are_the_groups_a_rank_by_rank_reading_gives(pl
         assert sorted(got) == reference(kind), kind
         assert len(got) == len(reference(kind)) and got[0] == tuple(got.array[0].tolist())
         assert hash(got) == hash(pm.groups(kind)) and got == Placement(**placement).groups(kind)
+        again = pickle.loads(pickle.dumps(got))  # process pools (plan --jobs, sweep) pickle what they return
+        assert again == got and list(again) == list(got) and not again.array.flags.writeable
     dp = list(pm.groups("dp"))
     n = len(dp[0])
     assert list(pm.groups("dp/2")) == [g[i : i + 2] for g in dp for i in range(0, n, 2)]

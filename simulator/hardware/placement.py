@@ -69,6 +69,9 @@ class Groups(Sequence):
             return NotImplemented
         return self.key == other.key or np.array_equal(self.array, other.array)
 
+    def __reduce__(self):  # pickled for process pools: rebuilt read-only
+        return (Groups, (self.array, self.key))
+
     def __array__(self, dtype=None, copy=None):
         return self.array if dtype is None else self.array.astype(dtype)
 
