@@ -163,6 +163,36 @@ def test_fsdp_prefetch_hides_all_gathers_when_compute_is_long_and_exposes_them_o
     assert slow.comm["exposed_s"] > 0.5 * slow.iteration_time_s
 
 
+def test_fsdp2_copies_each_gathered_unit_out_on_the_compute_stream_and_each_gradient_into_the_reduce_scatter():
+    """FSDP2 (the pytorch-2024 profile: torchtitan's fully_shard) copies every all-gather's output into the unit's
+    parameters on the compute stream before the unit runs (a read and a write of the gathered bytes), and copies
+    each unit's bf16 gradients into the fp32 reduce-scatter input on the reduction stream first (2 + 4 bytes per
+    parameter). FSDP1's flat parameter (llm-foundry-2023) gathers into the buffer its parameters view: no copies."""
+    kw = {
+        "model": {**UNTIED, "num_layers": 4},
+        "training": {"global_batch_size": 8},
+        "parallelism": {"fsdp": {}},
+    }
+    r = simulate(make(**kw, framework="pytorch-2024"))
+    tasks, tl = r.program.tasks, r.timeline
+    by_id = {t.id: t for t in tasks}
+    gathers = [t for t in tasks if t.kind == "all_gather"]
+    copies = [t for t in tasks if t.name.endswith("all-gather copy-out")]
+    assert len(copies) == len(gathers) > 0
+    for c in copies:
+        (gather,) = [by_id[d] for d in c.deps]
+        assert c.stream == "compute" and gather.kind == "all_gather"
+        assert sum(op.bytes for op in c.ops) == pytest.approx(2 * gather.bytes)
+        assert tl.start[c.id] >= tl.end[gather.id] - 1e-12
+    for rs in [t for t in tasks if t.kind == "reduce_scatter"]:
+        (copy_in,) = [by_id[d] for d in rs.deps]
+        assert copy_in.name == f"{rs.name} copy-in" and copy_in.stream == rs.stream
+        params = rs.bytes / 4  # fp32 on the wire
+        assert sum(op.bytes for op in copy_in.ops) == pytest.approx(params * (2 + 4))
+    flat = simulate(make(**kw, framework="llm-foundry-2023")).program.tasks
+    assert not [t for t in flat if "copy-out" in t.name or "copy-in" in t.name]
+
+
 def test_hsdp_reduce_scatters_inside_the_shard_group_and_all_reduces_across_replicas():
     r = simulate(
         make(

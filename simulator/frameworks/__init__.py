@@ -235,6 +235,14 @@ class Framework(BaseModel):
         "itself reduces: 'fp32' = Megatron-LM's main_grad (megatron/arguments.py forces "
         "accumulate_allreduce_grads_in_fp32 for bf16). DeepSpeed and PyTorch FSDP reductions follow their own rules.",
     )
+    fsdp_copies: bool = Field(
+        False,
+        description="The stack shards with FSDP2's per-parameter fully_shard, which copies each all-gathered "
+        "buffer out into the unit's parameters on the compute stream (_fsdp_collectives.py "
+        "foreach_all_gather_copy_out) and each unit's gradients into the reduce-scatter input "
+        "(foreach_reduce_scatter_copy_in): torchtitan. False: FSDP1's flat parameter, gathered into the buffer "
+        "its parameters view and reduce-scattered from the flat gradient (llm-foundry / Composer 2023).",
+    )
     fsdp_reduce_in_fp32: bool = Field(
         False,
         description="FSDP2's MixedPrecisionPolicy.reduce_dtype: True = float32, torchtitan's "

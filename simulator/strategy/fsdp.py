@@ -40,6 +40,8 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
             s, w
         ),  # FSDP2 float8 all-gather: the FP8 layers' shards cast and sent in FP8
         grad_bytes=reduce_b,
+        unsharded_grad_bytes=gb,
+        copies=w.framework.fsdp_copies,
     )
     add_sharded_iteration(p, s, w, us, plan)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.program import Program
+from simulator.program import COMPUTE, Program
 from simulator.scenario.schema import Scenario
 from simulator.strategy.offload import add_grad_copy, add_host_step, add_param_copy
 from simulator.strategy.steps import add_backward, add_forward, add_optimizer, microbatch_sync, with_setup
@@ -30,7 +30,11 @@ class ShardingPlan:
     reduce_every_microbatch: bool
     overlap_reduce: bool  # reductions on their own stream; otherwise compute waits for each one
     weight_bytes: float
-    grad_bytes: int
+    grad_bytes: int  # per gradient element reduced (FSDP2: its reduce dtype's)
+    # per element of the gradient autograd leaves unsharded (the parameter's dtype)
+    unsharded_grad_bytes: int = 2
+    # FSDP2's per-parameter copies around each collective (framework.fsdp_copies); FSDP1's flat parameter has none
+    copies: bool = False
     # ZeRO++ (Wang et al. 2023): forward gathers in fewer bytes per parameter (qwZ), backward gathers from a
     # secondary shard in a smaller group (hpZ), gradients as a two-step quantized all-to-all (qgZ)
     forward_gather_bytes: float | None = (
@@ -65,7 +69,8 @@ def add_sharded_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], 
         # the next compute is computes[len]; with depth d its gather may overlap the d computes before it
         pos = len(computes) - 1 - plan.prefetch_depth
         deps = ((computes[pos],) if pos >= 0 else ()) + ((after,) if after is not None else ())
-        return p.add(
+        nbytes = gather_params(w, u) * plan.weight_bytes
+        gid = p.add(
             0,
             "comm.ag",
             "all_gather",
@@ -73,11 +78,23 @@ def add_sharded_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], 
             f"{u.name} param all-gather",
             deps,
             group=plan.gather_group,
-            bytes=gather_params(w, u) * plan.weight_bytes,
+            bytes=nbytes,
         )
+        # FSDP2 copies the gathered buffer out into the unit's parameters on the compute stream before the unit
+        # runs (_fsdp_collectives.py foreach_all_gather_copy_out, split_with_sizes_copy, from wait_for_unshard)
+        if not plan.copies:
+            return gid
+        copy = memory_op("all-gather copy-out", FSDP_COPY_OUT_PER_BYTE * nbytes)
+        return p.add(0, COMPUTE, "copy", phase, f"{u.name} all-gather copy-out", (gid,), ops=(copy,))
 
-    def add_reduction(kind: str, name: str, after: int, group: str, nbytes: float) -> int:
-        """A gradient reduction step on the reduction stream, after ``after``."""
+    def add_reduction(
+        kind: str, name: str, after: int, group: str, nbytes: float, copy_in: float = 0.0
+    ) -> int:
+        """A gradient reduction step on the reduction stream, after ``after`` (``copy_in``: bytes its input copy
+        moves first on the same stream)."""
+        if copy_in:
+            ops = (memory_op("reduce-scatter copy-in", copy_in, direction="backward"),)
+            after = p.add(0, "comm.rs", "copy", "backward", f"{name} copy-in", (after,), ops=ops)
         return p.add(0, "comm.rs", kind, "backward", name, (after,), group=group, bytes=nbytes)
 
     setup: dict = {}
@@ -99,8 +116,16 @@ def add_sharded_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], 
             if not reduce:
                 continue
             nbytes = u.params * plan.grad_bytes
+            # foreach_reduce_scatter_copy_in (torch._chunk_cat): the unsharded gradients read, cast to the
+            # reduce dtype into the reduce-scatter input
+            copy_in = u.params * (plan.unsharded_grad_bytes + plan.grad_bytes) if plan.copies else 0.0
             rid = add_reduction(
-                "reduce_scatter", f"{u.name} grad reduce-scatter", computes[-1], plan.gather_group, nbytes
+                "reduce_scatter",
+                f"{u.name} grad reduce-scatter",
+                computes[-1],
+                plan.gather_group,
+                nbytes,
+                copy_in,
             )
             if plan.replicate_group:
                 rid = add_reduction(
@@ -150,6 +175,9 @@ COALESCED_COPY_PER_BYTE = 2.0
 # runtime/comm/coalesced_collectives.py reduce_scatter_coalesced): the gradient into the bucket, the bucket into
 # the per-rank flat buffer (a read and a write each).
 REDUCE_COPY_PER_BYTE = 4.0
+# Bytes per gathered byte FSDP2 copies out of the all-gather buffer into the unit's parameters (a read and a
+# write; torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_all_gather_copy_out, torch 2.4-2.13)
+FSDP_COPY_OUT_PER_BYTE = 2.0
 
 
 def _fetched_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], plan: ShardingPlan) -> None:
