@@ -7,10 +7,11 @@ per batch, with no flush.
 
 FSDP2 beside the pipeline (``parallelism.fsdp`` with ``reshard_after_forward: false``, torchtitan's setting
 when pipelining): a stage's parameters are all-gathered before its first forward and stay gathered for every
-micro-batch, gradients accumulate unsharded (in fp32 where FSDP reduces in fp32: torchtitan), and the stage reduce-scatters them once its last backward is done
-(PyTorch ``torch/distributed/pipelining/stage.py``, ``backward_maybe_with_nosync`` keeps
-``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)`` until ``perform_reduce_grad``,
-"scheduled after all microbatches W, B actions"); the optimizer steps on its 1/DP shard.
+micro-batch, gradients accumulate unsharded (in fp32 where FSDP reduces in fp32: torchtitan), and the stage
+reduce-scatters them once its last backward is done (PyTorch ``torch/distributed/pipelining/stage.py``,
+``backward_maybe_with_nosync`` keeps ``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)``
+until ``perform_reduce_grad``, "scheduled after all microbatches W, B actions"); the optimizer steps on its 1/DP
+shard.
 """
 
 from __future__ import annotations
