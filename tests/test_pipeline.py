@@ -340,6 +340,14 @@ def test_fsdp_reducing_in_fp32_moves_and_accumulates_4_bytes_per_gradient():
             assert mem.optimizer == pytest.approx(bf16.program.ranks[st].memory.optimizer)
             (reduce,) = [t for t in r.program.tasks if t.rank == st and t.kind == "reduce_scatter"]
             assert reduce.bytes == pytest.approx(2 * weights)
+        # FSDP2 (torchtitan's fully_shard) copies the fp32 gradients into the reduce-scatter input first: a read
+        # and a write; the profile-less run (fsdp_copies off) reduces straight from them
+        by_id = {t.id: t for t in torchtitan.program.tasks}
+        (reduce,) = [t for t in torchtitan.program.tasks if t.rank == st and t.kind == "reduce_scatter"]
+        (copy_in,) = [by_id[d] for d in reduce.deps]
+        assert copy_in.name.endswith("grad copy-in") and copy_in.stream == reduce.stream
+        assert sum(op.bytes for op in copy_in.ops) == pytest.approx(2 * reduce.bytes)
+        assert not [t for t in fp32.program.tasks if t.name.endswith("copy-in")]
         assert bf16.program.ranks[st].memory.grads == pytest.approx(weights)
     # FSDP without a pipeline: one reduce-scatter per block and microbatch, 4 bytes per parameter in fp32
     flat = {**kw, "training": {"global_batch_size": 16, "micro_batch_size": 1}}

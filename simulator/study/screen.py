@@ -320,6 +320,12 @@ class Screen:
             on_node = 0.0 if network else ag_moving + rs_moving
             backward = max(ag, rs + across, on_network, on_node)
             exposed = gas * (max(0.0, ag - layers * f) + max(0.0, backward - layers * (b + rc)))
+            if self.framework.fsdp_copies:
+                # FSDP2 copies each gathered unit out into its parameters on the compute stream (a read and a
+                # write, forward and backward; strategy/sharded.py): compute time, at the optimizer's HBM rate
+                copy_bytes = sum(k * 2 * 2 * q * w_b for q, k in units)
+                compute += gas * copy_bytes / (self.cluster.gpu.hbm_bytes_per_s * 0.8)
+                pipeline += gas * copy_bytes / (self.cluster.gpu.hbm_bytes_per_s * 0.8)
         sharded = lay.sharding != "ddp"
         opt_states = psi / (lay.state_shards if sharded else 1) + experts / (edp if sharded else 1)
         optimizer = opt_states * 30 / (self.cluster.gpu.hbm_bytes_per_s * 0.8)

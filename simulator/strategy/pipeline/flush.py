@@ -22,6 +22,7 @@ from simulator.strategy.groups import EXPERT_GROUP, expert_grad_group_size, grad
 from simulator.strategy.reduction import bf16_optimizer, ddp_settings, pipeline_grad_reduction
 from simulator.strategy.state_bytes import fsdp_reduce_bytes, gather_bytes, grad_bytes
 from simulator.strategy.steps import add_optimizer
+from simulator.workload.ops import memory_op
 from simulator.workload.transformer import Workload
 
 
@@ -69,6 +70,13 @@ def flush_and_step(
                 params = sum(u.params for u in chunks[(st, c)])
                 last_b = last_backward(ids, st, c)
                 after = last_b if overlap else last_compute[st]
+                if fsdp and w.framework.fsdp_copies:
+                    # FSDP2's foreach_reduce first copies the accumulated gradients into the reduce-scatter input
+                    # (foreach_reduce_scatter_copy_in: a read and a write in the reduce dtype)
+                    copy = memory_op("grad reduce-scatter copy-in", 2 * gb * params, direction="backward")
+                    after = prog.add(
+                        st, "comm.dp", "copy", "backward", f"chunk {c} grad copy-in", (after,), ops=(copy,)
+                    )
                 reductions.append(
                     prog.add(
                         st,
