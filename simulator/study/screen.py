@@ -247,6 +247,7 @@ class Screen:
         n = lay.dp * lay.cp if lay.cp > 1 else lay.dp
         grads = psi * g_b
         memory = self.memory(lay, psi, s, experts, edp)
+        hbm = self.cluster.gpu.hbm_bytes_per_s * 0.8  # memory-bound work's rate (copies, the optimizer step)
         # the scenario's switches, else the framework's (as the simulation reads them)
         ddp = s.parallelism.ddp
         overlap_reduce = (
@@ -320,15 +321,13 @@ class Screen:
             on_node = 0.0 if network else ag_moving + rs_moving
             backward = max(ag, rs + across, on_network, on_node)
             exposed = gas * (max(0.0, ag - layers * f) + max(0.0, backward - layers * (b + rc)))
-            if self.framework.fsdp_copies:
-                # FSDP2 copies each gathered unit out into its parameters on the compute stream (a read and a
-                # write, forward and backward; strategy/sharded.py): compute time, at the optimizer's HBM rate
-                copy_bytes = sum(k * 2 * 2 * q * w_b for q, k in units)
-                compute += gas * copy_bytes / (self.cluster.gpu.hbm_bytes_per_s * 0.8)
-                pipeline += gas * copy_bytes / (self.cluster.gpu.hbm_bytes_per_s * 0.8)
+            if self.framework.fsdp_copies:  # FSDP2 copies each gathered unit out on the compute stream,
+                # forward and backward (a read and a write: strategy/sharded.py), at the optimizer's HBM rate
+                copies = gas * sum(4 * q * k * w_b for q, k in units) / hbm
+                compute, pipeline = compute + copies, pipeline + copies
         sharded = lay.sharding != "ddp"
         opt_states = psi / (lay.state_shards if sharded else 1) + experts / (edp if sharded else 1)
-        optimizer = opt_states * 30 / (self.cluster.gpu.hbm_bytes_per_s * 0.8)
+        optimizer = opt_states * 30 / hbm
         if (
             lay.offload
         ):  # ZeRO-Offload: gradients to the host under backward, the step on the CPU, weights back
