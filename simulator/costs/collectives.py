@@ -123,12 +123,12 @@ class CollectiveModel:
         if key not in self._phases:
             groups = self.placement.groups(group)
             gpn = self.cluster.gpus_per_node
-            node_of_first, node_of_last = groups.array[:, 0] // gpn, groups.array[:, -1] // gpn
             if stage is not None:
                 groups = self._stage_groups(group, stage)
-            elif (node_of_first == node_of_last).all():
+            elif (groups.array[:, 0] // gpn == groups.array[:, -1] // gpn).all():
                 # groups inside nodes (tensor parallelism): every node is wired alike and runs the same
                 # collective, so the groups of one node give the cost (they still contend with each other)
+                node_of_first = groups.array[:, 0] // gpn
                 first = int(node_of_first[0])
                 groups = groups.where(node_of_first == first, ("node", first))
             phases, source = self._cost(op, groups, size_bytes), MODELLED

@@ -36,8 +36,6 @@ class _Sums:
     local: dict = field(default_factory=dict)
     up: np.ndarray | None = None
     down: np.ndarray | None = None
-    leaves: int = 0
-    rails: int = 1
     leaf_units: dict = field(default_factory=dict)
     leaf_flows: dict = field(default_factory=dict)
     leaf_pairs: defaultdict = field(default_factory=lambda: defaultdict(float))
@@ -67,6 +65,13 @@ class LinkLoads:
             self.node_stages = [
                 frozenset(stage[k * gpn : (k + 1) * gpn].tolist()) for k in range(cluster.num_nodes)
             ]
+
+    @cached_property
+    def _leaf_grid(self) -> tuple[int, int]:
+        """(leaf switches, rails): a rail-optimized fabric has one leaf per NIC rail for every group of nodes."""
+        cl = self.cluster
+        rails = cl.spec.node.nics if cl.spec.fabric.rail_optimized else 1
+        return -(-cl.num_nodes // cl.spec.fabric.nodes_per_leaf) * rails, rails
 
     @cached_property
     def one_stage_per_node(self) -> bool:
@@ -172,11 +177,9 @@ class LinkLoads:
         sums.down = down if sums.down is None else sums.down + down
         # traffic between leaf switches: per leaf (a two-level fat tree) or per pair of leaves
         npl, rail = cl.spec.fabric.nodes_per_leaf, cl.spec.fabric.rail_optimized
-        rails = nics if rail else 1
-        leaves = -(-cl.num_nodes // npl) * rails
+        leaves, rails = self._leaf_grid
         leaf_a = (na // npl) * rails + (nic_a if rail else 0)
         leaf_b = (nb // npl) * rails + (nic_b if rail else 0)
-        sums.leaves, sums.rails = leaves, rails
         if cl.spine is None:
             pairs, inverse = np.unique(leaf_a * leaves + leaf_b, return_inverse=True)
             for p, units in zip(pairs.tolist(), np.bincount(inverse, share).tolist(), strict=True):
@@ -201,7 +204,7 @@ class LinkLoads:
         cl = self.cluster
         fabric: dict = defaultdict(float)
         for p, units in sums.leaf_pairs.items():
-            for link in cl.switch_path(*(cl.leaf_of(x) for x in divmod(p, sums.leaves))):
+            for link in cl.switch_path(*(cl.leaf_of(x) for x in divmod(p, self._leaf_grid[0]))):
                 fabric[link] += units
         for link, units in fabric.items():
             c = (self.stages_of(link), *cl.link_class(link))
@@ -217,7 +220,7 @@ class LinkLoads:
         cl = self.cluster
         if not sums.leaf_units:
             return
-        leaves, rails = sums.leaves, sums.rails
+        leaves, rails = self._leaf_grid
         up, down = sums.leaf_units["up"], sums.leaf_units["down"]
         fab = cl.spec.fabric
         if fab.routing == "ecmp":
