@@ -26,7 +26,9 @@ def test_a_gpus_own_factors_apply_over_its_architectures_and_survive_cross_valid
     attention one (a fact about the kernel, not a fit)."""
     foundry = get_framework("llm-foundry-2023")
     h100 = foundry.on_gpu("h100-sxm5-80gb")
-    assert h100.attention_efficiency == 0.59 and h100.gemm_efficiency == pytest.approx(0.7579)
+    own = foundry.gpus["h100-sxm5-80gb"].gemm_efficiency
+    assert own is not None and own != foundry.gemm_efficiency
+    assert h100.attention_efficiency == 0.59 and h100.gemm_efficiency == own
     other = foundry.on_gpu("h100-sxm5-96gb-500w")
     assert other.attention_efficiency == 0.59 and other.gemm_efficiency == foundry.gemm_efficiency
     ref = reference(foundry).on_gpu("h100-sxm5-80gb")
@@ -105,3 +107,63 @@ def test_a_vocabulary_parallel_eager_loss_keeps_x_minus_max_as_well():
     )
     tokens = 8192 * 8
     assert head_activation_bytes(s) == (4 * tokens * 8192 + 14 * tokens * 128256) / 8
+
+
+def _mpt(gpu: str, framework: str, **training):
+    return load_scenario(
+        {
+            "model": {
+                "num_layers": 2,
+                "hidden_size": 2048,
+                "num_attention_heads": 16,
+                "seq_length": 2048,
+                "vocab_size": 50368,
+                "attention": "flash",
+            },
+            "framework": framework,
+            "cluster": {"topology": "dgx-h100" if gpu.startswith("h100") else "dgx-a100", "num_nodes": 1},
+            "training": {"global_batch_size": 16, "micro_batch_size": 2, **training},
+            "parallelism": {"data_parallel": 8, "fsdp": {}},
+        }
+    )
+
+
+@pytest.mark.parametrize("gpu", ["a100-sxm4-80gb", "h100-sxm5-80gb"])
+def test_mpts_triton_attention_runs_at_half_flashattention2s_rate_at_every_shape(gpu):
+    """MPT's Triton FlashAttention (attn_impl: triton; its docstring: forward + backward slightly slower than
+    FlashAttention-1, which FlashAttention-2 runs about 2x as fast): every attention kernel takes twice
+    FlashAttention-2's time at the same shape and factors, forward and backward, on A100 (one rate) and on H100
+    (the same shape curve, since it tiles the same way)."""
+    from simulator.costs.compute import ComputeModel
+    from simulator.hardware.gpus import get_gpu
+    from simulator.workload.transformer import build_workload
+
+    foundry = get_framework("llm-foundry-2023").on_gpu(gpu)
+    fa2 = foundry.model_copy(update={"attention_kernel": "flash-attention-2"})
+    g = get_gpu(gpu)
+    layer = build_workload(_mpt(gpu, "llm-foundry-2023"), gpu=g).layer
+    ops = [op for op in (*layer.forward, *layer.backward) if op.kind == "flash_attention"]
+    assert {op.direction for op in ops} == {"forward", "backward"}
+    triton, flash2 = ComputeModel(g, "bf16", foundry), ComputeModel(g, "bf16", fa2)
+    for op in ops:
+        launch = op.launches * (
+            g.kernel_launch_s + foundry.kernel_overhead_s
+        )  # the launch is not the kernel's rate
+        assert triton.op_time_s(op) - launch == pytest.approx(2 * (flash2.op_time_s(op) - launch), rel=1e-9)
+    # a measured table's attention rows are scaled by the same factor
+    assert triton._factor("flash_attention") == pytest.approx(flash2._factor("flash_attention") / 2)
+
+
+def test_flash_attns_fused_loss_reads_and_keeps_only_the_16_bit_logits():
+    """MPT's fused_crossentropy (flash-attn's xentropy kernel): forward reads the bf16 logits once (2 bytes per
+    logit), backward reads them and writes their bf16 gradient (4); at the loss the logits and, in backward, their
+    gradient are live: 4 bytes per logit, against F.cross_entropy's 10 (its fp32 copy and log_softmax's output)."""
+    s = _mpt("a100-sxm4-80gb", "llm-foundry-2023")
+    tokens, vocab = 2048 * 2, s.model.vocab_size
+    assert head_activation_bytes(s) == 4 * tokens * 2048 + 4 * tokens * vocab
+    from simulator.workload.transformer import build_workload
+
+    head = build_workload(s).head
+    (fwd,) = [op for op in head.forward if op.kernel == "cross_entropy"]
+    (bwd,) = [op for op in head.backward if op.kernel == "cross_entropy"]
+    assert (fwd.bytes, bwd.bytes) == (2 * tokens * vocab, 4 * tokens * vocab)

@@ -141,7 +141,7 @@ def test_scenarios_without_a_framework_get_the_realistic_profile_of_their_stack(
     )
     assert make(**base, parallelism={"pipeline_parallel": 2}).framework == "megatron-2022"
     assert make(**base).framework == "pytorch-2024"
-    assert make(**base, parallelism={"fsdp": {}}).framework == "llm-foundry-2023"
+    assert make(**base, parallelism={"fsdp": {}}).framework == "pytorch-2024"  # FSDP2, as torchtitan runs it
     assert make(model=SMALL).framework == "ideal"  # named explicitly: kept
 
 

@@ -167,7 +167,9 @@ def test_fsdp2_copies_each_gathered_unit_out_on_the_compute_stream_and_each_grad
     """FSDP2 (the pytorch-2024 profile: torchtitan's fully_shard) copies every all-gather's output into the unit's
     parameters on the compute stream before the unit runs (a read and a write of the gathered bytes), and copies
     each unit's bf16 gradients into the fp32 reduce-scatter input on the reduction stream first (2 + 4 bytes per
-    parameter). FSDP1's flat parameter (llm-foundry-2023) gathers into the buffer its parameters view: no copies."""
+    parameter). FSDP1's flat parameter (llm-foundry-2023) gathers into the buffer its parameters view and
+    reduce-scatters the flat gradient itself: no copy-out, and a copy-in only where it casts the gradient to an fp32
+    reduce dtype first (Composer's DEFAULT mixed precision; none with PURE's bf16 reduction)."""
     kw = {
         "model": {**UNTIED, "num_layers": 4},
         "training": {"global_batch_size": 8},
@@ -190,7 +192,18 @@ def test_fsdp2_copies_each_gathered_unit_out_on_the_compute_stream_and_each_grad
         params = rs.bytes / 4  # fp32 on the wire
         assert sum(op.bytes for op in copy_in.ops) == pytest.approx(params * (2 + 4))
     flat = simulate(make(**kw, framework="llm-foundry-2023")).program.tasks
+    assert not [t for t in flat if "copy-out" in t.name]
+    casts = [t for t in flat if "copy-in" in t.name]
+    reductions = [t for t in flat if t.kind == "reduce_scatter"]
+    assert len(casts) == len(reductions) > 0
+    for cast, rs in zip(casts, reductions, strict=True):
+        assert sum(op.bytes for op in cast.ops) == pytest.approx(rs.bytes / 4 * (2 + 4))
+    pure = {**kw, "parallelism": {"fsdp": {"reduce_in_fp32": False}}}
+    flat = simulate(make(**pure, framework="llm-foundry-2023")).program.tasks
     assert not [t for t in flat if "copy-out" in t.name or "copy-in" in t.name]
+    assert sum(t.bytes for t in flat if t.kind == "reduce_scatter") == pytest.approx(
+        sum(rs.bytes for rs in reductions) / 2
+    )
 
 
 def test_hsdp_reduce_scatters_inside_the_shard_group_and_all_reduces_across_replicas():

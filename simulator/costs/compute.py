@@ -80,6 +80,15 @@ FLASH_BACKWARD = 0.935  # the backward's rate at the reference shape relative to
 # the architectures the shape factor was measured on; others keep one rate for every shape
 FLASH_SHAPED = ("hopper",)
 
+# Attention kernels priced relative to FlashAttention-2 at the same shape. MPT's Triton FlashAttention
+# (mosaicml/llm-foundry llmfoundry/models/layers/flash_attn_triton.py @beb8dee, attn_impl: triton: flash-attn's
+# flash_attn_triton.py on Triton's pre-MLIR backend) says of itself "Overall Triton forward + backward is slightly
+# slower than CUDA forward + backward", CUDA being FlashAttention-1, and FlashAttention-2 gives "around 2x speedup
+# compared to FlashAttention" (Dao 2023, abstract): half FlashAttention-2's rate. It tiles as FlashAttention-2
+# does (128-query blocks walking the key blocks, a grid of query blocks x sample-heads), so it follows the same
+# shape curve.
+KERNEL_RATE = {"flash-attention-2": 1.0, "fused": 1.0, "triton-flash": 0.5}
+
 
 def flash_shape_factor(
     gpu: GPU, direction: str, queries: int, keys: int, heads: int, kernel: str = "flash-attention-2"
@@ -90,7 +99,7 @@ def flash_shape_factor(
     heuristics pick kernels by shape) and on the architectures it was measured on: on A100 the kernel's fixed
     work weighs less against slower tensor cores (Dao 2023 Fig. 4 shows a flatter curve); Blackwell runs other
     kernels."""
-    if kernel != "flash-attention-2" or gpu.architecture not in FLASH_SHAPED:
+    if kernel not in ("flash-attention-2", "triton-flash") or gpu.architecture not in FLASH_SHAPED:
         return 1.0
     c, fill = FLASH_OVERHEAD[direction], FLASH_FILL[direction] * gpu.sm_count
 
@@ -201,7 +210,9 @@ class ComputeModel:
         f = self.framework
         if kernel in GEMMS:
             return f.gemm_efficiency
-        return f.attention_efficiency if kernel == "flash_attention" else f.memory_efficiency
+        if kernel == "flash_attention":
+            return f.attention_efficiency * KERNEL_RATE[f.attention_kernel]
+        return f.memory_efficiency
 
     def _modelled_s(self, op: Op) -> float:
         g, f = self.gpu, self.framework
@@ -215,7 +226,9 @@ class ComputeModel:
             comp = max(comp, gemm_floor_s(g, op.flops, peak, dtype))
         elif op.kind == "flash_attention":
             shape = flash_shape_factor(g, op.direction, op.m, op.n, op.batch, f.attention_kernel)
-            comp = op.flops / (self.peak * g.flash_attention_efficiency * shape * f.attention_efficiency)
+            comp = op.flops / (
+                self.peak * g.flash_attention_efficiency * shape * self._factor("flash_attention")
+            )
         else:
             comp = 0.0
         if op.kind in COMPUTE_BOUND:

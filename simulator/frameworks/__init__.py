@@ -210,11 +210,13 @@ class Framework(BaseModel):
         "code writes them (torchtitan, Hugging Face): RoPE in fp32 complex numbers, SiLU then multiply, autograd's "
         "residual-gradient sums. training.compile fuses all but the complex RoPE.",
     )
-    attention_kernel: Literal["fused", "flash-attention-2"] = Field(
+    attention_kernel: Literal["fused", "flash-attention-2", "triton-flash"] = Field(
         "fused",
         description="The FlashAttention kernel the stack runs: 'flash-attention-2' (PyTorch SDPA's flash backend, "
         "the flash-attn package): its rate follows the shape on Hopper as measured there (costs/compute.py "
-        "flash_shape_factor); 'fused' (cuDNN's fused attention, Transformer Engine): one rate for every shape.",
+        "flash_shape_factor); 'triton-flash' (MPT's Triton FlashAttention, attn_impl: triton): the same curve at "
+        "half the rate (costs/compute.py KERNEL_RATE); 'fused' (cuDNN's fused attention, Transformer Engine): one "
+        "rate for every shape.",
     )
     context_parallel: Literal["fused", "torch"] = Field(
         "fused",
@@ -224,10 +226,12 @@ class Framework(BaseModel):
         "ops (workload/attention.py cp_merge_bytes), on K / V with their heads repeated to the query heads "
         "(torchtitan's repeat_kv before SDPA).",
     )
-    loss: Literal["megatron", "torch"] = Field(
+    loss: Literal["megatron", "torch", "flash-attn"] = Field(
         "megatron",
-        description="How the cross-entropy loss runs on fp32 logits: 'megatron' = vocab_parallel_cross_entropy's "
-        "separate max, subtract, exp, sum and divide passes; 'torch' = F.cross_entropy (log-softmax + NLL).",
+        description="How the cross-entropy loss runs: 'megatron' = vocab_parallel_cross_entropy's separate max, "
+        "subtract, exp, sum and divide passes on fp32 logits; 'torch' = F.cross_entropy (log-softmax + NLL) on "
+        "an fp32 copy; 'flash-attn' = flash-attn's fused cross-entropy kernel on the 16-bit logits (MPT's "
+        "fused_crossentropy).",
     )
     bf16_main_grads: Literal["bf16", "fp32"] = Field(
         "bf16",
@@ -245,9 +249,10 @@ class Framework(BaseModel):
     )
     fsdp_reduce_in_fp32: bool = Field(
         False,
-        description="FSDP2's MixedPrecisionPolicy.reduce_dtype: True = float32, torchtitan's "
-        "mixed_precision_reduce (config_manager.py @9dec370: default and only choice 'float32'); False = the "
-        "16-bit parameter dtype (FSDP2's reduce_dtype=None). In fp32 the reduce-scatter moves 4 bytes per "
+        description="FSDP's reduce dtype: True = float32, torchtitan's mixed_precision_reduce (config_manager.py "
+        "@9dec370: default and only choice 'float32') and Composer's FSDP mixed_precision DEFAULT (its default; "
+        "PURE reduces in bf16); False = the 16-bit parameter dtype (FSDP2's reduce_dtype=None). FSDP1 casts "
+        "each flat gradient to fp32 on the reduce-scatter's stream first. In fp32 the reduce-scatter moves 4 bytes per "
         "gradient (_fsdp_collectives.py foreach_reduce allocates its input in reduce_dtype), and gradients "
         "accumulated without a reduction (every micro-batch under pipelining) are kept unsharded in fp32 "
         "(_fsdp_param.py to_accumulated_grad_if_needed). parallelism.fsdp.reduce_in_fp32 overrides it.",
@@ -291,15 +296,14 @@ AUTO = "auto"
 def default_framework(scenario, gpu: str) -> str:
     """The realistic profile for a scenario that names none: its stack and the GPU's era. Megatron (tensor,
     pipeline or context parallelism): Megatron-Core with Transformer Engine on Hopper, Megatron-LM's eager layer
-    before; PyTorch FSDP: llm-foundry's; data parallelism alone (PyTorch DDP, DeepSpeed ZeRO): eager PyTorch."""
+    before; otherwise (PyTorch FSDP2, DDP, DeepSpeed ZeRO) eager PyTorch with torchtitan's FSDP2. llm-foundry-2023
+    is MPT's own 2023 code (FSDP1, Triton attention, a fused loss): named, never picked."""
     p = scenario.parallelism
     if p.tensor_parallel > 1 or p.pipeline_parallel > 1 or p.context_parallel > 1:
         from simulator.hardware.gpus import get_gpu
 
         recent = get_gpu(gpu).architecture in ("hopper", "blackwell", "cdna3", "cdna4")
         return "megatron-core-2024" if recent else "megatron-2022"
-    if p.fsdp is not None:
-        return "llm-foundry-2023"
     return "pytorch-2024"
 
 

@@ -116,9 +116,13 @@ def add_sharded_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], 
             if not reduce:
                 continue
             nbytes = u.params * plan.grad_bytes
-            # foreach_reduce_scatter_copy_in (torch._chunk_cat): the unsharded gradients read, cast to the
-            # reduce dtype into the reduce-scatter input
-            copy_in = u.params * (plan.unsharded_grad_bytes + plan.grad_bytes) if plan.copies else 0.0
+            # FSDP2's foreach_reduce_scatter_copy_in (torch._chunk_cat): the unsharded gradients read, cast to
+            # the reduce dtype into the reduce-scatter input. FSDP1 reduces the flat gradient in place, unless
+            # its reduce dtype differs: then _post_backward_hook casts it first, on the reduce-scatter's stream
+            # (torch/distributed/fsdp/_runtime_utils.py, ``flat_param.grad.to(handle._reduce_dtype)``, torch
+            # 2.1 to 2.13)
+            cast = plan.copies or plan.grad_bytes != plan.unsharded_grad_bytes
+            copy_in = u.params * (plan.unsharded_grad_bytes + plan.grad_bytes) if cast else 0.0
             rid = add_reduction(
                 "reduce_scatter",
                 f"{u.name} grad reduce-scatter",

@@ -75,8 +75,12 @@ def head_block(
     # cross_entropy.py): forward casts to fp32 (e + 4), takes the max (4), subtracts it (8), exponentiates in
     # place (8), sums (4) and divides in place (8); backward scales the saved softmax in place (8) and casts the
     # gradient back (4 + e). PyTorch's F.cross_entropy under autocast: cast (e + 4) and log-softmax (8)
-    # forward; NLL backward (4), log-softmax backward (12) and the cast back (4 + e)
-    ce_fwd, ce_bwd = (e + 32, 12 + e) if fw.loss == "megatron" else (e + 12, 20 + e)
+    # forward; NLL backward (4), log-softmax backward (12) and the cast back (4 + e). flash-attn's fused
+    # cross-entropy (flash_attn/losses/cross_entropy.py, xentropy_cuda; MPT's fused_crossentropy): one kernel reads
+    # the 16-bit logits forward (e), one reads them and writes their gradient backward (2 e)
+    ce_fwd, ce_bwd = {"megatron": (e + 32, 12 + e), "torch": (e + 12, 20 + e), "flash-attn": (e, 2 * e)}[
+        fw.loss
+    ]
     forward = present(
         norm(sh, "final layernorm"),
         gather_in("logits input"),

@@ -272,7 +272,15 @@ def checkpoint_bytes_per_layer(s: Scenario) -> float:
 # the result from it, so the fp32 input, shifted and the result are live at once beside the 16-bit logits (its
 # exp is freed by the sum before the result is made). Measured on one H100: Llama 3 70B at TP 8, 16 x 8,192 tokens,
 # allocated peak 57.4 GiB, 8.0 GiB above the 10 bytes per logit (benchmarks/torchtitan_step.py --tp 8).
-LOGIT_BYTES = {"megatron": 4, "torch": 2 + 4 + 4, "torch-compiled": 2 + 4, "torch-parallel": 2 + 4 + 4 + 4}
+# flash-attn's fused cross-entropy (MPT's fused_crossentropy) keeps the 16-bit logits and, in backward, writes
+# their 16-bit gradient beside them (xentropy_cuda.backward, not in place: inplace_backward defaults to False).
+LOGIT_BYTES = {
+    "megatron": 4,
+    "torch": 2 + 4 + 4,
+    "torch-compiled": 2 + 4,
+    "torch-parallel": 2 + 4 + 4 + 4,
+    "flash-attn": 2 + 2,
+}
 
 
 def head_activation_bytes(s: Scenario) -> float:
