@@ -67,6 +67,26 @@ def test_full_recompute_re_runs_every_layer_and_keeps_the_inputs():
     assert kept(s) == pytest.approx(4 * 2 * S * H + whole, rel=1e-12)  # 4 inputs + the layer being re-run
 
 
+def test_torchs_non_reentrant_checkpoint_stops_before_the_last_linear_layer():
+    """torch's non-reentrant checkpoint (torchtitan, llm-foundry: ``checkpoint_early_stop``) stops recomputing once
+    the last tensor the backward needs is saved, which autograd does before the MLP-down GEMM runs: per layer the
+    re-run is the forward less 2 s h F FLOPs (MLP-down) and less the residual add after it. Megatron's reentrant
+    CheckpointFunction (the ``ideal`` profile here) re-runs the whole forward; FP8's custom autograd Functions and
+    a compiled block save only after their forward, so they re-run it whole too."""
+    from simulator.frameworks import get_framework
+
+    s = scenario("full")
+    whole = recompute_flops(s)
+    early = s.model_copy(update={"framework": "pytorch-2024"})
+    assert get_framework("pytorch-2024").checkpoint_early_stop
+    down = 2 * S * H * F
+    assert recompute_flops(early) == pytest.approx(
+        whole - 2 * 4 * down, rel=1e-12
+    )  # 2 micro-batches x 4 layers
+    compiled = early.model_copy(update={"training": early.training.model_copy(update={"compile": True})})
+    assert recompute_flops(compiled) == pytest.approx(whole, rel=1e-12)
+
+
 def test_megatron_block_method_recomputes_the_first_n_layers_of_the_chunk():
     s = scenario("full", method="block", num_layers=1)
     assert recompute_flops(s) == pytest.approx(2 * 1 * layer_forward_flops(s), rel=1e-12)

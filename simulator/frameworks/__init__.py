@@ -257,6 +257,14 @@ class Framework(BaseModel):
         "accumulated without a reduction (every micro-batch under pipelining) are kept unsharded in fp32 "
         "(_fsdp_param.py to_accumulated_grad_if_needed). parallelism.fsdp.reduce_in_fp32 overrides it.",
     )
+    checkpoint_early_stop: bool = Field(
+        False,
+        description="Activation checkpointing is torch's non-reentrant checkpoint (torch.utils.checkpoint, "
+        "use_reentrant=False; FSDP's checkpoint_wrapper NO_REENTRANT), whose recomputation stops once every "
+        "tensor the backward needs is recomputed (early_stop, default since torch 2.1): a layer's last linear "
+        "layer saves its input before it multiplies, so its GEMM and what follows are not re-run. False: "
+        "Megatron's and DeepSpeed's reentrant CheckpointFunction re-runs the whole forward.",
+    )
     grad_accumulation_kernels: bool = Field(
         False,
         description="Each backward adds every parameter's gradient into a separate buffer with its own kernel "

@@ -63,6 +63,29 @@ def op_policy_recompute(forward: tuple[Op, ...]) -> tuple[Op, ...]:
     return recomputed(tuple(out))
 
 
+def early_stopped(forward: tuple[Op, ...]) -> tuple[Op, ...]:
+    """What torch's non-reentrant checkpoint re-runs of a layer's forward with early stopping (torch
+    torch/utils/checkpoint.py ``_recomputation_hook``: the pack hook raises ``_StopRecomputationError`` once the
+    last tensor the backward needs is saved again; torch 2.1 to 2.13): autograd saves an op's inputs before the op
+    runs, so recomputation stops at the layer's last linear layer (MLP-down), before its GEMM, and skips it with
+    what follows (the output's all-reduce or reduce-scatter, the residual add), none of which saves a tensor."""
+    last = max(
+        (i for i, op in enumerate(forward) if op.kind == "gemm" and op.linear and op.direction == "forward"),
+        default=None,
+    )
+    return forward if last is None else forward[:last]
+
+
+def stops_early(s: Scenario, framework, moe: bool) -> bool:
+    """Does a fully recomputed layer stop before its last linear layer (``early_stopped``)? Where the framework
+    checkpoints with torch's non-reentrant checkpoint (``checkpoint_early_stop``) and that layer is a plain aten op:
+    a custom autograd Function (FP8's Float8Linear or Transformer Engine, a torch.compile'd block) saves its tensors
+    only after its forward has run, and an MoE layer saves after its last GEMM (the unpermute). Not for torchtitan's
+    per-op policy either: the last matmul it re-runs (w3) comes before w2, which it keeps."""
+    tr = s.training
+    return framework.checkpoint_early_stop and not moe and tr.precision != "fp8" and not tr.compile
+
+
 def chunk_activation_bytes(s: Scenario, layers: list[tuple[str, bool]]) -> tuple[float, float]:
     """(bytes a chunk's layers keep from forward to backward, bytes more at the backward's peak while a
     recomputation has its layers' activations live) for one micro-batch; ``layers``: (policy, is MoE) each."""

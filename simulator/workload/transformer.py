@@ -38,7 +38,7 @@ from simulator.workload.ops import (
     sync_op,
 )
 from simulator.workload.params import parameter_count
-from simulator.workload.recompute import chunk_policies, op_policy_recompute
+from simulator.workload.recompute import chunk_policies, early_stopped, op_policy_recompute, stops_early
 from simulator.workload.shape import (
     LayerShape,
     activation,
@@ -271,7 +271,7 @@ def build_workload(
         # ``part_i.copy_(item)`` into a fresh device buffer before the recomputation), so neither hides under a
         # kernel.
         fetch: list[Op] = []
-        recompute = recomputed(fwd)
+        recompute = recomputed(early_stopped(fwd) if stops_early(s, fw, moe) else fwd)
         if tr.cpu_checkpointing:
             fwd = (collective_op("checkpoint to host", "d2h_pageable", "host", ckpt), *fwd)
             fetch.append(collective_op("checkpoint from host", "h2d_pageable", "host", ckpt))
