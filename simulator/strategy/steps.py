@@ -92,6 +92,8 @@ def add_optimizer(
     by reading the overflow flag / gradient norm on the host where the framework does (a sync)."""
     opt = "sgd" if s.training.optimizer == "sgd" else "adam"
     per_param = _OPTIMIZER_BYTES[(opt, s.training.precision != "fp32")]
+    if opt == "adam" and w is not None and w.framework.optimizer_step_bytes:
+        per_param = w.framework.optimizer_step_bytes  # an unfused optimizer and clipping (the profile's)
     op = memory_op(
         f"{s.training.optimizer} step ({params / 1e6:.1f}M params)",
         params * per_param,
