@@ -327,7 +327,7 @@ class Screen:
                 compute, pipeline = compute + copies, pipeline + copies
         sharded = lay.sharding != "ddp"
         opt_states = psi / (lay.state_shards if sharded else 1) + experts / (edp if sharded else 1)
-        optimizer = opt_states * 30 / hbm
+        optimizer = opt_states * (self.framework.optimizer_step_bytes or 30) / hbm  # as strategy/steps.py
         if (
             lay.offload
         ):  # ZeRO-Offload: gradients to the host under backward, the step on the CPU, weights back
