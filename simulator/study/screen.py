@@ -24,6 +24,7 @@ from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
+from simulator.strategy.sharded import FSDP_COPY_OUT_PER_BYTE
 from simulator.strategy.state_bytes import fsdp_reduce_bytes, grad_bytes, weight_bytes
 from simulator.strategy.zero import fetch_key
 from simulator.strategy.zero3_fetch import call_sizes
@@ -321,9 +322,8 @@ class Screen:
             on_node = 0.0 if network else ag_moving + rs_moving
             backward = max(ag, rs + across, on_network, on_node)
             exposed = gas * (max(0.0, ag - layers * f) + max(0.0, backward - layers * (b + rc)))
-            if self.framework.fsdp_copies:  # FSDP2 copies each gathered unit out on the compute stream,
-                # forward and backward (a read and a write: strategy/sharded.py), at the optimizer's HBM rate
-                copies = gas * sum(4 * q * k * w_b for q, k in units) / hbm
+            if self.framework.fsdp_copies:  # FSDP2's copy-outs, forward and backward, at the step's HBM rate
+                copies = gas * sum(2 * FSDP_COPY_OUT_PER_BYTE * q * k * w_b for q, k in units) / hbm
                 compute, pipeline = compute + copies, pipeline + copies
         sharded = lay.sharding != "ddp"
         opt_states = psi / (lay.state_shards if sharded else 1) + experts / (edp if sharded else 1)
