@@ -239,6 +239,11 @@ class Framework(BaseModel):
         "itself reduces: 'fp32' = Megatron-LM's main_grad (megatron/arguments.py forces "
         "accumulate_allreduce_grads_in_fp32 for bf16). DeepSpeed and PyTorch FSDP reductions follow their own rules.",
     )
+    fsdp_name: str = Field(
+        "fsdp2",
+        description="What outputs call the stack's FSDP: fsdp2 (torch's fully_shard), fsdp1 (torch's "
+        "FullyShardedDataParallel with flat parameters: llm-foundry / Composer 2023).",
+    )
     fsdp_copies: bool = Field(
         False,
         description="The stack shards with FSDP2's per-parameter fully_shard, which copies each all-gathered "

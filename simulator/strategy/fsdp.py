@@ -24,7 +24,7 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
     dp = grad_group_size(s)
     shard = (cfg.hybrid_shard_size or s.parallelism.data_parallel) * s.parallelism.context_parallel
     hybrid = shard < dp
-    p = Program("hsdp" if hybrid else "fsdp2")
+    p = Program("hsdp" if hybrid else w.framework.fsdp_name)
     us = units(w)
     wb, gb = weight_bytes(s), grad_bytes(s)
     reduce_b = fsdp_reduce_bytes(s, w.framework)  # on the wire: torchtitan reduces in fp32

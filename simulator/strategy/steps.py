@@ -77,6 +77,15 @@ def add_backward(
 _OPTIMIZER_BYTES = {("adam", True): 30, ("adam", False): 28, ("sgd", True): 18, ("sgd", False): 12}
 
 
+def optimizer_step_bytes(s: Scenario, framework) -> float:
+    """Bytes the optimizer step streams per parameter: the table above, or for Adam the profile's
+    ``optimizer_step_bytes`` where it states an unfused step (Composer's DecoupledAdamW and clipping: 92)."""
+    opt = "sgd" if s.training.optimizer == "sgd" else "adam"
+    if opt == "adam" and framework is not None and framework.optimizer_step_bytes:
+        return framework.optimizer_step_bytes
+    return _OPTIMIZER_BYTES[(opt, s.training.precision != "fp32")]
+
+
 def add_optimizer(
     p: Program,
     s: Scenario,
@@ -91,9 +100,7 @@ def add_optimizer(
     per-tensor host work, plus ``tensor_host_s`` per tensor for the strategy's own); with a host model it starts
     by reading the overflow flag / gradient norm on the host where the framework does (a sync)."""
     opt = "sgd" if s.training.optimizer == "sgd" else "adam"
-    per_param = _OPTIMIZER_BYTES[(opt, s.training.precision != "fp32")]
-    if opt == "adam" and w is not None and w.framework.optimizer_step_bytes:
-        per_param = w.framework.optimizer_step_bytes  # an unfused optimizer and clipping (the profile's)
+    per_param = optimizer_step_bytes(s, w.framework if w is not None else None)
     op = memory_op(
         f"{s.training.optimizer} step ({params / 1e6:.1f}M params)",
         params * per_param,

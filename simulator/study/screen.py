@@ -26,6 +26,7 @@ from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
 from simulator.strategy.sharded import FSDP_COPY_OUT_PER_BYTE
 from simulator.strategy.state_bytes import fsdp_reduce_bytes, grad_bytes, weight_bytes
+from simulator.strategy.steps import optimizer_step_bytes
 from simulator.strategy.zero import fetch_key
 from simulator.strategy.zero3_fetch import call_sizes
 from simulator.study.layouts import Layout, carried
@@ -327,10 +328,8 @@ class Screen:
                 compute, pipeline = compute + copies, pipeline + copies
         sharded = lay.sharding != "ddp"
         opt_states = psi / (lay.state_shards if sharded else 1) + experts / (edp if sharded else 1)
-        optimizer = opt_states * (self.framework.optimizer_step_bytes or 30) / hbm  # as strategy/steps.py
-        if (
-            lay.offload
-        ):  # ZeRO-Offload: gradients to the host under backward, the step on the CPU, weights back
+        optimizer = opt_states * optimizer_step_bytes(self.base, self.framework) / hbm
+        if lay.offload:  # ZeRO-Offload: gradients to the host in backward, the step on the CPU, weights back
             optimizer = self.offload.exposed_s(s, psi / lay.dp, gas, layers * (b + rc))
         iteration = pipeline + exposed + optimizer
         return Estimate(
