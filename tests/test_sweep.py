@@ -306,3 +306,30 @@ def test_sweep_report_plots_grid_values_on_categorical_axes_in_grid_order():
     assert list(first.layout.xaxis.categoryarray) == ["12.5", "100", "400", "3200"]
     assert {x for trace in first.data for x in trace.x} == {"12.5", "100", "400", "3200"}
     assert list(figs[1].layout.xaxis.categoryarray) == ["1", "2"]
+
+
+def test_the_traceback_of_an_interrupted_dask_sync_is_dropped_and_nothing_else():
+    """distributed's ``sync`` schedules ``cancel`` on Ctrl-C; when the interrupt lands before its future exists
+    the callback raises NameError, which tornado logs with a traceback (the race the Ctrl-C test above met)."""
+    import logging
+
+    from simulator.study.sweep import _interrupted_sync
+
+    def record(error):
+        return logging.LogRecord(
+            "tornado.application",
+            logging.ERROR,
+            "",
+            0,
+            "Exception in callback",
+            (),
+            (type(error), error, None),
+        )
+
+    late = NameError("cannot access free variable 'future' where it is not associated with a value")
+    assert not _interrupted_sync(record(late))
+    assert _interrupted_sync(record(NameError("name 'x' is not defined")))
+    assert _interrupted_sync(record(ValueError("future")))
+    assert _interrupted_sync(
+        logging.LogRecord("tornado.application", logging.ERROR, "", 0, "plain", (), None)
+    )

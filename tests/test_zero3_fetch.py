@@ -9,7 +9,7 @@ from conftest import make
 
 from simulator import simulate
 from simulator.strategy import zero3_fetch
-from simulator.strategy.units import parameter_tensors
+from simulator.strategy.units import parameter_tensors, units
 from simulator.strategy.zero3_fetch import Module, call_sizes, model_modules, replay, schedule_for
 
 
@@ -228,6 +228,36 @@ def test_zero3_calls_go_out_as_the_host_reaches_the_hooks_and_at_most_three_redu
         assert tl.issued[t.id] >= tl.end[r3]
     # the wait binds: some step's host resumed only when a reduction ended, leaving the GPU idle
     assert any(tl.host_idle[t.id] > 0 and tl.start[t.id] >= tl.end[t.host_waits[0]] for t in waiting)
+
+
+def test_a_bucket_is_flushed_as_the_module_that_fills_it_ends_its_backward():
+    """stage3.py hooks each parameter's AccumulateGrad, which autograd runs as soon as it has issued that
+    module's weight gradient: a layer's buckets go out while the layer's backward goes on, each right after the
+    GEMM of the module whose gradient overflowed it, not after the whole layer; the layer's backward is cut
+    there, nothing of it lost or repeated. By hand (Hugging Face's modules, bucket 1e5 elements; backward order
+    fc2 w 262,144 + b 256, fc1 w 262,144 + b 1,024, layernorm, o_proj 65,536 + 256, v/k/q_proj 65,536 + 256
+    each): fc2's weight and bias each overflow the bucket (2 flushes at fc2), so do fc1's (2 at fc1), then
+    v_proj, k_proj and q_proj each push it past 1e5 (3 flushes, all at the fused QKV GEMM)."""
+    s = make(
+        model={**GPT, "num_layers": 4},
+        cluster={"num_nodes": 2, "gpus_per_node": 1},
+        training={"global_batch_size": 2},
+        parallelism={"zero_stage": 3, "zero": {"reduce_bucket_size": 1e5, "overlap_comm": True}},
+    )
+    r = simulate(s.model_copy(update={"framework": "pytorch-2024"}))
+    tl, tasks = r.timeline, r.program.tasks
+    pieces = [t for t in tasks if t.name == "layer 2 backward"]
+    flushes = [t for t in tasks if t.name == "gradients to the bucket" and tasks[t.deps[0]] in pieces]
+    assert [tasks[t.deps[0]].ops[-1].name for t in flushes] == [
+        *["mlp down projection wgrad"] * 2,
+        *["mlp up projection wgrad"] * 2,
+        *["qkv projection wgrad"] * 3,
+    ]
+    assert len(pieces) == 4
+    assert tl.start[flushes[0].id] < tl.end[pieces[-1].id]  # the first flush overlaps the layer's backward
+    unit = next(u for u in units(r.workload) if u.name == "layer 2")
+    whole = [op.name for t in pieces for op in t.ops if "hooks" not in op.name]
+    assert whole == [op.name for op in unit.block.backward]
 
 
 def _shape(layers, hidden, heads, ffn, vocab, tp, fused, recompute, tied):

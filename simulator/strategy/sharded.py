@@ -16,7 +16,8 @@ from simulator.strategy.offload import add_grad_copy, add_host_step, add_param_c
 from simulator.strategy.steps import add_backward, add_forward, add_optimizer, microbatch_sync, with_setup
 from simulator.strategy.units import Unit, gather_params, parameter_tensors
 from simulator.strategy.zero3_fetch import FetchSchedule
-from simulator.workload.ops import host_op, memory_op
+from simulator.strategy.zero3_hooks import ModuleHooks, module_ends
+from simulator.workload.ops import memory_op
 from simulator.workload.transformer import Workload
 
 
@@ -189,37 +190,16 @@ def _fetched_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], pla
     stream, each followed by its buffer copies, each sent by the hook of the module that issues it, so no
     earlier than the host has issued the compute before that module's unit (``Task.issued_after``: early
     where the host runs ahead, as the GPU gets there behind syncs); a unit's compute waits for the calls its
-    modules wait for; gradient buckets reduce-scatter on the reduction stream after the backward that filled
-    them, the host holding back until the reduction MAX_REDUCE_EVENTS + 1 flushes earlier has ended."""
+    modules wait for; gradient buckets reduce-scatter on the reduction stream as the module whose gradient
+    overflows them ends its backward, the host holding back until the reduction MAX_REDUCE_EVENTS + 1 flushes
+    earlier has ended."""
     f = plan.fetch
     gas = s.gradient_accumulation_steps
     wb = plan.weight_bytes
     reductions: list[int] = []
     setup: dict = {}
     # DeepSpeed's Python hooks around every module run on the host thread (measured: docs/deepspeed.md)
-    host = w.framework.host
-    hooks: dict[tuple, float] = {}
-    for m in f.modules:
-        cost = host.zero3_module_forward_s if m.forward else host.zero3_module_backward_s
-        hooks[m.block] = hooks.get(m.block, 0.0) + cost
-    with_hooks: dict[tuple, tuple] = {}
-
-    def hooked(block, ops: tuple) -> tuple:
-        """``ops`` with the block's hook time spread before its GEMMs (a module's hooks run just before its
-        kernels, so the GPU works on the previous module's kernels meanwhile)."""
-        seconds = hooks.get(block, 0.0)
-        if not seconds:
-            return ops
-        if block not in with_hooks:
-            gemms = sum(op.kind == "gemm" for op in ops)
-            piece = host_op("DeepSpeed ZeRO-3 module hooks", seconds / max(gemms, 1), block[1])
-            if gemms:
-                with_hooks[block] = tuple(
-                    x for op in ops for x in ((piece, op) if op.kind == "gemm" else (op,))
-                )
-            else:
-                with_hooks[block] = (piece, *ops)
-        return with_hooks[block]
+    hooked = ModuleHooks(f.modules, w.framework.host)
 
     def gather(g, mb: int, after: tuple, issued_after: int) -> int:
         # hpZ: a re-gather, or any gather after the first microbatch, reads the secondary (intra-node) shard
@@ -269,6 +249,7 @@ def _fetched_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], pla
         return tuple(ids[g] for g in f.waits.get(block, ()))
 
     sync: tuple[int, ...] = ()
+    waits: list[int] = []  # flushes the host has waited for before issuing the next compute
     last = -1  # the compute task the host issued last: the next block's hooks run after it
     for mb in range(gas):
         ids: dict[int, int] = {}
@@ -288,17 +269,38 @@ def _fetched_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], pla
                     memory_op("qgZ quantize gradients", plan.backward_extra_bytes_per_param * u.params),
                     *ops,
                 )
-            first = len(p.tasks)
-            last = add_backward(p, s, u, mb, deps, ops=ops)
-            if len(flushed) >= MAX_REDUCE_EVENTS + 1:
-                # the previous block's last flush waited for the one MAX_REDUCE_EVENTS + 1 before it: the host
-                # issues nothing of this block until then
-                p.tasks[first].host_waits = (flushed[-1 - MAX_REDUCE_EVENTS],)
-            for r in reduces.get((u.index, "backward"), ()):
-                rid = _reduce_bucket(p, plan, r.numel, last)
-                blocking = None if plan.overlap_reduce else rid
-                reductions.append(rid)
-                flushed.append(rid)
+            # the unit's backward in pieces, each ending where a module's gradient overflows the bucket: its hook
+            # flushes the bucket there, the host first waiting for the flush MAX_REDUCE_EVENTS + 1 earlier
+            # (stage3.py __reduce_and_partition_ipg_grads: param_reduce_events.popleft().synchronize()), so it
+            # issues nothing after that module until then
+            flushes = reduces.get((u.index, "backward"), [])
+            cuts = module_ends(ops, [r.module for r in flushes])
+            start = 0
+            for k, end in enumerate([*sorted(set(cuts)), len(ops)]):
+                if end == start and k:
+                    continue
+                if start == 0:
+                    task = len(p.tasks)  # the recomputation where there is one, else the backward
+                    last = add_backward(p, s, u, mb, deps, ops=ops[:end])
+                else:
+                    after = (blocking,) if blocking is not None else ()  # without overlap_comm
+                    last = task = p.add_compute(
+                        0, "backward", "backward", f"{u.name} backward", after, ops[start:end], mb
+                    )
+                if waits:
+                    p.tasks[task].host_waits = (waits[-1],)
+                    waits = []
+                for r, cut in zip(flushes, cuts, strict=True):
+                    if cut != end:
+                        continue
+                    if len(flushed) >= MAX_REDUCE_EVENTS + 1:
+                        waits.append(flushed[-1 - MAX_REDUCE_EVENTS])
+                    rid = _reduce_bucket(p, plan, r.numel, last)
+                    blocking = None if plan.overlap_reduce else rid
+                    reductions.append(rid)
+                    flushed.append(rid)
+                start = end
+        waits = []  # the backward's epilogue waits for every reduction
         if mb < gas - 1 and reductions:
             # backward ends with the host waiting for its reductions (stage3.py
             # independent_gradient_partition_epilogue: reduce_and_partition_stream.synchronize()), so the next
@@ -307,7 +309,7 @@ def _fetched_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], pla
                 0, "backward", "backward", "gradient epilogue", (reductions[-1],), (), mb, True
             )
             sync = (last,)
-    _step(p, s, w, us, plan, reductions, host.zero3_tensor_step_s)
+    _step(p, s, w, us, plan, reductions, w.framework.host.zero3_tensor_step_s)
 
 
 def _reduce_bucket(p: Program, plan: ShardingPlan, numel: int, after: int) -> int:

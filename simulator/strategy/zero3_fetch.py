@@ -60,6 +60,7 @@ class Reduce:
 
     numel: int
     block: Block
+    module: str = ""  # the module whose backward readied that gradient: the hook flushes as it ends
 
 
 @dataclass
@@ -292,7 +293,7 @@ def replay(
     in_bucket = 0
     for p, k in sorted(last_backward.items(), key=lambda kv: (kv[1], kv[0])):
         if in_bucket + numel[p] > reduce_bucket and in_bucket > 0:
-            reduces.append(Reduce(in_bucket, trace[k].block))
+            reduces.append(Reduce(in_bucket, trace[k].block, trace[k].name))
             in_bucket = 0
         in_bucket += numel[p]
     if in_bucket:  # independent_gradient_partition_epilogue

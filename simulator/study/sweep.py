@@ -320,6 +320,8 @@ def dask_client(address: str, workers: int | None):
             client = Client(address, timeout="10s")
         except Exception as e:  # OSError, TimeoutError, ValueError for a malformed address
             raise ScenarioError(f"--dask {address}: cannot reach the scheduler: {e}") from None
+    tornado = logging.getLogger("tornado.application")
+    tornado.addFilter(_interrupted_sync)
     try:
         yield client
     finally:
@@ -327,6 +329,15 @@ def dask_client(address: str, workers: int | None):
             client.close()
             if cluster is not None:
                 cluster.close()
+        tornado.removeFilter(_interrupted_sync)
+
+
+def _interrupted_sync(record: logging.LogRecord) -> bool:
+    """False for the traceback distributed's ``sync`` leaves when Ctrl-C lands before its future exists: its
+    ``cancel`` callback then reads the unset ``future`` (NameError, distributed/utils.py, 2026.8.0), which tornado
+    logs from the event loop's thread while the interrupt is already being handled."""
+    error = record.exc_info[1] if record.exc_info else None
+    return not (isinstance(error, NameError) and "future" in str(error))
 
 
 @contextmanager
