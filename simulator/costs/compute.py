@@ -112,6 +112,34 @@ def flash_shape_factor(
     return relative * FLASH_BACKWARD if direction == "backward" else relative
 
 
+# FlashAttention-2's rate by head dimension. Per (query, key) pair the kernel does 4d FLOPs of matmul and a
+# softmax step (exponent, running max, rescale) whose cost does not grow with d, so below d = 128 that step weighs
+# more: the rate at d relative to d = 128 is (d / (d + x)) / (128 / (128 + x)), x the softmax step in units of d.
+# Fitted on torch's FlashAttention-2 measured on one H100 80GB at head dims 64 and 128 over the same causal
+# shapes (docs/measurements/flash_shapes_h100.json, 2026-11-26: the 12 shapes of 2k-16k tokens and 32-512
+# sample-heads; d = 64 runs at 0.85 of d = 128's rate forward, 0.87 backward; rms 8.5% / 3.2% in log). Only
+# 64 and 128 were measured: above 128 the rate is kept at 128's.
+FLASH_HEAD_DIM_X = {"forward": 27.6, "backward": 21.7}
+# The softmax step runs on the SFUs (16 exponentials per SM per clock on compute capability 8.0, 9.0 and 10.0:
+# CUDA C++ Programming Guide, arithmetic instruction throughput), the matmul on the tensor cores, whose dense
+# 16-bit rate per SM and clock doubled from Ampere to Hopper (H100 whitepaper: "2x the MMA rate clock-for-clock
+# per SM") and again to Blackwell: x in proportion, Hopper's measured
+FLASH_TENSOR_PER_SFU = {"ampere": 0.5, "hopper": 1.0, "blackwell": 2.0}
+
+
+def flash_head_dim_factor(
+    gpu: GPU, direction: str, head_dim: int, kernel: str = "flash-attention-2"
+) -> float:
+    """FlashAttention-2's rate at ``head_dim`` relative to head dim 128 (above: 1.0); other kernels keep one
+    rate: cuDNN's and FlashAttention-3 overlap the softmax with the matmuls, and MPT's Triton kernel was not
+    measured (MosaicML's 350M runs, head dim 64, show no such penalty beside their 760M-70B ones, head dim 128)."""
+    scale = FLASH_TENSOR_PER_SFU.get(gpu.architecture)
+    if kernel != "flash-attention-2" or scale is None or not 0 < head_dim < 128:
+        return 1.0
+    x = FLASH_HEAD_DIM_X[direction] * scale
+    return (head_dim / (head_dim + x)) / (128 / (128 + x))
+
+
 def shape_roofline_s(
     gpu: GPU, op: str, direction: str, dtype: str, m: int, n: int, k: int, batch: int
 ) -> float:
@@ -122,7 +150,7 @@ def shape_roofline_s(
     peak = gpu.peak_tflops.get(dtype, max(gpu.peak_tflops.values())) * 1e12
     flops = work(op, direction, m, n, k, batch)
     if op == "flash_attention":
-        shape = flash_shape_factor(gpu, direction, m, n, batch)
+        shape = flash_shape_factor(gpu, direction, m, n, batch) * flash_head_dim_factor(gpu, direction, k)
         return flops / (peak * gpu.flash_attention_efficiency * shape)
     eff = gemm_efficiency(gpu, m, n, k, batch) * gpu.dtype_efficiency(dtype)
     return max(flops / (peak * eff), memory_time_s(gpu, gemm_bytes(dtype, m, n, k, batch)))
@@ -226,6 +254,7 @@ class ComputeModel:
             comp = max(comp, gemm_floor_s(g, op.flops, peak, dtype))
         elif op.kind == "flash_attention":
             shape = flash_shape_factor(g, op.direction, op.m, op.n, op.batch, f.attention_kernel)
+            shape *= flash_head_dim_factor(g, op.direction, op.k, f.attention_kernel)
             comp = op.flops / (
                 self.peak * g.flash_attention_efficiency * shape * self._factor("flash_attention")
             )
