@@ -8,7 +8,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from simulator.costs.collectives import CollectiveModel
-from simulator.costs.compute import ComputeModel
+from simulator.costs.compute import COMPUTE_BOUND, ComputeModel
+from simulator.costs.contention import contention_s, lengthened
 from simulator.costs.dispatch import task_cost
 from simulator.costs.host import HOST_GROUPS, HostModel
 from simulator.costs.tables import table_lookups
@@ -156,6 +157,14 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
     def comm_time(op) -> float:
         return op_comm_time_s(comm, host, op)
 
+    # NCCL's thread blocks hold SMs that compute-bound kernels beside them lose (costs/contention.py)
+    sms, channels = cluster.gpu.sm_count, s.memory.nccl_channels if s.cluster.nccl_sm_contention else 0
+
+    def compute_share(ops) -> float:
+        bound = sum(compute.op_time_s(op) for op in ops if op.kind in COMPUTE_BOUND)
+        total = task_cost(ops, compute, comm_time).seconds
+        return bound / total if total > 0 else 0.0
+
     def replay(sc: Scenario, program: Program) -> tuple[Timeline, dict, dict]:
         """The program's timeline and what it adds up (metrics.measure, sources.source_seconds)."""
         durations: dict[int, TaskCost] = {}  # tasks share ops tuples: cost each once
@@ -168,9 +177,18 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
 
         stage_of = [r.stage for r in program.ranks]
 
-        timeline = simulate_program(
-            program, task_duration, lambda t: task_phases(comm, host, t, stage_of[t.rank])
-        )
+        def phases(t):
+            return task_phases(comm, host, t, stage_of[t.rank])
+
+        timeline = simulate_program(program, task_duration, phases)
+        extra = contention_s(program, timeline, compute_share, sms, channels) if channels else {}
+        if extra:  # the compute beside communication, lengthened, replayed once more (costs/contention.py)
+
+            def with_contention(task) -> TaskCost:
+                cost = task_duration(task)
+                return lengthened(cost, extra[task.id]) if task.id in extra else cost
+
+            timeline = simulate_program(program, with_contention, phases)
         lo, hi = (timeline.end[w] for w in program.window) if program.window else (0.0, timeline.makespan_s)
         totals = measure(sc, timeline, placement, comm.cross_node_fraction)
         return timeline, totals, source_seconds(timeline, lo, hi, compute.op_cost, comm_source)

@@ -307,8 +307,10 @@ def test_constraints_narrow_the_search_and_each_bad_list_is_one_line():
 def test_near_duplicates_fold_into_one_row_and_a_tie_is_said_as_one():
     """Layouts of one shape that differ only in sharding / recompute and take the same time are one row, the
     others named beside it; no two confirmed rows of one shape are within 0.5%; the closing sentence never says
-    'by 0.000 s'."""
-    r = plan(base(), 8, top=5, options={"micro_batch_sizes": (2,), "tp": (1,), "pp": (1,)})
+    'by 0.000 s'. (NCCL's SMs off: DDP's and ZeRO-1's reductions then overlap alike and the two tie.)"""
+    s = base()
+    s = s.model_copy(update={"cluster": s.cluster.model_copy(update={"nccl_sm_contention": False})})
+    r = plan(s, 8, top=5, options={"micro_batch_sizes": (2,), "tp": (1,), "pp": (1,)})
     ok = [t for t in r["top"] if t["status"] == "ok"]
     assert r["collapsed"] > 0 and any(t["same_time"] for t in ok)
     for i, a in enumerate(ok):

@@ -44,6 +44,12 @@ class ClusterConfig(Section):
     price_per_gpu_hour: float | None = Field(
         None, gt=0, le=1e4, allow_inf_nan=False, description="US dollars per GPU-hour: the cost to train."
     )
+    nccl_sm_contention: bool = Field(
+        True,
+        description="A collective's thread blocks (one per NCCL channel, memory.nccl_channels) hold SMs while it "
+        "runs: compute-bound kernels beside it run on the rest, SMs / (SMs - channels) slower (costs/contention.py). "
+        "false: communication beside compute costs it nothing.",
+    )
     gpu_speed_sd: float | None = Field(
         None,
         ge=0,

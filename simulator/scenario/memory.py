@@ -21,8 +21,9 @@ class MemoryConfig(Section):
     nccl_channels: PositiveInt = Field(
         16,
         le=64,
-        description="NCCL channels per communicator: each holds 9.19 MiB of protocol buffers (NCCL_DEBUG=INFO prints "
-        "'Channel xx/NN'; NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS bound it).",
+        description="NCCL channels per communicator: each holds 9.19 MiB of protocol buffers and, while a collective "
+        "runs, one SM (cluster.nccl_sm_contention) (NCCL_DEBUG=INFO prints 'Channel xx/NN'; NCCL_MIN_NCHANNELS / "
+        "NCCL_MAX_NCHANNELS bound it).",
     )
     allocator_fragmentation: float = Field(
         0.0,

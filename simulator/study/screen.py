@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from simulator.costs.collectives import CollectiveModel
 from simulator.costs.compute import ComputeModel
+from simulator.costs.contention import sm_slowdown
 from simulator.costs.dispatch import task_cost
 from simulator.costs.nccl import fastest, protocol_costs, ring_plateau
 from simulator.costs.tables import table_lookups
@@ -24,6 +25,9 @@ from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
+from simulator.strategy.megatron import p2p_overlapped
+from simulator.strategy.pipeline.chunk_ops import send_bytes
+from simulator.strategy.reduction import ddp_settings
 from simulator.strategy.sharded import FSDP_COPY_OUT_PER_BYTE
 from simulator.strategy.state_bytes import fsdp_reduce_bytes, grad_bytes, weight_bytes
 from simulator.strategy.steps import optimizer_step_bytes
@@ -66,6 +70,8 @@ class Screen:
         self.batch = batch or base.training.global_batch_size
         self.cluster = cluster
         self.framework = get_framework(base.framework)
+        channels = base.memory.nccl_channels if base.cluster.nccl_sm_contention else 0
+        self.contention = sm_slowdown(cluster.gpu.sm_count, channels)
         # the kernel and collective tables the simulation would use (api.simulate)
         self.kernels, self.measured_comm, _ = table_lookups(
             resolve_tables(base.kernels, cluster.gpu.name, base.kernels_only), cluster
@@ -189,10 +195,8 @@ class Screen:
         return self._tp_comm[key]
 
     def ring_s(self, op: str, n: int, per_node: int, nbytes: float) -> float:
-        """An NCCL ring over ``n`` ranks, ``per_node`` of them in each node, at the links' bandwidth, with the
-        simulator's protocol latencies (``costs/nccl.py``)."""
-        latency, transfer = self.ring_parts(op, n, per_node, nbytes)
-        return latency + transfer
+        """An NCCL ring over ``n`` ranks, ``per_node`` per node, with NCCL's latencies (``costs/nccl.py``)."""
+        return sum(self.ring_parts(op, n, per_node, nbytes))
 
     def ring_parts(self, op: str, n: int, per_node: int, nbytes: float) -> tuple[float, float]:
         """(latency, seconds at the bottleneck's bandwidth) of ``ring_s``'s ring; cached, the screen asks the same
@@ -229,6 +233,9 @@ class Screen:
         if lay.pp == 1:
             first = last = layers * per_layer + emb + head
         step = max(first, last)
+        if lay.pp > 1 and not p2p_overlapped(s, w):  # Megatron's blocking sends: each chunk's, each pass
+            link = self.nic_per_gpu if lay.tp * lay.cp * lay.dp >= self.gpn else self.nvlink
+            step += 2 * lay.v * send_bytes(s) / link
         compute = gas * (layers * per_layer + (emb + head) / lay.pp)
         bubble = (lay.pp - 1) / lay.v * step if lay.pp > 1 else 0.0
         pipeline = gas * step + bubble
@@ -250,18 +257,15 @@ class Screen:
         grads = psi * g_b
         memory = self.memory(lay, psi, s, experts, edp)
         hbm = self.cluster.gpu.hbm_bytes_per_s * 0.8  # memory-bound work's rate (copies, the optimizer step)
-        # the scenario's switches, else the framework's (as the simulation reads them)
         ddp = s.parallelism.ddp
-        overlap_reduce = (
-            ddp.overlap_grad_reduce
-            if ddp.overlap_grad_reduce is not None
-            else self.framework.ddp.overlap_grad_reduce
-        )
+        overlap_reduce = ddp_settings(s, w)[0]  # the scenario's switch, else the framework's, as simulated
+        beside = 0.0  # data-parallel communication hidden beside compute
         if lay.sharding == "ddp":
             comm = self.ring_s("all_reduce", n, per_node, grads)
             comm += self.ring_s("all_reduce", edp, per_node_e, experts * g_b) if experts else 0.0
-            overlapped = overlap_reduce and lay.pp == 1
-            exposed = max(0.0, comm - (b * layers if overlapped else 0.0))
+            # with overlap_grad_reduce the buckets (a pipeline's chunks: strategy/pipeline/flush.py) reduce under
+            exposed = max(0.0, comm - (layers * (b + rc) if overlap_reduce else 0.0))  # the last backward
+            beside = comm - exposed
         elif lay.kind in ("zero1", "zero2"):
             reduce = "all_reduce" if self.framework.zero == "deepspeed" else "reduce_scatter"
             per = self.ring_s(reduce, n, per_node, grads)
@@ -269,22 +273,20 @@ class Screen:
             if experts:
                 per += self.ring_s(reduce, edp, per_node_e, experts * g_b)
                 gather += self.ring_s("all_gather", edp, per_node_e, experts * w_b)
-            if self.framework.zero == "megatron" and lay.sharding == "zero1":
-                # Megatron-Core's distributed optimizer: buckets reduce-scattered as the last micro-batch's
-                # backward frees them (overlap_grad_reduce), the weights gathered under the next forward
-                # (overlap_param_gather): what is longer than that pass stays exposed
+            if lay.sharding == "zero1" and (self.framework.zero == "megatron" or lay.pp > 1):
+                # the distributed optimizer's buckets, or a Megatron pipeline's chunks, reduced as the last
+                # micro-batch's backward frees them (overlap_grad_reduce), the weights gathered under the next
+                # forward (overlap_param_gather, Megatron-Core's): what is longer than that pass stays exposed
+                whole = per + gather
                 per = max(0.0, per - layers * (b + rc)) if overlap_reduce else per
                 gather = max(0.0, gather - layers * f) if ddp.overlap_param_gather else gather
+                beside = whole - per - gather
             exposed = per * (gas if lay.kind == "zero2" else 1) + gather
         elif lay.kind == "zero3":
-            # DeepSpeed's coordinator, call by call (the simulation's own replay, strategy/zero3_fetch.py): at
-            # large data-parallel degree each call pays the ring's latency, n - 1 steps, so the number of calls
-            # (one per module and prefetch, re-gathers in backward and recomputation, one per gradient bucket)
-            # matters as much as the bytes. Forward's calls hide only under forward's compute; backward's
-            # gathers and reduce-scatters, in turn (the host waits for the reduction three buckets back), under
-            # backward's and the recomputation's
-            # (the replay is the screen's costliest step: a layout that cannot fit is not replayed, its estimate
-            # never ranked)
+            # DeepSpeed's coordinator, call by call (strategy/zero3_fetch.py): each call pays the ring's latency,
+            # so the number of calls matters as much as the bytes. Forward's hide under forward's compute,
+            # backward's gathers and reduce-scatters under backward's and the recomputation's (a layout that
+            # cannot fit is not replayed, the screen's costliest step)
             if memory > MEMORY_HEADROOM * self.capacity:
                 fwd = bwd = math.inf
             elif bound:
@@ -292,15 +294,13 @@ class Screen:
             else:
                 fwd, bwd = self._zero3_calls_s(s, w, n, per_node)
             exposed = gas * (max(0.0, fwd - layers * f) + max(0.0, bwd - layers * (b + rc)))
-        else:  # fsdp: each unit (layer, embedding, output layer) gathered in forward and again in backward (its
-            # recomputation inside), its gradients reduce-scattered: one call each, each paying the ring's latency.
-            # HSDP (strategy/fsdp.py): the gathers and reduce-scatters inside a shard group, then each unit's
-            # reduced shard all-reduced across the replicas (the groups' same-position ranks), every microbatch
+            beside = gas * (fwd + bwd) - exposed
+        else:  # fsdp: each unit gathered in forward and again in backward, its gradients reduce-scattered, one
+            # call each; HSDP (strategy/fsdp.py): inside a shard group, then each unit's shard all-reduced across
+            # the replicas, every microbatch
             if lay.sharding == "hsdp":
                 n, per_node = lay.shard, min(lay.shard, max(1, self.gpn // inner))
-            # In backward the gathers (one unit ahead) and the reductions run on two streams at once: their
-            # latencies overlap, and where both cross the same bottleneck (the NICs when the group spans nodes)
-            # their bytes share it
+            # backward's gathers and reductions run on two streams at once: latencies overlap, bytes share links
             units = ((w.layer.params, layers), (w.embedding.params, 1), (w.head.params, 1))
             counts = [k for _, k in units]
 
@@ -323,6 +323,7 @@ class Screen:
             on_node = 0.0 if network else ag_moving + rs_moving
             backward = max(ag, rs + across, on_network, on_node)
             exposed = gas * (max(0.0, ag - layers * f) + max(0.0, backward - layers * (b + rc)))
+            beside = gas * (ag + backward) - exposed
             if self.framework.fsdp_copies:  # FSDP2's copy-outs, forward and backward, at the step's HBM rate
                 copies = gas * sum(2 * FSDP_COPY_OUT_PER_BYTE * q * k * w_b for q, k in units) / hbm
                 compute, pipeline = compute + copies, pipeline + copies
@@ -331,7 +332,8 @@ class Screen:
         optimizer = opt_states * optimizer_step_bytes(self.base, self.framework) / hbm
         if lay.offload:  # ZeRO-Offload: gradients to the host in backward, the step on the CPU, weights back
             optimizer = self.offload.exposed_s(s, psi / lay.dp, gas, layers * (b + rc))
-        iteration = pipeline + exposed + optimizer
+        # the compute beside that communication runs on the SMs NCCL leaves it (costs/contention.py)
+        iteration = pipeline + exposed + optimizer + beside * (self.contention - 1.0)
         return Estimate(
             lay,
             iteration,
@@ -344,10 +346,8 @@ class Screen:
         )
 
     def _zero3_calls_s(self, s: Scenario, w, n: int, per_node: int) -> tuple[float, float]:
-        """(forward, backward) seconds of DeepSpeed ZeRO-3's all-gather and reduce-scatter calls for one
-        microbatch, each a ring over the ``n`` data-parallel ranks (cached per call size). The calls are counted
-        from a replay of a few layers where the middle layers repeat (zero3_fetch.call_sizes: the same counts as
-        the simulation's whole replay)."""
+        """(forward, backward) seconds of DeepSpeed ZeRO-3's calls for one microbatch, rings over the ``n``
+        data-parallel ranks, counted on a replay of a few layers (zero3_fetch.call_sizes: the whole replay's)."""
         key, knobs = fetch_key(s, w)
         w_b, g_b = weight_bytes(s), grad_bytes(s, self.framework)
         memo = (key, knobs, n, per_node, w_b, g_b)
