@@ -722,3 +722,24 @@ def test_the_space_has_every_interleaving_and_micro_batch_that_divides():
     assert {x.mbs for x in lays if x.dp == 16 and x.v > 1} == {1, 2, 3, 4, 6, 12}
     wide = candidates(base, 1024, 8, {"tp": (8,), "pp": (2,)}, 1536)
     assert {x.mbs for x in wide} == {1, 2, 3, 4, 6, 8, 12}
+
+
+def test_a_zero3_layout_that_cannot_fit_estimates_as_infinite_not_nan():
+    """The screen skips the coordinator's replay where a ZeRO-3 layout cannot fit: its estimate is infinite (ranked
+    last), with no hidden communication to charge the compute beside it (inf - inf would be nan)."""
+    import math
+
+    from simulator.hardware.cluster import Cluster
+    from simulator.hardware.topology import cluster_spec
+    from simulator.study.screen import Screen
+
+    big = {
+        "num_layers": 48,
+        "hidden_size": 8192,
+        "num_attention_heads": 64,
+        "seq_length": 2048,
+        "vocab_size": 32000,
+    }
+    s = base(big)
+    e = Screen(s, Cluster(cluster_spec(s), 1)).estimate(Layout(1, 1, 1, 8, 1, 1, "zero3", "none"))
+    assert math.isinf(e.iteration_s) and not e.fits

@@ -263,8 +263,8 @@ class Screen:
         if lay.sharding == "ddp":
             comm = self.ring_s("all_reduce", n, per_node, grads)
             comm += self.ring_s("all_reduce", edp, per_node_e, experts * g_b) if experts else 0.0
-            # with overlap_grad_reduce the buckets (a pipeline's chunks: strategy/pipeline/flush.py) reduce under
-            exposed = max(0.0, comm - (layers * (b + rc) if overlap_reduce else 0.0))  # the last backward
+            # with overlap_grad_reduce the buckets (a pipeline's chunks: pipeline/flush.py) hide under a backward
+            exposed = max(0.0, comm - (layers * (b + rc) if overlap_reduce else 0.0))
             beside = comm - exposed
         elif lay.kind in ("zero1", "zero2"):
             reduce = "all_reduce" if self.framework.zero == "deepspeed" else "reduce_scatter"
@@ -294,7 +294,7 @@ class Screen:
             else:
                 fwd, bwd = self._zero3_calls_s(s, w, n, per_node)
             exposed = gas * (max(0.0, fwd - layers * f) + max(0.0, bwd - layers * (b + rc)))
-            beside = gas * (fwd + bwd) - exposed
+            beside = gas * (fwd + bwd) - exposed if math.isfinite(exposed) else 0.0  # not replayed: no fit
         else:  # fsdp: each unit gathered in forward and again in backward, its gradients reduce-scattered, one
             # call each; HSDP (strategy/fsdp.py): inside a shard group, then each unit's shard all-reduced across
             # the replicas, every microbatch
