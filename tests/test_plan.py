@@ -582,27 +582,30 @@ def test_plan_keeps_the_base_s_switches_where_they_apply():
     assert "zero" not in carried(base, Layout(8, 1, 1, 96, 1, 1, "ddp", "none"))
 
 
+# 39B parameters: 16 bytes each (mixed-precision Adam) is 78 GB per GPU even sharded over 8
+BIG_39B = {
+    "num_layers": 48,
+    "hidden_size": 8192,
+    "num_attention_heads": 64,
+    "seq_length": 2048,
+    "vocab_size": 32000,
+}
+
+
 def test_a_model_too_big_for_the_gpus_plans_the_optimizer_on_the_cpu():
     """By hand: 39B parameters on 8 A100-80GB. Mixed-precision Adam needs 16 B a parameter: 78 GB per GPU even
     fully sharded (ZeRO-3 / FSDP over 8), and TP or PP only split the same bytes over the same GPUs; with the
     optimizer on the host CPU (ZeRO-Offload) the GPU keeps its 1/8 of the 16-bit weights, 9.7 GB. So every layout
     that fits is ZeRO-3 with the optimizer offloaded, the screen (the simulation's own host model: gradient copies
     beside backward, the CPU step shared by the node, the weights back) within 3% of the simulation."""
-    big = {
-        "num_layers": 48,
-        "hidden_size": 8192,
-        "num_attention_heads": 64,
-        "seq_length": 2048,
-        "vocab_size": 32000,
-    }
-    r = plan(base(big, batch=64), 8, top=3, options={"recompute": ("full",)})
+    r = plan(base(BIG_39B, batch=64), 8, top=3, options={"recompute": ("full",)})
     ok = [t for t in r["top"] if t["status"] == "ok"]
     assert len(ok) == 3 and r["fit_in_memory"] < r["screened"]
     for t in ok:
         assert t["sharding"] == "zero3-offload" and t["pp"] == 1
         assert t["scenario"]["parallelism"]["zero"]["offload_optimizer"]["device"] == "cpu"
         assert t["estimate_s"] == pytest.approx(t["iteration_time_s"], rel=0.03)
-    layouts = candidates(base(big, batch=64), 8, 8, {"shardings": ("zero2-offload",)})
+    layouts = candidates(base(BIG_39B, batch=64), 8, 8, {"shardings": ("zero2-offload",)})
     assert layouts and all(lay.pp == 1 and lay.stage == 2 and lay.offload for lay in layouts)
 
 
@@ -733,13 +736,6 @@ def test_a_zero3_layout_that_cannot_fit_estimates_as_infinite_not_nan():
     from simulator.hardware.topology import cluster_spec
     from simulator.study.screen import Screen
 
-    big = {
-        "num_layers": 48,
-        "hidden_size": 8192,
-        "num_attention_heads": 64,
-        "seq_length": 2048,
-        "vocab_size": 32000,
-    }
-    s = base(big)
+    s = base(BIG_39B)
     e = Screen(s, Cluster(cluster_spec(s), 1)).estimate(Layout(1, 1, 1, 8, 1, 1, "zero3", "none"))
     assert math.isinf(e.iteration_s) and not e.fits
