@@ -160,11 +160,6 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
     # NCCL's thread blocks hold SMs that compute-bound kernels beside them lose (costs/contention.py)
     sms, channels = cluster.gpu.sm_count, s.memory.nccl_channels if s.cluster.nccl_sm_contention else 0
 
-    def compute_share(ops) -> float:
-        bound = sum(compute.op_time_s(op) for op in ops if op.kind in COMPUTE_BOUND)
-        total = task_cost(ops, compute, comm_time).seconds
-        return bound / total if total > 0 else 0.0
-
     def replay(sc: Scenario, program: Program) -> tuple[Timeline, dict, dict]:
         """The program's timeline and what it adds up (metrics.measure, sources.source_seconds)."""
         durations: dict[int, TaskCost] = {}  # tasks share ops tuples: cost each once
@@ -181,6 +176,13 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
             return task_phases(comm, host, t, stage_of[t.rank])
 
         timeline = simulate_program(program, task_duration, phases)
+
+        def compute_share(ops) -> float:  # of the GPU seconds the first replay costed for these ops
+            total = durations[id(ops)].seconds
+            return (
+                sum(compute.op_time_s(op) for op in ops if op.kind in COMPUTE_BOUND) / total if total else 0.0
+            )
+
         extra = contention_s(program, timeline, compute_share, sms, channels) if channels else {}
         if extra:  # the compute beside communication, lengthened, replayed once more (costs/contention.py)
 
