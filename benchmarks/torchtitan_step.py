@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -256,7 +257,14 @@ def run(a, layers: int, device: str) -> dict:
     if a.tp > 1:
         apply_tp(model, mesh2["tp"])
     for name, block in list(model.layers.items()):
-        model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)  # ptd_checkpoint_wrapper
+        if (
+            a.ac == "op"
+        ):  # torchtitan's per-op selective checkpointing (benchmarks/allocator_trace.py op_policy)
+            from allocator_trace import op_policy
+
+            model.layers[name] = checkpoint_wrapper(block, context_fn=op_policy, preserve_rng_state=False)
+        else:
+            model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)  # ptd_checkpoint_wrapper
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for name, block in model.layers.items():
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=int(name) < layers - 1)
@@ -309,6 +317,29 @@ def run(a, layers: int, device: str) -> dict:
     return out
 
 
+def traced(a, layers: int, device: str) -> dict:
+    """``run`` under torch's profiler, its allocations and frees replayed on the caching allocator's best fit
+    (benchmarks/allocator_trace.py events): what the allocator would hold beside what is allocated."""
+    import tempfile
+
+    from allocator_trace import events
+    from torch.profiler import ProfilerActivity, profile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from simulator.workload.allocator import replay
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = run(a, layers, device)
+    with tempfile.TemporaryDirectory() as tmp:
+        ev = events(prof, Path(tmp) / "trace.json")
+    if os.environ.get("CLUSTERSIM_EVENTS"):  # for a closer look: the events themselves
+        Path(os.environ["CLUSTERSIM_EVENTS"]).write_text(json.dumps(ev))
+    allocated, held = replay(ev)
+    out.update(replayed_allocated_gib=gib(allocated), replayed_held_gib=gib(held))
+    print(json.dumps({k: v for k, v in out.items() if k != "steps"}), flush=True)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", type=int, nargs="+", default=[32], help="one run per number of blocks")
@@ -335,7 +366,19 @@ def main() -> None:
         help="SDPA backend: flash (FlashAttention-2, torch 2.6's first choice) or torch's default order (cuDNN first "
         "on Hopper from torch 2.9)",
     )
+    p.add_argument(
+        "--ac",
+        choices=["full", "op"],
+        default="full",
+        help="activation checkpointing: full (every block) or op (torchtitan's per-op selective policy)",
+    )
     p.add_argument("--out", help="write the measurements here (JSON)")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="on the CPU: record every allocation and free of the run with torch's profiler and replay them on the "
+        "caching allocator's best fit (simulator/workload/allocator.py): the most allocated and held, per run",
+    )
     a = p.parse_args()
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -360,7 +403,7 @@ def main() -> None:
         backends.__enter__()
     for layers in a.layers:
         try:
-            result["runs"].append(run(a, layers, device))
+            result["runs"].append(traced(a, layers, device) if a.trace else run(a, layers, device))
         except torch.OutOfMemoryError as e:
             stats = torch.cuda.memory_stats()
             result["runs"].append(

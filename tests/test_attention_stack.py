@@ -6,7 +6,7 @@ import pytest
 from simulator import load_scenario
 from simulator.frameworks import get_framework
 from simulator.validation.crossval import reference
-from simulator.workload.memory import head_activation_bytes
+from simulator.workload.loss import head_activation_bytes, head_reserve_bytes
 
 
 def test_sdpa_runs_flashattention2_on_hopper_only():
@@ -114,11 +114,15 @@ def test_flashattention2_at_head_dim_64_runs_slower_per_flop_as_measured_on_an_h
             assert flash_head_dim_factor(h100, direction, 64) == pytest.approx(ratio, rel=within)
 
 
-@pytest.mark.parametrize(("compile_loss", "per_logit"), [(True, 6), (False, 10)])
-def test_an_eager_loss_keeps_the_logits_fp32_copy(compile_loss, per_logit):
+@pytest.mark.parametrize(("compile_loss", "per_logit", "held"), [(True, 6, 6), (False, 12, 14)])
+def test_an_eager_loss_keeps_the_logits_fp32_copy(compile_loss, per_logit, held):
     """Llama 3 8B, 8192 tokens, micro-batch 2, TP 1, compiled blocks: at the loss 4 s b h bytes for the final
-    norm's input and, per logit, the 16-bit logits and log_softmax's fp32 output, plus their fp32 copy when the
-    loss runs eager (torchtitan 2024-12-18 .. 2025-04-02): 6 or 10 bytes x 8192 x 2 x 128,256."""
+    norm's input and, per logit, the most the loss allocates at once. Eager (torchtitan 2024-12-18 ..
+    2025-04-02): the 16-bit logits (2), their fp32 copy (4) and log_softmax's output (4) in forward, 10; with the
+    copy and the logits freed, backward holds the log-probabilities, nll_loss_backward's fp32 gradient and
+    log_softmax_backward's (4 + 4 + 4), 12, and the last of those cannot go in the 6-byte hole the first two
+    left under the log-probabilities: 14 held, 2 bytes of holes. Compiled: logits and log-probabilities, the
+    16-bit gradient in the logits' hole: 6 and 6."""
     s = load_scenario(
         {
             "model": {"preset": "llama3-8b"},
@@ -135,23 +139,30 @@ def test_an_eager_loss_keeps_the_logits_fp32_copy(compile_loss, per_logit):
     )
     tokens = 8192 * 2
     assert head_activation_bytes(s) == 4 * tokens * 4096 + per_logit * tokens * 128256
+    assert head_reserve_bytes(s) == (held - per_logit) * tokens * 128256
 
 
 def test_a_vocabulary_parallel_eager_loss_keeps_x_minus_max_as_well():
     """torchtitan runs the loss vocabulary-parallel under tensor parallelism; torch's loss_parallel log_softmax
-    makes x - max a new fp32 tensor beside its fp32 input and result: 14 bytes per logit of this rank's vocabulary
-    shard (measured: Llama 3 70B at TP 8 allocates 57.4 GiB on one H100, simulated 57.3)."""
-    s = load_scenario(
-        {
-            "model": {"preset": "llama3-70b", "seq_length": 8192},
-            "framework": "pytorch-2024",
-            "cluster": {"topology": "dgx-h100", "num_nodes": 4},
-            "training": {"global_batch_size": 32, "micro_batch_size": 8},
-            "parallelism": {"tensor_parallel": 8, "sequence_parallel": True, "data_parallel": 4, "fsdp": {}},
-        }
-    )
+    makes x - max and its exp new fp32 tensors beside its fp32 input (2 + 4 + 4 + 4 = 14 in forward), and its
+    backward (``_nll_loss_and_log_softmax_backward``: zeros, exp, their sum, times the gradient) holds 16 bytes per
+    logit of this rank's vocabulary shard at once, 18 with the hole the forward's copies leave. Under pipelining
+    the stage keeps its logits until their backward: 18 at once, no hole."""
+    scenario = {
+        "model": {"preset": "llama3-70b", "seq_length": 8192},
+        "framework": "pytorch-2024",
+        "cluster": {"topology": "dgx-h100", "num_nodes": 4},
+        "training": {"global_batch_size": 32, "micro_batch_size": 8},
+        "parallelism": {"tensor_parallel": 8, "sequence_parallel": True, "data_parallel": 4, "fsdp": {}},
+    }
+    s = load_scenario(scenario)
     tokens = 8192 * 8
-    assert head_activation_bytes(s) == (4 * tokens * 8192 + 14 * tokens * 128256) / 8
+    assert head_activation_bytes(s) == (4 * tokens * 8192 + 16 * tokens * 128256) / 8
+    assert head_reserve_bytes(s) == 2 * tokens * 128256 / 8
+    scenario["parallelism"] = {**scenario["parallelism"], "data_parallel": 2, "pipeline_parallel": 2}
+    s = load_scenario(scenario)
+    assert head_activation_bytes(s) == (4 * tokens * 8192 + 18 * tokens * 128256) / 8
+    assert head_reserve_bytes(s) == 0
 
 
 def _mpt(gpu: str, framework: str, **training):

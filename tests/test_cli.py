@@ -60,6 +60,8 @@ def test_run_json_has_the_documented_keys(tmp_path):
         "context",
         "nccl",
         "fragmentation",
+        "reserve",
+        "reserved",
         "device",
     } == set(d["memory_gib"])
     b = d["breakdown"]

@@ -106,6 +106,7 @@ UNITS = {
     "tokens_per_s_per_gpu": "tokens/s/GPU",
     "model_tflops_per_gpu": "TFLOP/s/GPU",
     "peak_memory_gib": "GiB peak",
+    "reserved_memory_gib": "GiB reserved",
 }
 
 

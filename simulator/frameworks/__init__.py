@@ -226,6 +226,14 @@ class Framework(BaseModel):
         "ops (workload/attention.py cp_merge_bytes), on K / V with their heads repeated to the query heads "
         "(torchtitan's repeat_kv before SDPA).",
     )
+    tensor_parallel: Literal["megatron", "dtensor"] = Field(
+        "megatron",
+        description="What a tensor-parallel layer with sequence parallelism keeps of the input its column-parallel "
+        "linear layers all-gather: 'megatron' = the sequence-sharded input, gathered again for the weight gradient "
+        "(Megatron-Core's LinearWithGradAccumulationAndAsyncCommunication); 'dtensor' = the gathered input itself, "
+        "the whole sequence, which autograd saves for the linear layer (torch's ColwiseParallel behind "
+        "PrepareModuleInput, torchtitan's apply_tp).",
+    )
     loss: Literal["megatron", "torch", "flash-attn"] = Field(
         "megatron",
         description="How the cross-entropy loss runs: 'megatron' = vocab_parallel_cross_entropy's separate max, "

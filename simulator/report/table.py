@@ -113,6 +113,11 @@ ROWS = [
     ),
     ("Memory: peak allocated", lambda m: m.memory_gib["peak"], "{:.2f} GiB"),
     (
+        "Memory: held by the allocator (reserved)",
+        lambda m: m.memory_gib.get("reserved", m.memory_gib["peak"]),
+        "{:.2f} GiB",
+    ),
+    (
         "Memory: CUDA context + NCCL buffers",
         lambda m: (m.memory_gib["context"], m.memory_gib["nccl"]),
         "{0[0]:.2f} + {0[1]:.2f} GiB",
@@ -263,7 +268,7 @@ def print_oom_headline(m: Metrics, fixes) -> None:
         console.print(
             f"[bold red]OUT OF MEMORY:[/bold red] {g['device']:,.1f} GiB per GPU > {g['capacity']:.0f} GiB: "
             f"peak allocation {g['peak']:,.1f} ({detail}) + {outside:,.1f} GiB of CUDA context, NCCL buffers and "
-            "allocator reserve; the times below are for a GPU that large.",
+            "any allocator reserve you set; the times below are for a GPU that large.",
             highlight=False,
         )
     if m.host_oom:

@@ -50,7 +50,21 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
         buffers = 2 * block * wb + block * gb  # current + prefetched block, one block's unsharded gradients
     else:
         buffers = w.params_per_rank * wb + block * gb  # every block stays unsharded from forward to backward
-    mem = memory_breakdown(s, w, cluster, shard, 3, buffers)
+    # when the loss runs the step's sharded gradients are not allocated (zero_grad's set_to_none, torch's default
+    # since 2.0, freed the last ones; with one micro-batch none is reduced yet), and of the buffers only the
+    # unsharded parameters the forward leaves: the last block's (it is not resharded: torchtitan apply_fsdp), or
+    # every block's without resharding
+    at_loss = block * wb if cfg.reshard_after_forward else w.params_per_rank * wb
+    mem = memory_breakdown(
+        s,
+        w,
+        cluster,
+        shard,
+        3,
+        buffers,
+        grads_at_loss=s.gradient_accumulation_steps > 1,
+        buffers_at_loss=min(at_loss, buffers),
+    )
     label = f"all {dp} ranks ({dp // shard} replicas x {shard} shards)" if hybrid else f"all {dp} ranks"
     p.ranks.append(RankClass(label, ranks_per_stage(s), mem))
     return p

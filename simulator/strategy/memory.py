@@ -11,10 +11,10 @@ from simulator.scenario.schema import Scenario
 from simulator.strategy.groups import expert_grad_group_size
 from simulator.strategy.state_bytes import fp8_weight_copy_bytes, grad_bytes
 from simulator.strategy.steps import overlaps_a2a
+from simulator.workload.loss import head_activation_bytes, head_reserve_bytes
 from simulator.workload.memory import (
     MemoryBreakdown,
     checkpoint_bytes_per_layer,
-    head_activation_bytes,
     state_bytes_per_param,
     zero_model_state_bytes,
 )
@@ -23,11 +23,24 @@ from simulator.workload.recompute import chunk_activation_bytes, chunk_policies
 from simulator.workload.transformer import Workload
 
 
-def activation_memory(s: Scenario, layers: list, in_flight: int = 1, has_head: bool = True) -> float:
-    """Activations held at the peak: what each of ``layers`` (a model chunk's blocks, in order) keeps under its
-    recompute policy (workload/recompute.py) for each microbatch in flight, the output layer's logits, and what
-    a recomputation has live at the backward's peak (full recompute: the layer, or Megatron's uniform group,
-    being re-run; Korthikanti Sec. 5)."""
+def activation_memory(
+    s: Scenario, layers: list, in_flight: int = 1, has_head: bool = True, relief: float = 0.0
+) -> tuple[float, float]:
+    """(activations held at the peak, what the caching allocator holds beyond them at the loss).
+
+    Held: what each of ``layers`` (a model chunk's blocks, in order) keeps under its recompute policy
+    (workload/recompute.py) for each microbatch in flight, and the larger of two working sets that are never live
+    together: the loss's (the output layer's logits and their fp32 copies, live from the forward's end until the
+    output layer's backward has consumed their gradient) and a recomputation's at the backward's peak (full
+    recompute: the layer, or Megatron's uniform group, being re-run; Korthikanti Sec. 5), which starts only
+    after it. ``relief``: model states and buffers not yet allocated when the loss runs (fsdp.py), which its
+    working set may take.
+
+    Held beyond: a layer's forward frees what it does not keep after allocating its output, the next layer's
+    checkpoint, above it; the next layer's forward reuses that hole, and the last one's is still free under the
+    logits, too small for the loss's tensors, which go above it and leave holes of their own (LOSS_TENSORS). So
+    at the loss the allocator holds the recomputation's working set (the same tensors) and the loss's holes on
+    top of what is allocated, and the relief, which other streams' pools hold."""
     policies = chunk_policies(s, len(layers))
     pairs = list(zip(policies, layers, strict=True))
     kept, peak = chunk_activation_bytes(s, [(p, b.moe) for p, b in pairs if not b.offloaded])
@@ -36,10 +49,17 @@ def activation_memory(s: Scenario, layers: list, in_flight: int = 1, has_head: b
         off_kept, off_peak = chunk_activation_bytes(s, away)
         kept += off_kept * min(BUFFERS, len(away)) / len(away)
         peak = max(peak, off_peak)
-    total = kept * in_flight + peak
-    if has_head:  # the output layer's, once more per multi-token prediction depth
-        total += head_activation_bytes(s) * (1 + s.model.mtp_layers)
-    return total
+    if not has_head:
+        return kept * in_flight + peak, 0.0
+    # the output layer's, once more per multi-token prediction depth
+    depths = 1 + s.model.mtp_layers
+    loss = head_activation_bytes(s) * depths - relief
+    held = kept * in_flight + max(peak, loss)
+    # the relief is free but still held: FSDP allocates the sharded gradients on its reduce-scatter stream and
+    # gathers into buffers on its all-gather stream, and the caching allocator serves a stream only from the
+    # blocks freed on it (CUDACachingAllocator: its pools are keyed by stream), not the loss's on the default one
+    at_loss = kept * in_flight + loss + relief + peak + head_reserve_bytes(s) * depths
+    return held, max(0.0, at_loss - held)
 
 
 def model_state_bytes(
@@ -75,18 +95,24 @@ def memory_breakdown(
     stage: int,
     buffers: float,
     unsharded_params: float = 0.0,
+    grads_at_loss: bool = True,
+    buffers_at_loss: float | None = None,
 ) -> MemoryBreakdown:
     """Per-GPU memory: model states sharded over ``shards`` ranks as ZeRO stage ``stage`` (FSDP = 3; experts over
     expert data parallelism), plus ``unsharded_params`` kept whole on every rank, activations of every layer,
-    and the strategy's buffers."""
+    and the strategy's buffers. ``grads_at_loss`` false: the gradients are not allocated when the loss runs;
+    ``buffers_at_loss``: the buffers allocated then, where fewer (both fsdp.py)."""
     w_b = state_bytes_per_param(s.training.precision, s.training.optimizer)[0]
     params, grads, opt = model_state_bytes(s, w, shards, stage)
     params += unsharded_params * w_b * (1 - 1 / shards)
+    relief = (0.0 if grads_at_loss else grads) + (
+        buffers - buffers_at_loss if buffers_at_loss is not None else 0.0
+    )
     # Megatron-Core's combined 1F1B without pipeline stages runs a forward while the previous micro-batch's
     # backward still holds its activations: two micro-batches in flight
     combined = overlaps_a2a(s) and s.gradient_accumulation_steps > 1
-    acts = activation_memory(s, list(w.layers), in_flight=2 if combined else 1)
-    mem = MemoryBreakdown(params, grads, opt, acts, buffers, cluster.gpu.hbm_bytes)
+    acts, reserve = activation_memory(s, list(w.layers), in_flight=2 if combined else 1, relief=relief)
+    mem = MemoryBreakdown(params, grads, opt, acts, buffers, cluster.gpu.hbm_bytes, reserve=reserve)
     return with_host_checkpoints(s, mem, w.num_layers, cluster)
 
 

@@ -37,7 +37,8 @@ from simulator.study.layouts import Layout, carried
 from simulator.study.offload import OffloadScreen
 from simulator.tables.select import resolve_tables
 from simulator.workload.fp8 import fp8_plan
-from simulator.workload.memory import activation_bytes_per_layer, head_activation_bytes, state_bytes_per_param
+from simulator.workload.loss import head_activation_bytes
+from simulator.workload.memory import activation_bytes_per_layer, state_bytes_per_param
 from simulator.workload.transformer import build_workload
 
 MEMORY_HEADROOM = 0.9  # screen out what needs more than 90% of the GPU (allocator, context, NCCL buffers)
@@ -376,9 +377,8 @@ class Screen:
         layers = self.base.model.num_layers // lay.pp
         in_flight = lay.pp if lay.pp > 1 else 1
         per_layer, head, whole = self._activations(lay, s)
-        act = per_layer * layers * in_flight + head
-        if lay.recompute == "full":
-            act += whole
+        # the loss's working set and a recomputation's are never live together (strategy/memory.py)
+        act = per_layer * layers * in_flight + max(head, whole if lay.recompute == "full" else 0.0)
         return states + act
 
     def _activations(self, lay: Layout, s: Scenario) -> tuple[float, float, float]:

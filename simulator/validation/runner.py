@@ -27,10 +27,17 @@ DEFAULT_CASES = Path(__file__).parent / "published.yaml"
 GATE_MEDIAN_ABS_ERROR_PCT = 10.0
 GATE_MAX_ABS_ERROR_PCT = 25.0
 
-# peak_memory_gib: the caching allocator's peak (what torch.cuda.max_memory_reserved, torchtitan's memory line and
-# DeepSpeed's / Megatron's memory reports give: model states, activations, buffers, fragmentation; not the CUDA
-# context or NCCL's own buffers, which nvidia-smi adds)
-METRICS = ("iteration_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "peak_memory_gib")
+# peak_memory_gib: the peak allocation (torch.cuda.max_memory_allocated, what DeepSpeed's and Megatron's memory
+# reports give); reserved_memory_gib: what the caching allocator holds at it (torch.cuda.max_memory_reserved,
+# torchtitan's memory line): that and the holes it cannot reuse. Neither counts the CUDA context or NCCL's own
+# buffers, which nvidia-smi adds.
+METRICS = (
+    "iteration_time_s",
+    "tokens_per_s_per_gpu",
+    "model_tflops_per_gpu",
+    "peak_memory_gib",
+    "reserved_memory_gib",
+)
 
 
 @dataclass
@@ -93,6 +100,8 @@ def predicted_value(m: Metrics, published: dict, params: float, s=None) -> float
     metric = published["metric"]
     if metric == "peak_memory_gib":
         return m.memory_gib["peak"]
+    if metric == "reserved_memory_gib":
+        return m.memory_gib["reserved"]
     if metric != "model_tflops_per_gpu":
         return getattr(m, metric)
     convention = published.get("flop_convention", "megatron-model")
@@ -145,7 +154,7 @@ def run_case(case: dict, framework: Framework | None = None, kernels: str | None
     if m.oom:
         status, message = (
             "oom",
-            f"simulated peak {m.memory_gib['peak']:.1f} GiB > {m.memory_gib['capacity']:.0f}",
+            f"simulated {m.memory_gib['device']:.1f} GiB on the GPU > {m.memory_gib['capacity']:.0f}",
         )
     elif abs(error) > GATE_MAX_ABS_ERROR_PCT:  # simulated, but further off than any case may be
         status, message = "off", f"over {GATE_MAX_ABS_ERROR_PCT:g}%"

@@ -29,10 +29,13 @@ class MemoryBreakdown:
     # gradient partition): they count only where they exceed the activations
     step: float = 0.0
     # outside what the program allocates (runtime_memory below): the CUDA context, NCCL's buffers, and the
-    # caching allocator's reserve beyond its peak allocation (a fraction of it)
+    # caching allocator's reserve beyond its peak allocation as a fraction of it, where the user states one
     context: float = 0.0
     nccl: float = 0.0
     fragmentation: float = 0.0
+    # what the caching allocator holds beyond the peak allocation in holes it cannot reuse: the loss's
+    # (workload/loss.py head_reserve_bytes, workload/allocator.py); ``fragmentation``, where set, replaces it
+    reserve: float = 0.0
 
     @property
     def step_extra(self) -> float:
@@ -44,9 +47,19 @@ class MemoryBreakdown:
         return self.params + self.grads + self.optimizer + self.activations + self.buffers + self.step_extra
 
     @property
+    def reserved(self) -> float:
+        """What PyTorch's caching allocator holds at the peak (``torch.cuda.max_memory_reserved``, torchtitan's
+        memory line): the peak allocation and the holes it cannot reuse (``reserve``), or the peak times
+        1 + ``fragmentation`` where the user states that."""
+        return self.peak * (1.0 + self.fragmentation) if self.fragmentation else self.peak + self.reserve
+
+    @property
     def device(self) -> float:
-        """What the process holds on the GPU at its peak, as ``nvidia-smi`` shows it: the allocator's reserve
-        (``torch.cuda.max_memory_reserved``), the CUDA context and NCCL's buffers. This must fit."""
+        """What must fit on the GPU: the peak allocation (times 1 + ``fragmentation`` where the user states one),
+        the CUDA context and NCCL's buffers. Not the allocator's holes (``reserve``): before it fails a request
+        it releases its cached free memory and retries (CUDACachingAllocator ``release_cached_blocks``, counted
+        in ``num_alloc_retries``), as torchtitan's 8B step did on an 80 GB H100 while holding 78 GiB
+        (docs/measurements/h100-torchtitan-8b-rank.json)."""
         return self.peak * (1.0 + self.fragmentation) + self.context + self.nccl
 
     @property
@@ -61,6 +74,7 @@ class MemoryBreakdown:
         out = {k: v / 2**30 for k, v in asdict(self).items()}
         out["step_extra"] = self.step_extra / 2**30
         out["peak"] = self.peak / 2**30
+        out["reserved"] = self.reserved / 2**30
         out["fragmentation"] = self.fragmentation  # a fraction, not GiB
         out["device"] = self.device / 2**30
         return out
@@ -150,8 +164,10 @@ def activation_bytes_per_layer(s: Scenario, recompute: str | None = None, moe: b
     f_up = (2 if m.activation == "swiglu" else 1) * m.ffn_size / h
     f = m.ffn_size / h
     lin = linear_input_bytes(s)  # what a linear layer keeps of its input: 2, or 1 in FP8 (Transformer Engine)
-    # QKV input, attention dropout mask, MLP input, MLP dropout mask, 2 norms
-    replicated = sbh * (lin + 1 + lin + 1 + 4)
+    # QKV input, attention dropout mask, MLP input, MLP dropout mask, 2 norms; torch's tensor parallelism keeps
+    # the two linear inputs whole (gathered), Megatron's sharded like the rest
+    gathered = sbh * 2 * lin if sp > 1 and get_framework(s.framework).tensor_parallel == "dtensor" else 0.0
+    replicated = sbh * (lin + 1 + lin + 1 + 4) - gathered
     # MLP up out, act out (the down projection's input; MoE: its own; recomputed mlp: only its input)
     mlp = 0.0 if moe or "mlp" in modules else 2 * f_up + lin * f
     sharded = sbh * (2 * q + 2 * kv + 2 * v + lin * out + mlp)  # Q, K, V, projection input, MLP
@@ -159,7 +175,7 @@ def activation_bytes_per_layer(s: Scenario, recompute: str | None = None, moe: b
         sharded += 5 * a * sq * sq * b  # softmax output, dropout mask, dropout output
     if m.attention == "flash":
         sharded += 2 * sbh * out + 4 * sq * b * a  # attention output kept by the kernel + fp32 log-sum-exp
-    total = replicated / sp + sharded / t
+    total = replicated / sp + gathered + sharded / t
     if m.mla is not None:
         # the latents of the replicated down-projections, every token on every TP rank (0.14): the down outputs
         # (norm inputs) and the norm outputs (up-projection inputs), 16-bit
@@ -175,10 +191,41 @@ def activation_bytes_per_layer(s: Scenario, recompute: str | None = None, moe: b
     return total
 
 
+def torchtitan_matmuls(s: Scenario, moe: bool = False) -> tuple[tuple[str, float], ...]:
+    """The matmuls (``aten.mm``) of one torchtitan block's forward in the order they run, each with its output's
+    width on one tensor-parallel rank (elements per token): torchtitan's Llama (models/llama3/model/model.py,
+    9dec370 to v0.2.2) runs ``self.wq(x), self.wk(x), self.wv(x)``, then ``wo``, then
+    ``self.w2(F.silu(self.w1(x)) * self.w3(x))``; DeepSeek-V3's attention its low-rank pairs (wq_a, wq_b;
+    wkv_a, wkv_b; the down-projections replicated). A row-parallel layer's output (wo, w2) is the whole width of
+    partial sums. An MoE block's router is left out (v0.2.2 forces its recompute without counting it,
+    ``per_op_sac_force_recompute_mm_shapes_by_fqns``), so are its grouped expert GEMMs (not ``aten.mm``); its
+    shared expert runs like the dense MLP."""
+    m, t = s.model, s.parallelism.tensor_parallel
+    h, a, g = m.hidden_size, m.num_attention_heads, m.query_groups
+    if m.mla is None:
+        mms = [("wq", a * m.head_dim / t), ("wk", g * m.head_dim / t), ("wv", g * m.v_head_dim / t)]
+    else:
+        c = m.mla
+        q = (
+            [("wq_a", c.q_lora_rank), ("wq_b", a * m.head_dim / t)]
+            if c.q_lora_rank
+            else [("wq", a * m.head_dim / t)]
+        )
+        kv_up = a * (c.qk_nope_head_dim + m.v_head_dim) / t
+        mms = [*q, ("wkv_a", c.kv_lora_rank + c.qk_rope_head_dim), ("wkv_b", kv_up)]
+    mms.append(("wo", h))
+    f = (m.moe.shared_expert_ffn_hidden_size or 0) if moe else m.ffn_size
+    if f:
+        gate = [("w1", f / t)] if m.activation == "swiglu" else []
+        mms += [*gate, ("w3" if gate else "w1", f / t), ("w2", h)]
+    return tuple(mms)
+
+
 def op_policy_bytes(s: Scenario, moe: bool = False) -> float:
     """What torchtitan's per-op selective checkpointing keeps of one layer (workload/recompute.py): the layer
-    input, the outputs of the matmuls it saves (QKV; MLP-up, gate included) and of attention (its output and fp32
-    log-sum-exp), 16-bit; an MoE layer's MLP as without recompute."""
+    input, the outputs of every other matmul (the 1st, 3rd...: ``mm_count % 2`` of torchtitan_matmuls: wq, wv,
+    w1, w2 of a Llama block), of attention (its output and fp32 log-sum-exp) and of the sequence-parallel
+    reduce-scatters, 16-bit; an MoE layer's MLP as without recompute."""
     m, p = s.model, s.parallelism
     sq, b, h, t = (
         m.seq_length // p.context_parallel,
@@ -187,18 +234,16 @@ def op_policy_bytes(s: Scenario, moe: bool = False) -> float:
         p.tensor_parallel,
     )
     sp = t if p.sequence_parallel else 1
-    sbh = sq * b * h
-    q = m.num_attention_heads * m.head_dim / h
-    kv = m.query_groups * m.head_dim / h
-    v = m.query_groups * m.v_head_dim / h
-    out = m.num_attention_heads * m.v_head_dim / h
-    f_up = (2 if m.activation == "swiglu" else 1) * m.ffn_size / h
-    kept = (
-        2 * sbh / sp + sbh * (2 * q + 2 * kv + 2 * v + 2 * out) / t + 4 * sq * b * m.num_attention_heads / t
-    )
-    if moe:
-        return kept + moe_mlp_activation_bytes(s)
-    return kept + 2 * sbh * f_up / t
+    tokens = sq * b
+    heads = m.num_attention_heads / t
+    mms = torchtitan_matmuls(s, moe)
+    if moe:  # the shared expert's outputs are among the MoE MLP's own below
+        mms = mms[: [n for n, _ in mms].index("wo") + 1]
+    saved = sum(width for i, (_, width) in enumerate(mms) if i % 2 == 0)
+    kept = 2 * tokens * h / sp + 2 * tokens * saved + tokens * heads * (2 * m.v_head_dim + 4)
+    if sp > 1:  # the reduce-scatters after wo and w2 (on the save list)
+        kept += 2 * (2 * tokens * h / sp)
+    return kept + (moe_mlp_activation_bytes(s) if moe else 0.0)
 
 
 def moe_mlp_activation_bytes(
@@ -259,38 +304,3 @@ def checkpoint_bytes_per_layer(s: Scenario) -> float:
     sbh = m.seq_length // p.context_parallel * tr.micro_batch_size * m.hidden_size
     t = p.tensor_parallel
     return 2 * sbh / (t if p.sequence_parallel or tr.partition_activations else 1)
-
-
-# Bytes per logit live at the loss. Megatron: the fp32 logits its fused vocab-parallel cross-entropy keeps
-# (Korthikanti et al. Sec. 4.3). PyTorch's F.cross_entropy as torchtitan calls it (torchtitan/components/loss.py,
-# ``cross_entropy_loss``: ``F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))``): the 16-bit
-# logits, their fp32 copy and log_softmax's fp32 output (saved for backward) are all live while log_softmax runs,
-# at the end of the forward when every layer's activations are held; compiled (torchtitan compiles the loss with
-# the model, training.compile_loss), the copy fuses into the log_softmax kernel.
-# With tensor parallelism torchtitan runs the loss vocabulary-parallel (loss_parallel, on unless disabled): torch's
-# torch/distributed/tensor/parallel/loss.py _log_softmax computes x - max into a new fp32 tensor ("shifted") and
-# the result from it, so the fp32 input, shifted and the result are live at once beside the 16-bit logits (its
-# exp is freed by the sum before the result is made). Measured on one H100: Llama 3 70B at TP 8, 16 x 8,192 tokens,
-# allocated peak 57.4 GiB, 8.0 GiB above the 10 bytes per logit (benchmarks/torchtitan_step.py --tp 8).
-# flash-attn's fused cross-entropy (MPT's fused_crossentropy) keeps the 16-bit logits and, in backward, writes
-# their 16-bit gradient beside them (xentropy_cuda.backward, not in place: inplace_backward defaults to False).
-LOGIT_BYTES = {
-    "megatron": 4,
-    "torch": 2 + 4 + 4,
-    "torch-compiled": 2 + 4,
-    "torch-parallel": 2 + 4 + 4 + 4,
-    "flash-attn": 2 + 2,
-}
-
-
-def head_activation_bytes(s: Scenario) -> float:
-    """Output layer: final layernorm input and the logits live at the loss (LOGIT_BYTES by the framework's
-    loss; Korthikanti et al. Sec. 4.3 count 4 s b h / t + 4 s b v / t for the last stage)."""
-    m, p = s.model, s.parallelism
-    sq, b, t = m.seq_length // p.context_parallel, s.training.micro_batch_size, p.tensor_parallel
-    loss = get_framework(s.framework).loss
-    if loss == "torch" and s.training.compile and s.training.compile_loss:
-        loss = "torch-compiled"
-    elif loss == "torch" and t > 1:
-        loss = "torch-parallel"
-    return 4 * sq * b * m.hidden_size / t + LOGIT_BYTES[loss] * sq * b * m.vocab_size / t

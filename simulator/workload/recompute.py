@@ -13,8 +13,9 @@ Policies of one layer:
     the others whole.
   * ``op``: torchtitan's per-op selective checkpointing (torchtitan/models/llama3/infra/parallelize.py
     ``_apply_ac_to_transformer_block``, v0.2.2): the outputs of the ops on its save list are kept (matmuls,
-    scaled-dot-product attention, reduce-scatter), except every second matmul (``mm_count % 2 == 0``: recomputed);
-    everything else (norms, activations, residual adds, all-gathers) is re-run.
+    scaled-dot-product attention, reduce-scatter), except every second matmul (``mm_count % 2 == 0``: recomputed),
+    counted as torchtitan runs them (wq, wk, wv, wo, w1, w3, w2: wk, wo and w3 re-run); everything else (norms,
+    activations, residual adds, all-gathers) is re-run.
 torchtitan's ``selective_ac_option: N`` (here ``selective-layer`` with ``recompute.every: N``) recomputes every
 N-th layer in full and keeps the others.
 """
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from simulator.scenario.schema import Scenario
 from simulator.workload.memory import activation_bytes_per_layer
-from simulator.workload.ops import Op, recomputed
+from simulator.workload.ops import Op, linear, recomputed
 
 
 def chunk_policies(s: Scenario, count: int) -> tuple[str, ...]:
@@ -46,21 +47,47 @@ def group_size(s: Scenario) -> int:
     return rc.num_layers if rc.method == "uniform" else 1
 
 
-def op_policy_recompute(forward: tuple[Op, ...]) -> tuple[Op, ...]:
+def op_policy_recompute(forward: tuple[Op, ...], heads: int, kv_heads: int, gated: bool) -> tuple[Op, ...]:
     """What torchtitan's per-op policy re-runs of a layer's forward: every op but the saved ones, i.e. all but
-    FlashAttention, the reduce-scatters and the odd-numbered linear matmuls (the 1st, 3rd: QKV and MLP-up are
-    kept; the projection and MLP-down are recomputed)."""
+    FlashAttention, the reduce-scatters and every other matmul in the order torchtitan runs them
+    (memory.torchtitan_matmuls): of a Llama block wk, wo and w3 are re-run, wq, wv, w1 and w2 kept. The layer's
+    fused GEMMs stand for torchtitan's separate ones: the QKV projection for wq, wk, wv (``heads`` and
+    ``kv_heads`` on this rank), a gated MLP's up projection for w1 and w3. An MoE router is re-run without
+    counting (v0.2.2 forces it), grouped expert GEMMs kept (not ``aten.mm``)."""
     out = []
     matmuls = 0
     for op in forward:
-        if op.kind == "gemm" and op.linear and op.direction == "forward":
-            matmuls += 1
-            if matmuls % 2:
+        if op.kind == "gemm" and op.linear and op.direction == "forward" and op.kernel == "gemm":
+            if "router" in op.name:
+                out.append(op)
                 continue
+            for part in _torchtitan_parts(op, heads, kv_heads, gated):
+                matmuls += 1
+                if matmuls % 2 == 0:
+                    out.append(part)
+            continue
+        if op.kind == "gemm" and op.kernel == "grouped_gemm" and op.direction == "forward":
+            continue
         if op.kind == "flash_attention" or (op.kind == "collective" and op.collective == "reduce_scatter"):
             continue
         out.append(op)
     return recomputed(tuple(out))
+
+
+def _torchtitan_parts(op: Op, heads: int, kv_heads: int, gated: bool) -> tuple[Op, ...]:
+    """The separate matmuls torchtitan runs for one of the layer's fused GEMMs (op_policy_recompute)."""
+    if op.name == "qkv projection":
+        q = op.n * heads // (heads + 2 * kv_heads)
+        kv = (op.n - q) // 2
+        return tuple(
+            linear(f"{name} projection", op.m, n, op.k) for name, n in (("wq", q), ("wk", kv), ("wv", kv))
+        )
+    if op.name == "mlp up projection" and gated:
+        return (
+            linear("w1 projection", op.m, op.n // 2, op.k),
+            linear("w3 projection", op.m, op.n // 2, op.k),
+        )
+    return (op,)
 
 
 def early_stopped(forward: tuple[Op, ...]) -> tuple[Op, ...]:

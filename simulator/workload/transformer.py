@@ -288,7 +288,9 @@ def build_workload(
             (*fetch, *recompute),
             mlp.expert_params,
             moe,
-            op_policy_recompute(fwd) if tr.activation_recompute == "selective-op" else (),
+            op_policy_recompute(fwd, heads, sh.kv_heads, m.activation == "swiglu")
+            if tr.activation_recompute == "selective-op"
+            else (),
         )
 
     pattern = [m.is_moe_layer(i) for i in range(m.num_layers)]

@@ -11,9 +11,9 @@ from simulator.strategy.reduction import bf16_optimizer
 from simulator.strategy.schedules import SPLITS_BACKWARD, Step
 from simulator.strategy.state_bytes import fp8_weight_copy_bytes, fsdp_reduce_bytes, grad_bytes
 from simulator.workload.fp8 import is_quantized
+from simulator.workload.loss import head_activation_bytes, head_reserve_bytes
 from simulator.workload.memory import (
     MemoryBreakdown,
-    head_activation_bytes,
     state_bytes_per_param,
     zero_model_state_bytes,
 )
@@ -78,12 +78,23 @@ def stage_memory(
                 peak = live
         return peak
 
-    peak = in_flight_peak(
-        {c: kept[c] + heads[c] * head_activation_bytes(s) * (1 + s.model.mtp_layers) for c in range(v)}
-    )
-    peak += recompute_peak
+    # the loss's working set (on the last stage, one micro-batch's, from its forward's end to its output layer's
+    # backward) and a recomputation's are never live together (strategy/memory.py activation_memory)
+    # and the allocator holds the forward's working set (a hole under the logits) and the loss's holes beyond
+    # what is allocated at the loss (strategy/memory.py activation_memory)
+    depths = 1 + s.model.mtp_layers
+    loss = head_activation_bytes(s) * depths if any(heads.values()) else 0.0
+    live = in_flight_peak(kept)
+    peak = live + max(recompute_peak, loss)
+    at_loss = live + loss + recompute_peak + head_reserve_bytes(s) * depths if loss else 0.0
     mem = MemoryBreakdown(
-        p_bytes, g_bytes, o_bytes, peak, (versions - 1) * params * w_b, cluster.gpu.hbm_bytes
+        p_bytes,
+        g_bytes,
+        o_bytes,
+        peak,
+        (versions - 1) * params * w_b,
+        cluster.gpu.hbm_bytes,
+        reserve=max(0.0, at_loss - peak),
     )
     if not s.training.cpu_checkpointing:
         return mem
