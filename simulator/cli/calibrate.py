@@ -13,11 +13,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
-from rich.progress import Progress
 
 from simulator.errors import ScenarioError
-from simulator.report.console import err, fail, note
+from simulator.report.console import err, escape, fail, note, progress
 from simulator.report.output import check_output_file, write_atomic
 from simulator.scenario.loader import load_scenario
 from simulator.tables.io import read_existing
@@ -76,7 +74,7 @@ def calibrate_profile(
     err.print(
         escape(f"fitting {', '.join(names)} on {len(chosen)} cases: {', '.join(c['id'] for c in chosen)}")
     )
-    with Progress(console=err, transient=True, disable=not sys.stderr.isatty()) as bar:
+    with progress(sys.stderr.isatty()) as bar:
         task = bar.add_task("fitting", total=None)
         fitted = cal.fit(
             chosen, start, names, progress=lambda msg: bar.update(task, description=msg), gpu=gpu
@@ -136,7 +134,7 @@ def calibrate_kernels(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
     """Time every kernel shape and collective SCENARIO's simulation costs, on this machine, into a table."""
-    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from simulator.calibration.runner import calibrate_kernels as run_calibration
     from simulator.calibration.runner import require_torch
@@ -156,7 +154,7 @@ def calibrate_kernels(
         columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
         columns += (TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
         show = not quiet and sys.stderr.isatty()
-        with Progress(*columns, console=err, transient=True, disable=not show) as bar:
+        with Progress(*columns, console=err.real, transient=True, disable=not show) as bar:
             task = bar.add_task("measuring", total=None)
 
             def progress(done: int, total: int, what: str) -> None:

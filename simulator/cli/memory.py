@@ -8,13 +8,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import Progress
-from rich.table import Table
 
 from simulator.errors import ScenarioError
-from simulator.report.console import err, fail
+from simulator.report.console import escape, fail, progress
 from simulator.scenario.loader import load_scenario
 
 
@@ -33,7 +29,7 @@ def memory(
     try:
         s = load_scenario(scenario)
         show = not quiet and not json_out and sys.stderr.isatty()
-        with Progress(console=err, transient=True, disable=not show) as bar:
+        with progress(show) as bar:
             task = bar.add_task("building programs", total=None)
             rows = memory_table(s, lambda text: bar.update(task, description=text))
     except ScenarioError as e:
@@ -42,6 +38,9 @@ def memory(
         print(json.dumps([r.to_dict() for r in rows], indent=2))
         return
     capacity = next((r.gib["capacity"] for r in rows if r.gib), 0.0)
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(
         title=f"{escape(s.name)}: GiB per GPU ({capacity:.0f} GiB GPUs)", show_edge=False, pad_edge=False
     )

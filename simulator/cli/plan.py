@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from simulator.cli.study import parse_tokens
 from simulator.errors import ScenarioError
@@ -323,6 +322,7 @@ def plan(
         print(json.dumps({**result, **extra}, indent=2, default=str))
         return
     from rich import box
+    from rich.console import Console
     from rich.table import Table
 
     c = Console(soft_wrap=True)

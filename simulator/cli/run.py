@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import Progress
 
 from simulator import paths
 from simulator.api import simulate
@@ -26,7 +24,7 @@ from simulator.cli.common import (
     with_kernels,
 )
 from simulator.errors import ScenarioError
-from simulator.report.console import err, fail, shown_warnings
+from simulator.report.console import err, fail, progress, shown_warnings
 from simulator.report.output import check_output_file, temporary_beside
 from simulator.report.table import print_oom_headline, print_table
 from simulator.report.trace import write_trace
@@ -115,6 +113,8 @@ def run(
         if fixes is not None:
             print_oom_headline(m, fixes)
         print_table([(result.scenario.name, m)])
+        from rich.console import Console
+
         if result.scenario.note:
             Console(soft_wrap=True).print(f"note: {result.scenario.note}", markup=False, highlight=False)
         if trace:
@@ -149,6 +149,8 @@ def scenarios(
             )
         )
         return
+    from rich.console import Console
+
     table = Table(title=f"Shipped scenarios ({scenario_dir()})", title_justify="left")
     table.add_column("name", no_wrap=True)
     table.add_column("what it is")
@@ -172,6 +174,8 @@ def init(
         write_atomic(path, STARTER.format(name=path, stem=path.stem))
     except ScenarioError as e:
         fail(str(e))
+    from rich.console import Console
+
     Console().print(f"wrote {path}; run it with: clustersim run {path}")
 
 
@@ -197,7 +201,7 @@ def compare(
         fail(str(e))
     results = []
     show = not quiet and sys.stderr.isatty() and len(loaded) > 1
-    with shown_warnings(), Progress(console=err, transient=True, disable=not show) as bar:
+    with shown_warnings(), progress(show) as bar:
         task = bar.add_task("simulating", total=len(loaded))
         for s in loaded:
             try:

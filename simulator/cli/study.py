@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import Progress
 
 from simulator import paths
 from simulator.errors import ScenarioError
@@ -47,9 +45,11 @@ def sweep(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
     """Simulate a base scenario over a grid of field values; resumable (finished points are skipped)."""
+    from rich.console import Console
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
+        Progress,
         TextColumn,
         TimeElapsedColumn,
         TimeRemainingColumn,
@@ -103,7 +103,7 @@ def sweep(
         TextColumn("ETA"),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=err, transient=True, disable=not show) as bar:
+    with Progress(*columns, console=err.real, transient=True, disable=not show) as bar:
         task = bar.add_task("points", total=None)
 
         def progress(done: int, total: int) -> None:

@@ -5,18 +5,18 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import Progress
-from rich.table import Table
 
 from simulator.cli.common import KERNELS_HELP
 from simulator.errors import ScenarioError
-from simulator.report.console import err, fail
+from simulator.report.console import err, fail, progress
 from simulator.tables.select import check_choice
 from simulator.validation.runner import CaseResult
+
+if TYPE_CHECKING:  # rich is imported where a table is drawn
+    from rich.console import Console
 
 
 def validate(
@@ -65,7 +65,7 @@ def validate(
     if not selected:
         fail(f"--filter: no case id contains '{filter_text}'")
     show = not quiet and not json_out and sys.stderr.isatty()
-    with Progress(console=err, transient=True, disable=not show) as bar:
+    with progress(show) as bar:
         task = bar.add_task("validating", total=len(selected))
         results = runner.run_cases(
             selected, lambda case_id: bar.update(task, advance=1, description=case_id), kernels=kernels
@@ -120,6 +120,9 @@ def _err(e: float | None) -> str:
 def print_validation(
     results: list[CaseResult], by_source: dict, overall: dict, console: Console | None = None
 ) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     console = console or Console()
     cases = Table(title="Predicted vs published", header_style="bold")
     for col, just in (
@@ -184,7 +187,7 @@ def _cross_validate(
     if not selected:
         fail(f"--filter: no case id contains '{filter_text}'")
     show = not quiet and not json_out and sys.stderr.isatty()
-    with Progress(console=err, transient=True, disable=not show) as bar:
+    with progress(show) as bar:
         task = bar.add_task("cross-validating", total=len(selected))
         results = cross_validate(selected, lambda text: bar.update(task, advance=1, description=text), extra)
     inside = runner.summarize([r.case for r in results])
@@ -211,6 +214,9 @@ def _cross_validate(
             )
         )
     else:
+        from rich.console import Console
+        from rich.table import Table
+
         table = Table(title="In sample and out of sample (leave one source out)", header_style="bold")
         for col in ("case", "published", "in sample", "out of sample", "profile out of sample"):
             table.add_column(col, justify="left" if col in ("case", "profile out of sample") else "right")

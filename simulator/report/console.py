@@ -7,14 +7,68 @@ import warnings
 from contextlib import contextmanager
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from simulator.scenario.deepspeed import DeepSpeedConfigWarning
 from simulator.scenario.hf_config import HfConfigWarning
 from simulator.tables.format import CostTableWarning
 
-err = Console(stderr=True)
+
+class LazyConsole:
+    """A rich Console made on first use: importing rich costs about 20 ms, which a run that prints JSON, or
+    nothing on the terminal, need not pay (issue 33's start-up)."""
+
+    def __init__(self, **options):
+        self._options, self._console = options, None
+
+    @property
+    def real(self):
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        return self._console
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+class NoBar:
+    """What a progress bar is asked, drawing nothing (``progress`` where nothing is shown)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def add_task(self, *args, **kwargs) -> int:
+        return 0
+
+    def advance(self, *args, **kwargs) -> None:
+        return None
+
+    def update(self, *args, **kwargs) -> None:
+        return None
+
+
+def progress(show: bool, *columns):
+    """A transient rich progress bar on stderr where ``show``; otherwise one that draws nothing, without
+    importing rich."""
+    if not show:
+        return NoBar()
+    from rich.progress import Progress
+
+    return Progress(*columns, console=err.real, transient=True)
+
+
+def escape(text: str) -> str:
+    """User text as rich prints it literally (brackets are not markup)."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+err = LazyConsole(stderr=True)
 OWN_WARNINGS = (DeepSpeedConfigWarning, CostTableWarning, HfConfigWarning)
 
 

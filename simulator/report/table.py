@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from simulator.metrics.metrics import Metrics
+
+if TYPE_CHECKING:  # rich is imported where a table is drawn (20 ms a JSON run need not pay)
+    from rich.console import Console
+    from rich.table import Table
 
 
 def _offloads(m: Metrics) -> bool:
@@ -175,6 +177,8 @@ ROWS = [
 
 
 def metrics_table(results: list[tuple[str, Metrics]]) -> Table:
+    from rich.table import Table
+
     table = Table(show_header=True, header_style="bold")
     table.add_column("Metric")
     for name, _ in results:
@@ -193,6 +197,8 @@ def metrics_table(results: list[tuple[str, Metrics]]) -> Table:
 
 def stages_table(m: Metrics, most: int = 16) -> Table:
     """Per pipeline stage: bubble, time in sends / receives, peak memory and the out-of-memory verdict."""
+    from rich.table import Table
+
     table = Table(title="Pipeline stages", show_header=True, header_style="bold")
     for col in ("Stage", "Bubble", "Send/recv", "Exposed comm.", "Peak memory", "Fits"):
         table.add_column(col, justify="right" if col != "Stage" else "left")
@@ -213,6 +219,8 @@ def stages_table(m: Metrics, most: int = 16) -> Table:
 
 def phases_table(m: Metrics) -> Table:
     """1-bit / 0/1 Adam: each kind of step, how many of them, and the average over the run."""
+    from rich.table import Table
+
     table = Table(title="Optimizer phases", show_header=True, header_style="bold")
     for col in ("Phase", "Steps", "Iteration time", "Bytes sent per GPU", "Exposed comm."):
         table.add_column(col, justify="right" if col != "Phase" else "left")
@@ -242,6 +250,8 @@ def largest_modelled_lines(m: Metrics, most: int = 3) -> list[str]:
 
 
 def print_table(results: list[tuple[str, Metrics]], console: Console | None = None) -> None:
+    from rich.console import Console
+
     console = console or Console()
     console.print(metrics_table(results))
     if len(results) == 1:
@@ -256,6 +266,9 @@ def print_table(results: list[tuple[str, Metrics]], console: Console | None = No
 def print_oom_headline(m: Metrics, fixes) -> None:
     """Out of memory first, before any throughput: the peak against the capacity, its largest parts, and the
     changes that would fit (simulator/study/fit.py)."""
+    from rich.console import Console
+    from rich.markup import escape
+
     console = Console()
     g = m.memory_gib
     if m.oom:
