@@ -102,9 +102,10 @@ class Block(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
-def apply_tp(model, tp_mesh) -> None:
+def apply_tp(model, tp_mesh, head: bool = True) -> None:
     """torchtitan 9dec370 parallelize_llama.py apply_tp (bf16, loss parallel): the embedding row-wise with its
-    output sequence-sharded, the norms sequence-parallel, the projections column- / row-wise."""
+    output sequence-sharded, the norms sequence-parallel, the projections column- / row-wise (``head`` false: a
+    first pipeline stage, without the final norm and output layer)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -114,17 +115,13 @@ def apply_tp(model, tp_mesh) -> None:
         parallelize_module,
     )
 
-    parallelize_module(
-        model,
-        tp_mesh,
-        {
-            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-            "norm": SequenceParallel(),
-            "output": ColwiseParallel(
-                input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False
-            ),
-        },
-    )
+    outer = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))}
+    if head:
+        outer["norm"] = SequenceParallel()
+        outer["output"] = ColwiseParallel(
+            input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False
+        )
+    parallelize_module(model, tp_mesh, outer)
     for block in model.layers.values():
         plan = {
             "attention_norm": SequenceParallel(),

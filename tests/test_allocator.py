@@ -95,3 +95,55 @@ def test_torchs_tensor_parallelism_keeps_the_gathered_inputs_of_its_column_paral
     assert activation_bytes_per_layer(torch_tp) - activation_bytes_per_layer(megatron_tp) == pytest.approx(
         4 * sh * (1 - 1 / 4), rel=1e-12
     )
+
+
+def test_the_first_stage_holds_the_whole_vocabularys_embedding_gradient_under_torch_tp_and_pipelining():
+    """torch's tensor parallelism shards the embedding by vocabulary but DTensor computes its gradient whole (no
+    vocabulary-sharded backward strategy), and FSDP2 under pipelining accumulates it unsharded in fp32. Stage 0
+    of 2, 1F1B, 4 micro-batches (F F B F B F B B), K bytes kept per micro-batch, V x h = E elements, TP 2:
+    at the first backward (one micro-batch still in flight) K + 6 E (the 16-bit gradient, its fp32 cast); from
+    then on 4 E (1 - 1/2) = 2 E more than the gradient's shard; at each later backward K' + 2 E + 6 E. The most:
+    the second backward, with one micro-batch in flight after it: K + 8 E. A Megatron-style stack keeps none."""
+    from types import SimpleNamespace
+
+    from simulator.strategy.pipeline.memory import _with_embedding_gradient
+    from simulator.strategy.schedules import get_schedule
+
+    def stage0(framework):
+        return load_scenario(
+            {
+                "name": "pp-tp",
+                "framework": framework,
+                "model": {"preset": "llama3-8b", "seq_length": 2048},
+                "cluster": {"topology": "dgx-h100", "num_nodes": 1},
+                "training": {"global_batch_size": 8, "micro_batch_size": 1, "activation_recompute": "full"},
+                "parallelism": {
+                    "tensor_parallel": 2, "sequence_parallel": True, "pipeline_parallel": 2, "data_parallel": 2,
+                    "fsdp": {"reshard_after_forward": False},
+                },
+            }
+        )  # fmt: skip
+
+    steps = get_schedule("1f1b")(2, 4, 1, 0)
+    assert [k for k, _, _ in steps] == ["F", "F", "B", "F", "B", "F", "B", "B"]
+    chunks = {(0, 0): [SimpleNamespace(name="embedding"), SimpleNamespace(name="layer")]}
+    change = {"F": 1.0, "B": -1.0, "W": -0.5, "O": 0.0}
+    K = 1000.0
+    s = stage0("pytorch-2024")
+    E = 128256 * 4096
+    most, at_embedding = _with_embedding_gradient(
+        s,
+        SimpleNamespace(framework=SimpleNamespace(tensor_parallel="dtensor")),
+        chunks,
+        steps,
+        0,
+        1,
+        {0: K},
+        change,
+    )
+    assert at_embedding == K + 8 * E
+    assert (
+        most == 2 * K + 2 * E
+    )  # two in flight again after the third forward, beside the accumulated gradient
+    megatron = SimpleNamespace(framework=SimpleNamespace(tensor_parallel="megatron"))
+    assert _with_embedding_gradient(s, megatron, chunks, steps, 0, 1, {0: K}, change) == (2 * K, 0.0)

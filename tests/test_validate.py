@@ -241,8 +241,8 @@ def test_measured_peak_memory_is_a_validation_metric_and_no_run_that_trained_sim
     """Issue 31 item 4: simulator/validation/memory.yaml holds measured peak memory (the 2-node Megatron-DeepSpeed
     report, torchtitan's FSDP runs); the predicted value is the simulated peak allocation where the source reports
     that (DeepSpeed, Megatron) and what the caching allocator holds where it reports that (torchtitan's memory
-    line: reserved), the median error stays near the issue's 8%, and none of the runs that trained is flagged out
-    of memory."""
+    line: reserved), the median error is within the issue's 8%, and none of the runs that trained is flagged out of
+    memory."""
     import statistics
     from pathlib import Path
 
@@ -254,9 +254,9 @@ def test_measured_peak_memory_is_a_validation_metric_and_no_run_that_trained_sim
     assert all((m == "reserved_memory_gib") == i.startswith("TT") for i, m in metrics.items())
     results = [run_case(c) for c in cases]
     assert all(r.status in ("ok", "off") for r in results), [(r.id, r.status, r.message) for r in results]
-    # issue 31 asks 8%: 8.05% measured 2026-11-26 (13.7% before the loss's sequence, the phases and the
-    # allocator's holes were modelled); a guard against moving back
-    assert statistics.median(abs(r.error_pct) for r in results) <= 8.5
+    # issue 31 asks 8%: 4.7% measured 2026-11-26 (13.7% before the loss's sequence, the phases, the allocator's
+    # holes and the first pipeline stage's whole-vocabulary embedding gradient were modelled)
+    assert statistics.median(abs(r.error_pct) for r in results) <= 8.0
     cp1 = next(i for i, c in enumerate(cases) if c["id"] == "TT2412-8B-CP1-MEM")
     first, eight = (simulate(load_scenario(case_scenario(cases[i]))).metrics for i in (0, cp1))
     assert results[0].predicted == first.memory_gib["peak"]

@@ -84,8 +84,8 @@ def stage_memory(
     # what is allocated at the loss (strategy/memory.py activation_memory)
     depths = 1 + s.model.mtp_layers
     loss = head_activation_bytes(s) * depths if any(heads.values()) else 0.0
-    live = in_flight_peak(kept)
-    peak = live + max(recompute_peak, loss)
+    live, at_embedding = _with_embedding_gradient(s, w, chunks, steps, st, v, kept, change)
+    peak = max(live + max(recompute_peak, loss), at_embedding)
     at_loss = live + loss + recompute_peak + head_reserve_bytes(s) * depths if loss else 0.0
     mem = MemoryBreakdown(
         p_bytes,
@@ -100,3 +100,33 @@ def stage_memory(
         return mem
     # checkpoints of the microbatches in flight, in host memory instead
     return with_host_checkpoints(s, mem, in_flight_peak(layers), cluster)
+
+
+def _with_embedding_gradient(
+    s: Scenario, w: Workload, chunks, steps, st: int, v: int, kept: dict, change: dict
+):
+    """(the most activations live, the most at one of the embedding's gradient steps) over the stage's schedule.
+
+    torch's tensor parallelism shards the embedding by vocabulary, but DTensor has no such sharding for its
+    backward (torch/distributed/tensor/_ops/_embedding_ops.py ``embedding_dense_backward_strategy``: sharded by
+    batch to Partial, column-wise, or Partial): the weight gradient comes out whole, the full vocabulary's, on every
+    tensor-parallel rank. Under pipelining FSDP2 keeps it unsharded in fp32 across micro-batches
+    (_fsdp_param.py ``to_accumulated_grad_if_needed``, then ``accumulate_unsharded_grad_if_needed``'s add_ of
+    the 16-bit gradient into it through an fp32 copy). So on the stage with the embedding, from its first backward
+    on, 4 bytes per vocabulary entry x width more than its shard (already among the gradients), and at each of
+    its backwards the 16-bit gradient and the fp32 cast or copy, 6 bytes more. Traced on the CPU with torch
+    2.13 (benchmarks/pipeline_stage_trace.py)."""
+    par = s.parallelism
+    emb = next((c for c in range(v) if chunks[(st, c)][0].name == "embedding"), None)
+    whole = 0.0
+    if emb is not None and par.fsdp and par.tensor_parallel > 1 and w.framework.tensor_parallel == "dtensor":
+        whole = float(s.model.vocab_size * s.model.hidden_size)  # elements, on every tensor-parallel rank
+    grad_step = "W" if par.pipeline_schedule in SPLITS_BACKWARD else "B"
+    live = most = at_embedding = extra = 0.0
+    for kind, _, chunk in steps:
+        live += change[kind] * kept[chunk]
+        if whole and kind == grad_step and chunk == emb:
+            at_embedding = max(at_embedding, live + extra + 6 * whole)
+            extra = 4 * whole * (1 - 1 / par.tensor_parallel)
+        most = max(most, live + extra)
+    return most, at_embedding
