@@ -13,12 +13,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import cache, cached_property, wraps
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from simulator.errors import ScenarioError
 from simulator.hardware.gpus import GPU, get_gpu
 from simulator.hardware.topology import TopologySpec
+
+if TYPE_CHECKING:  # imported where a graph is built or searched (0.09 s: start-up need not pay it)
+    import networkx as nx
 
 LinkKey = tuple[int, str, str]  # (node or -1 for fabric, from, to), directed
 
@@ -162,6 +164,8 @@ class Cluster:
     def nearest_nic(self) -> list[int]:
         """For each local GPU, the NIC reached with the least seconds per byte; ties go to NIC i for GPU i
         (as NCCL pairs GPU i with NIC i on DGX systems) so equidistant NICs share the load."""
+        import networkx as nx
+
         nics = self.spec.node.nics
         out = []
         for i in range(self.gpus_per_node):
@@ -206,6 +210,8 @@ class Cluster:
 
     @per_instance
     def _in_node(self, a_local: str, b_local: str) -> tuple[tuple[tuple[str, str], ...], float]:
+        import networkx as nx
+
         path = nx.shortest_path(self._node0_graph, f"n0.{a_local}", f"n0.{b_local}", weight="cost")
         links = tuple((u[3:], v[3:]) for u, v in zip(path[:-1], path[1:], strict=False))
         return links, sum(self._local_info(u, v).latency_s for u, v in links)
@@ -216,6 +222,8 @@ class Cluster:
 
     @cached_property
     def _node0_graph(self) -> nx.Graph:
+        import networkx as nx
+
         g = node_graph(self.spec, 0, self.gpu)
         if not nx.is_connected(g):
             parts = sorted(sorted(c) for c in nx.connected_components(g))
@@ -227,6 +235,8 @@ class Cluster:
 
     @per_instance
     def _switch_path(self, leaf_a: str, leaf_b: str) -> tuple[tuple[LinkKey, ...], float]:
+        import networkx as nx
+
         root_paths = self._switch_tree_paths
         if root_paths is None:
             path = nx.shortest_path(self._switch_graph, leaf_a, leaf_b, weight="cost")
@@ -243,6 +253,8 @@ class Cluster:
     def _switch_tree_paths(self) -> dict[str, list[str]] | None:
         """When the switches form a tree (a two-level fat tree does: leaves under one spine), the path from
         the root to every switch; any route between two switches follows from two of them. None otherwise."""
+        import networkx as nx
+
         g = self._switch_graph
         if g.number_of_nodes() == 0 or not nx.is_tree(g):
             return None
@@ -267,6 +279,8 @@ def leaf_name(spec: TopologySpec, node: int, nic: int) -> str:
 def fabric_graph(spec: TopologySpec, num_nodes: int) -> nx.Graph:
     """The switches of a (rail-optimized) two-level fat tree: leaves, and a spine joining them when there is
     more than one. A leaf's uplink carries its ports' bandwidth divided by the oversubscription."""
+    import networkx as nx
+
     n, fab = spec.node, spec.fabric
     g = nx.Graph()
     num_groups = -(-num_nodes // fab.nodes_per_leaf)
@@ -293,6 +307,8 @@ def node_graph(spec: TopologySpec, k: int, gpu: GPU, g: nx.Graph | None = None) 
     """Compute node ``k``'s devices and links (names prefixed ``n{k}.``), added to ``g`` or a new graph: CPUs
     and host memory, PCIe switches, GPUs (and the NVSwitch), NICs (attribute ``leaf``: their leaf switch) and
     NVMe drives."""
+    import networkx as nx
+
     n = spec.node
     g = nx.Graph() if g is None else g
     kinds: dict[tuple, dict] = {}  # every node repeats the same few link kinds: one attribute set each
