@@ -53,12 +53,12 @@ def activation_memory(
         return kept * in_flight + peak, 0.0
     # the output layer's, once more per multi-token prediction depth
     depths = 1 + s.model.mtp_layers
-    loss = head_activation_bytes(s) * depths - relief
-    held = kept * in_flight + max(peak, loss)
+    loss = head_activation_bytes(s) * depths
+    held = kept * in_flight + max(peak, loss - relief)
     # the relief is free but still held: FSDP allocates the sharded gradients on its reduce-scatter stream and
     # gathers into buffers on its all-gather stream, and the caching allocator serves a stream only from the
     # blocks freed on it (CUDACachingAllocator: its pools are keyed by stream), not the loss's on the default one
-    at_loss = kept * in_flight + loss + relief + peak + head_reserve_bytes(s) * depths
+    at_loss = kept * in_flight + loss + peak + head_reserve_bytes(s) * depths
     return held, max(0.0, at_loss - held)
 
 
