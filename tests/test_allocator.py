@@ -106,44 +106,33 @@ def test_the_first_stage_holds_the_whole_vocabularys_embedding_gradient_under_to
     the second backward, with one micro-batch in flight after it: K + 8 E. A Megatron-style stack keeps none."""
     from types import SimpleNamespace
 
-    from simulator.strategy.pipeline.memory import _with_embedding_gradient
+    from simulator.strategy.pipeline.memory import _embedding_gradient, _walk
     from simulator.strategy.schedules import get_schedule
 
-    def stage0(framework):
-        return load_scenario(
-            {
-                "name": "pp-tp",
-                "framework": framework,
-                "model": {"preset": "llama3-8b", "seq_length": 2048},
-                "cluster": {"topology": "dgx-h100", "num_nodes": 1},
-                "training": {"global_batch_size": 8, "micro_batch_size": 1, "activation_recompute": "full"},
-                "parallelism": {
-                    "tensor_parallel": 2, "sequence_parallel": True, "pipeline_parallel": 2, "data_parallel": 2,
-                    "fsdp": {"reshard_after_forward": False},
-                },
-            }
-        )  # fmt: skip
-
+    s = load_scenario(
+        {
+            "name": "pp-tp",
+            "framework": "pytorch-2024",
+            "model": {"preset": "llama3-8b", "seq_length": 2048},
+            "cluster": {"topology": "dgx-h100", "num_nodes": 1},
+            "training": {"global_batch_size": 8, "micro_batch_size": 1, "activation_recompute": "full"},
+            "parallelism": {
+                "tensor_parallel": 2, "sequence_parallel": True, "pipeline_parallel": 2, "data_parallel": 2,
+                "fsdp": {"reshard_after_forward": False},
+            },
+        }
+    )  # fmt: skip
     steps = get_schedule("1f1b")(2, 4, 1, 0)
     assert [k for k, _, _ in steps] == ["F", "F", "B", "F", "B", "F", "B", "B"]
     chunks = {(0, 0): [SimpleNamespace(name="embedding"), SimpleNamespace(name="layer")]}
     change = {"F": 1.0, "B": -1.0, "W": -0.5, "O": 0.0}
     K = 1000.0
-    s = stage0("pytorch-2024")
     E = 128256 * 4096
-    most, at_embedding = _with_embedding_gradient(
-        s,
-        SimpleNamespace(framework=SimpleNamespace(tensor_parallel="dtensor")),
-        chunks,
-        steps,
-        0,
-        1,
-        {0: K},
-        change,
-    )
+    torch_tp = SimpleNamespace(framework=SimpleNamespace(tensor_parallel="dtensor"))
+    most, at_embedding = _walk(steps, change, {0: K}, _embedding_gradient(s, torch_tp, chunks, 0, 1))
     assert at_embedding == K + 8 * E
-    assert (
-        most == 2 * K + 2 * E
-    )  # two in flight again after the third forward, beside the accumulated gradient
+    # two in flight again after the third forward, beside the accumulated gradient
+    assert most == 2 * K + 2 * E
     megatron = SimpleNamespace(framework=SimpleNamespace(tensor_parallel="megatron"))
-    assert _with_embedding_gradient(s, megatron, chunks, steps, 0, 1, {0: K}, change) == (2 * K, 0.0)
+    assert _embedding_gradient(s, megatron, chunks, 0, 1) is None
+    assert _walk(steps, change, {0: K}, None) == (2 * K, 0.0)

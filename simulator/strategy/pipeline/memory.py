@@ -70,21 +70,13 @@ def stage_memory(
 
     change = {"F": 1.0, "B": -0.5 if par.pipeline_schedule in SPLITS_BACKWARD else -1.0, "W": -0.5, "O": 0.0}
 
-    def in_flight_peak(chunk_bytes: dict) -> float:
-        live = peak = 0.0
-        for kind, _, chunk in steps:
-            live += change[kind] * chunk_bytes[chunk]
-            if live > peak:
-                peak = live
-        return peak
-
     # the loss's working set (on the last stage, one micro-batch's, from its forward's end to its output layer's
-    # backward) and a recomputation's are never live together (strategy/memory.py activation_memory)
-    # and the allocator holds the forward's working set (a hole under the logits) and the loss's holes beyond
-    # what is allocated at the loss (strategy/memory.py activation_memory)
+    # backward) and a recomputation's are never live together; the allocator holds the forward's working set (a
+    # hole under the logits) and the loss's holes beyond what is allocated at the loss (strategy/memory.py
+    # activation_memory)
     depths = 1 + s.model.mtp_layers
     loss = head_activation_bytes(s) * depths if any(heads.values()) else 0.0
-    live, at_embedding = _with_embedding_gradient(s, w, chunks, steps, st, v, kept, change)
+    live, at_embedding = _walk(steps, change, kept, _embedding_gradient(s, w, chunks, st, v))
     peak = max(live + max(recompute_peak, loss), at_embedding)
     at_loss = live + loss + recompute_peak + head_reserve_bytes(s) * depths if loss else 0.0
     mem = MemoryBreakdown(
@@ -99,13 +91,28 @@ def stage_memory(
     if not s.training.cpu_checkpointing:
         return mem
     # checkpoints of the microbatches in flight, in host memory instead
-    return with_host_checkpoints(s, mem, in_flight_peak(layers), cluster)
+    return with_host_checkpoints(s, mem, _walk(steps, change, layers)[0], cluster)
 
 
-def _with_embedding_gradient(
-    s: Scenario, w: Workload, chunks, steps, st: int, v: int, kept: dict, change: dict
-):
-    """(the most activations live, the most at one of the embedding's gradient steps) over the stage's schedule.
+def _walk(steps: list[Step], change: dict, chunk_bytes: dict, embedding=None) -> tuple[float, float]:
+    """(the most live, the most at one of the embedding's gradient steps) over the stage's schedule: +1 at a
+    chunk's forward, -1 at its backward (``change``); ``embedding`` (_embedding_gradient): from its chunk's first
+    gradient step on, the whole vocabulary's fp32 gradient beyond its shard, and at each such step 6 bytes per
+    element more."""
+    live = most = at_embedding = extra = 0.0
+    for kind, _, chunk in steps:
+        live += change[kind] * chunk_bytes[chunk]
+        if embedding and (kind, chunk) == embedding[:2]:
+            _, _, whole, tp = embedding
+            at_embedding = max(at_embedding, live + extra + 6 * whole)
+            extra = 4 * whole * (1 - 1 / tp)
+        most = max(most, live + extra)
+    return most, at_embedding
+
+
+def _embedding_gradient(s: Scenario, w: Workload, chunks, st: int, v: int) -> tuple | None:
+    """(gradient step kind, chunk, vocabulary x width elements, TP) where the stage holds the whole vocabulary's
+    embedding gradient, else None.
 
     torch's tensor parallelism shards the embedding by vocabulary, but DTensor has no such sharding for its
     backward (torch/distributed/tensor/_ops/_embedding_ops.py ``embedding_dense_backward_strategy``: sharded by
@@ -118,15 +125,7 @@ def _with_embedding_gradient(
     2.13 (benchmarks/pipeline_stage_trace.py)."""
     par = s.parallelism
     emb = next((c for c in range(v) if chunks[(st, c)][0].name == "embedding"), None)
-    whole = 0.0
-    if emb is not None and par.fsdp and par.tensor_parallel > 1 and w.framework.tensor_parallel == "dtensor":
-        whole = float(s.model.vocab_size * s.model.hidden_size)  # elements, on every tensor-parallel rank
-    grad_step = "W" if par.pipeline_schedule in SPLITS_BACKWARD else "B"
-    live = most = at_embedding = extra = 0.0
-    for kind, _, chunk in steps:
-        live += change[kind] * kept[chunk]
-        if whole and kind == grad_step and chunk == emb:
-            at_embedding = max(at_embedding, live + extra + 6 * whole)
-            extra = 4 * whole * (1 - 1 / par.tensor_parallel)
-        most = max(most, live + extra)
-    return most, at_embedding
+    if emb is None or not par.fsdp or par.tensor_parallel == 1 or w.framework.tensor_parallel != "dtensor":
+        return None
+    step = "W" if par.pipeline_schedule in SPLITS_BACKWARD else "B"
+    return step, emb, float(s.model.vocab_size * s.model.hidden_size), par.tensor_parallel
