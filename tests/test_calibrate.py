@@ -42,7 +42,7 @@ def test_framework_profiles_slow_kernels_down_and_unknown_names_are_reported():
     assert slower > 1.3 * ideal
     r = CliRunner().invoke(app, ["calibrate", "profile", "--filter", "NAR21-T1-1.7B", "--framework", "nope"])
     assert r.exit_code == 2 and "unknown framework 'nope'" in r.output
-    assert get_framework("llm-foundry-2023").gemm_efficiency < 1
+    assert get_framework("llm-foundry-2023").memory_efficiency < 1
 
 
 def test_fit_recovers_the_host_cost_per_backward_kernel_of_a_host_bound_run():

@@ -87,3 +87,38 @@ def test_the_layers_memory_bound_time_is_within_35_percent_of_the_h200_measureme
             r.compute.op_time_s(o) for o in (*layer.forward, *layer.backward) if o.kind == "memory"
         )
         assert simulated * 1e3 == pytest.approx(measured - row["bare_ms"], rel=0.35)
+
+
+def mpt(**model):
+    return load_scenario(
+        {
+            "model": {
+                "num_layers": 2,
+                "hidden_size": 768,
+                "num_attention_heads": 12,
+                "seq_length": 2048,
+                "vocab_size": 50368,
+                "attention": "flash",
+                **model,
+            },
+            "cluster": {"topology": "dgx-a100", "num_nodes": 1, "gpus_per_node": 1},
+            "framework": "llm-foundry-2023",
+            "kernels": "none",
+            "training": {"global_batch_size": 1, "micro_batch_size": 1},
+        }
+    )
+
+
+def test_an_eager_torch_layer_reduces_each_bias_gradient_and_concatenates_the_qkv_gradients():
+    o = ops(mpt())
+    tokens, h = 2048, 768
+    # nn.Linear's bias gradients, each read once by its own reduction: Wqkv (3h), out_proj (h), up (4h), down (h)
+    bias = o["bias gradient reductions"]
+    assert bias.bytes == 2 * tokens * (3 * h + h + 4 * h + h) and bias.launches == 4
+    # qkv.chunk(3)'s backward: cat reads the three gradients and writes the fused one
+    assert o["Q, K, V gradient concatenation"].bytes == 2 * 2 * tokens * 3 * h
+    assert o["residual gradient sums (autograd)"].bytes == 2 * 3 * 2 * tokens * h
+    # no biases, no reductions; a fused stack (Transformer Engine's bgrad epilogue) has neither
+    assert "bias gradient reductions" not in ops(mpt(add_bias_linear=False))
+    fused = ops(mpt().model_copy(update={"framework": "megatron-core-2024"}))
+    assert "bias gradient reductions" not in fused and "Q, K, V gradient concatenation" not in fused

@@ -181,10 +181,11 @@ class Framework(BaseModel):
         "step's compute (Megatron-Core --overlap-p2p-communication, on by default since core_r0.3.0).",
     )
     ddp: DdpDefaults = Field(DdpDefaults(), description="Gradient reduction without sharding (PyTorch DDP).")
-    kernels: Literal["model", "megatron-legacy"] = Field(
+    kernels: Literal["model", "megatron-legacy", "torch"] = Field(
         "model",
         description="Which kernels run beyond the model's own (simulator/workload/framework_kernels.py): 'model' "
-        "= none (fused stacks, the ideal bound); 'megatron-legacy' = Megatron-LM's eager GPT layer.",
+        "= none (fused stacks, the ideal bound); 'megatron-legacy' = Megatron-LM's eager GPT layer; 'torch' = "
+        "eager PyTorch modules (MPT): autograd's bias-gradient reductions and the fused QKV's gradient concatenation.",
     )
     attention: Literal["flash", "standard"] = Field(
         "flash",

@@ -24,6 +24,14 @@ fused layer norm, the fused scale-mask-softmax and nvFuser-fused bias-dropout-ad
   passes over the logits, counted in ``transformer.py``), the loss mask, sum and data-parallel average of
   ``loss_func`` in ``pretrain_gpt.py``, and the loss scaling (~10 more); backward ~10.
 
+``torch``: eager PyTorch modules as model code such as MPT's writes them (torch 2.1 to 2.13, autograd's
+derivatives.yaml; MPT's MPTBlock at mosaicml/llm-foundry b2a43a147, 2023-10): ``nn.Linear`` adds its bias in the
+GEMM (``addmm``, cuBLASLt's bias epilogue), but autograd reduces each bias gradient over the tokens in a kernel of
+its own (the expanded bias's ``sum_to``: QKV, attention output, MLP in, MLP out: 4), and a fused QKV projection
+split by ``qkv.chunk(3, dim=2)`` has its three gradients concatenated (``SplitBackward0``: ``cat``, 1). Autograd's
+residual-gradient sums come with ``elementwise: eager`` (elementwise.py); ``nn.LayerNorm``'s weight-gradient
+reduction is inside the layer-norm backward the GPU files measure (calibration of ``F.layer_norm``).
+
 ``model``: only the model's own kernels (fused stacks such as Transformer Engine put bias adds in GEMM
 epilogues; and the ideal upper bound).
 """
@@ -33,7 +41,7 @@ from __future__ import annotations
 from simulator.workload.ops import Op
 
 B = "backward"
-KINDS = ("model", "megatron-legacy")
+KINDS = ("model", "megatron-legacy", "torch")
 
 # the name prefix of Megatron's main_grad accumulation kernels (strategies whose framework runs no such hooks,
 # DeepSpeed's BF16_Optimizer, drop them by it)
@@ -76,7 +84,7 @@ def layer_backward(
     act = e * tokens * h / sp
     ops = [
         _mem("residual gradient sums", 2 * 3 * act, launches=2, direction=B),
-        _mem("bias gradient reductions", e * tokens * (qkv_out + h / sp + f_up + h / sp), bias, 4, B),
+        *torch_layer_backward(e, tokens, h, qkv_out, f_up, sp, bias),  # as autograd runs them in any eager layer
         _mem("attention context gradient copy", 2 * e * tokens * heads_dim, direction=B),
         _mem(
             "attention score scaling of Q, K gradients",
@@ -84,8 +92,20 @@ def layer_backward(
             launches=2,
             direction=B,
         ),
-        _mem("Q, K, V gradient concatenation", 2 * e * tokens * qkv_out, direction=B),
         _mem("layernorm weight-gradient reductions", 2 * 2 * act, launches=4, direction=B),
+    ]
+    return tuple(op for op in ops if op is not None)
+
+
+def torch_layer_backward(
+    e: int, tokens: int, h: int, qkv_out: int, f_up: int, sp: int, bias: bool
+) -> tuple[Op, ...]:
+    """Extra backward kernels of one eager PyTorch layer (``torch``, module docstring): the bias-gradient
+    reductions (each reads its output gradient) and the Q, K, V gradient concatenation (reads and writes the
+    three)."""
+    ops = [
+        _mem("bias gradient reductions", e * tokens * (qkv_out + h / sp + f_up + h / sp), bias, 4, B),
+        _mem("Q, K, V gradient concatenation", 2 * e * tokens * qkv_out, direction=B),
     ]
     return tuple(op for op in ops if op is not None)
 

@@ -210,6 +210,8 @@ def build_workload(
     extra_bwd = (
         framework_kernels.layer_backward(e, tokens, h, qkv_out, heads_dim, sh.f_up // t, sp, bias)
         if legacy
+        else framework_kernels.torch_layer_backward(e, tokens, h, qkv_out, sh.f_up // t, sp, bias)
+        if fw.kernels == "torch" and m.mla is None
         else ()
     )
     # synchronising calls inside the layer's forward, between attention and MLP (Megatron-DeepSpeed's
