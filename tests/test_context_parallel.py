@@ -152,7 +152,7 @@ def test_torchs_ring_adds_its_fp32_merges_and_moves_k_v_repeated_to_the_query_he
     assert bwd["cp ring gradient sums (fp32, eager)"].bytes == pytest.approx(b)
     assert not any("merges" in op.name for op in fused.workload.layer.forward)
     kv = {op.name: op for op in fused.workload.layer.forward}["cp ring K/V exchange"]
-    assert fwd["cp ring K/V exchange"].bytes == pytest.approx(4 * kv.bytes)  # 32 heads / 8 groups
+    assert fwd["cp K/V all-gather (ring step 0)"].bytes == pytest.approx(4 * kv.bytes)  # 32 heads / 8 groups
     assert torch_ring.metrics.iteration_time_s > run_torch(1).metrics.iteration_time_s / 4
 
 
@@ -235,3 +235,45 @@ def test_ring_replay_equals_causal_attention():
     import cp_attention
 
     cp_attention.check()
+
+
+def test_torchs_all_gather_rotater_hides_behind_step_0_only_and_its_last_fp32_gradient_exchange_is_exposed():
+    """torch's ring (v2.6.0+, _AllGatherRotater by default): the K/V all-gather issued at step 0 is waited for at
+    step 1, so it hides behind one step's kernel (1/n of the work under load balancing), not the whole ring; the
+    backward's dK / dV go round in fp32 after each step, hidden behind the next step's kernel, the last one not.
+    Priced here at 1 s per TFLOP and 1 s per GB, every exposure is a hand count."""
+    from types import SimpleNamespace
+
+    from simulator.costs.dispatch import gpu_times
+    from simulator.workload.attention import attention_ops
+    from simulator.workload.shape import layer_shape
+
+    n = 4
+    s = make(
+        framework="pytorch-2024",
+        model=MODEL,
+        cluster={"gpus_per_node": n},
+        training={"global_batch_size": 1, "micro_batch_size": 1},
+        parallelism={"context_parallel": n, "data_parallel": 1},
+    )
+    fwd, bwd = attention_ops(s, layer_shape(s), "torch")
+    flash_f = [op for op in fwd if op.kind == "flash_attention"]
+    assert [op.flops / sum(o.flops for o in flash_f) for op in flash_f] == pytest.approx([1 / n, 1 - 1 / n])
+    kv = 2 * 32768 * 32 * (128 + 128)  # every rank's K and V, bf16, K / V repeated to the 32 query heads
+    gather = next(op for op in fwd if op.kind == "collective")
+    assert gather.collective == "all_gather" and gather.bytes == kv
+    exchanges = [op for op in bwd if op.collective == "send_recv"]
+    step = kv / n * 4 / 2  # this rank's dK, dV in fp32
+    assert [op.bytes for op in exchanges] == pytest.approx([(n - 1) * step, step])
+
+    compute = SimpleNamespace(op_time_s=lambda op: op.flops / 1e12 if op.kind != "memory" else 0.0)
+    seconds, _ = gpu_times(fwd, compute, lambda op: op.bytes / 1e9)
+    t_step0 = flash_f[0].flops / 1e12
+    exposed = [g for g, op in zip(seconds, fwd, strict=True) if op.kind == "collective"][0]
+    assert exposed == pytest.approx(max(0.0, kv / 1e9 - t_step0))
+    seconds, _ = gpu_times(bwd, compute, lambda op: op.bytes / 1e9)
+    flash_b = [op for op in bwd if op.kind == "flash_attention"]
+    rest = flash_b[1].flops / 1e12
+    by_name = {op.name: g for g, op in zip(seconds, bwd, strict=True) if op.kind == "collective"}
+    assert by_name["cp ring dK/dV exchanges"] == pytest.approx(max(0.0, (n - 1) * step / 1e9 - rest))
+    assert by_name["cp ring dK/dV exchange (last)"] == pytest.approx(step / 1e9)

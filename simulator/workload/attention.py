@@ -5,6 +5,8 @@ dropout, PV)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from simulator.scenario.schema import Scenario
 from simulator.workload.ops import Op, collective_op, gemm, gemm_backward, linear, memory_op
 from simulator.workload.params import norm_params
@@ -165,12 +167,15 @@ def _flash(
         # repeats them to the query heads first (repeat_kv, models/llama/model.py @9dec370).
         ring_heads = heads if context_parallel == "torch" else kv_heads
         kv = e * b * full_seq * ring_heads * (d + dv)  # all of K and V, this rank's heads
-        fwd = (*fwd, collective_op("cp ring K/V exchange", "all_gather", "cp", kv, overlaps="previous"))
-        bwd = (
-            bwd[0],
-            collective_op("cp ring K/V exchange", "all_gather", "cp", kv, overlaps="previous"),
-            collective_op("cp ring dK/dV exchange", "reduce_scatter", "cp", kv, overlaps="previous"),
-        )
+        if context_parallel == "torch":
+            fwd, bwd = _torch_ring(fwd[0], bwd[0], n, kv, e)
+        else:
+            fwd = (*fwd, collective_op("cp ring K/V exchange", "all_gather", "cp", kv, overlaps="previous"))
+            bwd = (
+                bwd[0],
+                collective_op("cp ring K/V exchange", "all_gather", "cp", kv, overlaps="previous"),
+                collective_op("cp ring dK/dV exchange", "reduce_scatter", "cp", kv, overlaps="previous"),
+            )
         if context_parallel == "torch":
             merge_f, merge_b = cp_merge_bytes(
                 n, b * seq * heads * dv, b * seq * heads * d, b * seq * ring_heads * (d + dv), e
@@ -201,6 +206,43 @@ def _flash(
                     launches=8 * n + 6,
                 ),
             )
+    return fwd, bwd
+
+
+def _torch_ring(
+    forward: Op, backward: Op, n: int, kv: float, e: int
+) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
+    """torch's ring attention as it schedules its exchanges (torch/distributed/tensor/experimental/_attention.py,
+    v2.6.0 to 2.13, causal with the round-robin load balancer, which gives each of the ``n`` steps the same work):
+    K and V go round by ``_AllGatherRotater`` (``_cp_options.rotate_method`` defaults to ALL_GATHER; torchtitan
+    keeps it): step 0 issues one all-gather of every rank's K and V (``kv`` bytes in all) and step 1 waits for it, so
+    only step 0's kernel hides it, forward and backward alike. The backward's dK / dV go round by
+    ``_AllToAllRotater`` (forced, ``method=_RotateMethod.ALL_TO_ALL``) in fp32 (``convert_to_f32``): every step
+    sends its running sums to the next rank after its kernel and waits for the previous rank's after the next
+    kernel, so the first n - 1 exchanges hide behind the steps after them and the last, waited for after the loop,
+    does not."""
+    first, rest = 1.0 / n, 1.0 - 1.0 / n
+
+    def part(op: Op, share: float, which: str, launches: int) -> Op:
+        return replace(
+            op,
+            name=f"{op.name} ({which})",
+            flops=op.flops * share,
+            bytes=op.bytes * share,
+            model_flops=op.model_flops * share,
+            launches=launches,
+        )
+
+    gather = collective_op("cp K/V all-gather (ring step 0)", "all_gather", "cp", kv, overlaps="previous")
+    step = kv / n * 4 / e  # this rank's dK and dV, fp32
+    fwd = (part(forward, first, "ring step 0", 1), gather, part(forward, rest, "ring steps 1+", n - 1))
+    bwd = (
+        part(backward, first, "ring step 0", 1),
+        replace(gather, direction="backward"),
+        part(backward, rest, "ring steps 1+", n - 1),
+        collective_op("cp ring dK/dV exchanges", "send_recv", "cp", (n - 1) * step, "previous", "backward"),
+        collective_op("cp ring dK/dV exchange (last)", "send_recv", "cp", step, direction="backward"),
+    )
     return fwd, bwd
 
 
