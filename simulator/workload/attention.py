@@ -167,45 +167,36 @@ def _flash(
         # repeats them to the query heads first (repeat_kv, models/llama/model.py @9dec370).
         ring_heads = heads if context_parallel == "torch" else kv_heads
         kv = e * b * full_seq * ring_heads * (d + dv)  # all of K and V, this rank's heads
-        if context_parallel == "torch":
-            fwd, bwd = _torch_ring(fwd[0], bwd[0], n, kv, e)
-        else:
+        if context_parallel != "torch":
             fwd = (*fwd, collective_op("cp ring K/V exchange", "all_gather", "cp", kv, overlaps="previous"))
             bwd = (
                 bwd[0],
                 collective_op("cp ring K/V exchange", "all_gather", "cp", kv, overlaps="previous"),
                 collective_op("cp ring dK/dV exchange", "reduce_scatter", "cp", kv, overlaps="previous"),
             )
-        if context_parallel == "torch":
-            merge_f, merge_b = cp_merge_bytes(
-                n, b * seq * heads * dv, b * seq * heads * d, b * seq * ring_heads * (d + dv), e
-            )
-            rows = b * heads * seq
-            fwd = (
-                *fwd,
-                Op(
-                    "cp ring merges (fp32, eager)",
-                    "memory",
-                    0.0,
-                    merge_f,
-                    rows,
-                    dv,
-                    launches=12 * (n - 1) + 4,
-                ),
-            )
-            bwd = (
-                *bwd,
-                Op(
-                    "cp ring gradient sums (fp32, eager)",
-                    "memory",
-                    0.0,
-                    merge_b,
-                    rows,
-                    d,
-                    direction="backward",
-                    launches=8 * n + 6,
-                ),
-            )
+            return fwd, bwd
+        fwd, bwd = _torch_ring(fwd[0], bwd[0], n, kv, e)
+        merge_f, merge_b = cp_merge_bytes(
+            n, b * seq * heads * dv, b * seq * heads * d, b * seq * ring_heads * (d + dv), e
+        )
+        rows = b * heads * seq
+        fwd = (
+            *fwd,
+            Op("cp ring merges (fp32, eager)", "memory", 0.0, merge_f, rows, dv, launches=12 * (n - 1) + 4),
+        )
+        bwd = (
+            *bwd,
+            Op(
+                "cp ring gradient sums (fp32, eager)",
+                "memory",
+                0.0,
+                merge_b,
+                rows,
+                d,
+                direction="backward",
+                launches=8 * n + 6,
+            ),
+        )
     return fwd, bwd
 
 

@@ -84,9 +84,8 @@ def layer_backward(
     act = e * tokens * h / sp
     ops = [
         _mem("residual gradient sums", 2 * 3 * act, launches=2, direction=B),
-        *torch_layer_backward(
-            e, tokens, h, qkv_out, f_up, sp, bias
-        ),  # as autograd runs them in any eager layer
+        # the bias-gradient reductions and the Q, K, V gradient concatenation, as in any eager layer
+        *torch_layer_backward(e, tokens, h, qkv_out, f_up, sp, bias),
         _mem("attention context gradient copy", 2 * e * tokens * heads_dim, direction=B),
         _mem(
             "attention score scaling of Q, K gradients",
