@@ -5,7 +5,7 @@
 1. the 720 measured small-model A100 runs (Megatron-DeepSpeed; `clustersim validate --cases FILE`): mean and
    median |error|, mean signed error, max;
 2. the built-in published runs (`clustersim validate`): median and max |error|;
-3. the 8-GPU NVLink all-reduce against published nccl-tests curves (docs/collectives.md);
+3. the NVLink all-reduce inside one A100 node (2-8 GPUs) against published nccl-tests curves (docs/collectives.md);
 4. the quickstart scenario's MFU, and where its profile comes from;
 5. the 1-trillion-parameter 3,072-GPU run's simulation wall time (best of 3);
 6. held out, never fitted on: vTrain's 109 multi-node Megatron-DeepSpeed runs (simulator/validation/vtrain-multi.yaml),
@@ -66,7 +66,9 @@ def published() -> None:
 
 
 def collectives() -> None:
-    print("3. 8-GPU NVLink all-reduce vs published nccl-tests (docs/collectives.md):")
+    print(
+        "3. NVLink all-reduce inside one A100 node (2-8 GPUs) vs published nccl-tests (docs/collectives.md):"
+    )
     for c in CURVES:
         errs = [
             100 * (model_time_us(c["topology"], c["ranks"], n) / us - 1)
