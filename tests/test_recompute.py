@@ -192,6 +192,47 @@ def test_moe_act_and_layernorm_modules_rerun_their_kernels_and_keep_less_by_hand
     assert activation_bytes_per_layer(base) == activation_bytes_per_layer(mods)  # a dense layer: nothing
 
 
+def test_torchtitan_per_op_policy_on_an_moe_layer_re_runs_the_routed_experts_and_keeps_the_all_to_alls():
+    """torchtitan v0.2.2's save list for its MoE models (llama4, deepseek_v3): the routed experts'
+    torch._grouped_mm is not on it, so their GEMMs are re-run; the expert-parallel all-to-all is, so the tokens
+    this rank's experts receive and the outputs sent back to its tokens are kept; the shared expert's w1, w3, w2
+    continue the matmul count after wq, wk, wv, wo, so w3 is re-run and w1, w2 kept. By hand, one MoE layer:"""
+    from simulator.workload.expert_load import expert_load
+    from simulator.workload.transformer import build_workload
+
+    s = load_scenario(
+        {
+            "model": {
+                **SMALL_MOE,
+                "moe": {**SMALL_MOE["moe"], "first_dense_layers": 1, "shared_expert_ffn_hidden_size": 512},
+            },
+            "cluster": {"topology": "dgx-h100", "num_nodes": 1},
+            "kernels": "none",
+            "framework": "pytorch-2024",
+            "training": {
+                "global_batch_size": 16,
+                "micro_batch_size": 2,
+                "activation_recompute": "selective-op",
+            },
+            "parallelism": {"expert_parallel": 8, "data_parallel": 8},
+        }
+    )
+    moe = build_workload(s).layers[1]
+    rerun = moe.recompute_ops("op")
+    names = {op.name for op in rerun}
+    assert {"wk projection", "attention output projection", "shared expert w3 projection"} <= names
+    assert {"experts fc1", "experts fc2"} <= names  # the routed experts' grouped GEMMs
+    assert not names & {"wq projection", "wv projection", "shared expert w1 projection", "shared expert fc2"}
+    assert not any(op.kind == "collective" and op.collective == "all_to_all" for op in rerun)
+    tokens, h, d, fs = 2 * 2048, 1024, 128, 512
+    received = expert_load(s.model.moe, tokens, 8, 1).total_rows
+    # the layer input, wq (8 heads x 128), wv (8 heads x 128 with 8 KV groups), shared w1 (512) and w2 (1,024),
+    # attention's output (8 x 128) and fp32 log-sum-exp (8 heads), the dispatch's and the combine's outputs
+    own = 2 * tokens * h + 2 * tokens * (8 * d + 8 * d + fs + h) + tokens * 8 * (2 * d + 4)
+    own += 2 * h * (received + tokens * 2)
+    assert activation_bytes_per_layer(s, moe=True) == pytest.approx(own, rel=1e-12)
+
+
 def test_recompute_modules_need_selective_recompute():
     from simulator.errors import ScenarioError
 

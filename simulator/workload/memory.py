@@ -225,7 +225,10 @@ def op_policy_bytes(s: Scenario, moe: bool = False) -> float:
     """What torchtitan's per-op selective checkpointing keeps of one layer (workload/recompute.py): the layer
     input, the outputs of every other matmul (the 1st, 3rd...: ``mm_count % 2`` of torchtitan_matmuls: wq, wv,
     w1, w2 of a Llama block), of attention (its output and fp32 log-sum-exp) and of the sequence-parallel
-    reduce-scatters, 16-bit; an MoE layer's MLP as without recompute."""
+    reduce-scatters, 16-bit. An MoE layer (torchtitan v0.2.2 llama4 / deepseek_v3 ``_op_sac_save_list``): its
+    shared expert's matmuls continue the count (w1 and w2 kept), the routed experts' ``torch._grouped_mm`` are
+    not on the list (re-run), and the expert-parallel all-to-alls are: the tokens this rank's experts receive and
+    the expert outputs sent back to its tokens are kept."""
     m, p = s.model, s.parallelism
     sq, b, h, t = (
         m.seq_length // p.context_parallel,
@@ -237,13 +240,17 @@ def op_policy_bytes(s: Scenario, moe: bool = False) -> float:
     tokens = sq * b
     heads = m.num_attention_heads / t
     mms = torchtitan_matmuls(s, moe)
-    if moe:  # the shared expert's outputs are among the MoE MLP's own below
-        mms = mms[: [n for n, _ in mms].index("wo") + 1]
     saved = sum(width for i, (_, width) in enumerate(mms) if i % 2 == 0)
     kept = 2 * tokens * h / sp + 2 * tokens * saved + tokens * heads * (2 * m.v_head_dim + 4)
     if sp > 1:  # the reduce-scatters after wo and w2 (on the save list)
         kept += 2 * (2 * tokens * h / sp)
-    return kept + (moe_mlp_activation_bytes(s) if moe else 0.0)
+    if moe and p.expert_parallel > 1:
+        from simulator.workload.expert_load import expert_load
+
+        routed = tokens // sp  # the rank's tokens at the MoE input
+        received = expert_load(m.moe, routed, p.expert_parallel, p.etp).total_rows
+        kept += 2 * h * (received + routed * m.moe.top_k)  # the dispatch's and the combine's outputs
+    return kept
 
 
 def moe_mlp_activation_bytes(

@@ -49,15 +49,19 @@ def group_size(s: Scenario) -> int:
 
 def op_policy_recompute(forward: tuple[Op, ...], heads: int, kv_heads: int, gated: bool) -> tuple[Op, ...]:
     """What torchtitan's per-op policy re-runs of a layer's forward: every op but the saved ones, i.e. all but
-    FlashAttention, the reduce-scatters and every other matmul in the order torchtitan runs them
-    (memory.torchtitan_matmuls): of a Llama block wk, wo and w3 are re-run, wq, wv, w1 and w2 kept. The layer's
-    fused GEMMs stand for torchtitan's separate ones: the QKV projection for wq, wk, wv (``heads`` and
-    ``kv_heads`` on this rank), a gated MLP's up projection for w1 and w3. An MoE router is re-run without
-    counting (v0.2.2 forces it), grouped expert GEMMs kept (not ``aten.mm``)."""
+    FlashAttention, the reduce-scatters, the expert-parallel all-to-alls and every other matmul in the order
+    torchtitan runs them (memory.torchtitan_matmuls): of a Llama block wk, wo and w3 are re-run, wq, wv, w1 and
+    w2 kept (torchtitan v0.2.2 models/*/infra/parallelize.py ``_op_sac_save_list``, with
+    distributed/activation_checkpoint.py's ``mm_count``). The layer's fused GEMMs stand for torchtitan's separate
+    ones: the QKV projection for wq, wk, wv (``heads`` and ``kv_heads`` on this rank), a gated MLP's or shared
+    expert's up projection for w1 and w3. An MoE router is re-run without counting (v0.2.2 forces it); the routed
+    experts' GEMMs (``torch._grouped_mm``, not ``aten.mm`` and not on the save list) are re-run without counting
+    too."""
     out = []
     matmuls = 0
     for op in forward:
-        if op.kind == "gemm" and op.linear and op.direction == "forward" and op.kernel == "gemm":
+        routed = op.name.startswith(("experts ", "expert "))
+        if op.kind == "gemm" and op.linear and op.direction == "forward" and not routed:
             if "router" in op.name:
                 out.append(op)
                 continue
@@ -66,9 +70,9 @@ def op_policy_recompute(forward: tuple[Op, ...], heads: int, kv_heads: int, gate
                 if matmuls % 2 == 0:
                     out.append(part)
             continue
-        if op.kind == "gemm" and op.kernel == "grouped_gemm" and op.direction == "forward":
-            continue
-        if op.kind == "flash_attention" or (op.kind == "collective" and op.collective == "reduce_scatter"):
+        if op.kind == "flash_attention" or (
+            op.kind == "collective" and op.collective in ("reduce_scatter", "all_to_all")
+        ):
             continue
         out.append(op)
     return recomputed(tuple(out))
@@ -82,10 +86,11 @@ def _torchtitan_parts(op: Op, heads: int, kv_heads: int, gated: bool) -> tuple[O
         return tuple(
             linear(f"{name} projection", op.m, n, op.k) for name, n in (("wq", q), ("wk", kv), ("wv", kv))
         )
-    if op.name == "mlp up projection" and gated:
+    if op.name in ("mlp up projection", "shared expert fc1") and gated:
+        prefix = "shared expert " if op.name.startswith("shared") else ""
         return (
-            linear("w1 projection", op.m, op.n // 2, op.k),
-            linear("w3 projection", op.m, op.n // 2, op.k),
+            linear(f"{prefix}w1 projection", op.m, op.n // 2, op.k),
+            linear(f"{prefix}w3 projection", op.m, op.n // 2, op.k),
         )
     return (op,)
 
