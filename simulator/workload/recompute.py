@@ -61,7 +61,13 @@ def op_policy_recompute(forward: tuple[Op, ...], heads: int, kv_heads: int, gate
     matmuls = 0
     for op in forward:
         routed = op.name.startswith(("experts ", "expert "))
-        if op.kind == "gemm" and op.linear and op.direction == "forward" and not routed:
+        if (
+            op.kind == "gemm"
+            and op.linear
+            and op.direction == "forward"
+            and op.kernel == "gemm"
+            and not routed
+        ):
             if "router" in op.name:
                 out.append(op)
                 continue
