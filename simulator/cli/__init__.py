@@ -1,8 +1,10 @@
 """``clustersim``: run, compare, memory, validate, calibrate, sweep, plan, schema. One module per command group
 (``run.py``, ``memory.py``, ``validate.py``, ``calibrate.py``, ``study.py``, ``plan.py``); this is the entry point that joins them. Bad input
-prints one message and exits 2, never a traceback."""
+prints one message and exits 2, never a traceback.
 
-from __future__ import annotations
+The command modules do not use ``from __future__ import annotations``: Typer reads each parameter's annotation,
+and strings it would ``eval`` one by one (25 ms of every start, measured by benchmarks/bench_scale.py's
+start-up line)."""
 
 import typer
 

@@ -5,8 +5,6 @@ calibrate import kineto | nccl-tests    rows from measurements made elsewhere (c
 calibrate profile --filter IDS          fit a framework-generation profile to measured runs (validation/)
 """
 
-from __future__ import annotations
-
 import re
 import sys
 from pathlib import Path

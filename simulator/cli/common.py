@@ -1,7 +1,5 @@
 """What the command modules share: exit statuses and the ``--kernels`` option."""
 
-from __future__ import annotations
-
 from pydantic import ValidationError
 
 from simulator.errors import ScenarioError

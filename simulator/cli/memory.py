@@ -1,7 +1,5 @@
 """``clustersim memory``: per-GPU memory of a scenario across data-parallel strategies and recompute choices."""
 
-from __future__ import annotations
-
 import json
 import sys
 from pathlib import Path

@@ -1,8 +1,6 @@
 """``clustersim plan``: search the parallel layouts of a model on N GPUs (simulator/study/plan.py), with the
 search constraints, the layouts written as scenarios and the pick emitted for a framework."""
 
-from __future__ import annotations
-
 import json
 import os
 import re

@@ -1,8 +1,6 @@
 """``clustersim run`` and its neighbours: simulate one scenario (``run``), several side by side (``compare``), list
 the shipped ones (``scenarios``), write a starter (``init``), print the scenario schema (``schema``)."""
 
-from __future__ import annotations
-
 import json
 import sys
 from contextlib import nullcontext

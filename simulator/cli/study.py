@@ -1,7 +1,5 @@
 """``clustersim sweep`` and ``clustersim plan``: many simulations, a grid of scenarios or a search of layouts."""
 
-from __future__ import annotations
-
 import json
 import stat
 import sys

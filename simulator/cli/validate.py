@@ -1,7 +1,5 @@
 """``clustersim validate``: predict published measured runs and print the error, case by case and per source."""
 
-from __future__ import annotations
-
 import json
 import sys
 from pathlib import Path
@@ -118,7 +116,7 @@ def _err(e: float | None) -> str:
 
 
 def print_validation(
-    results: list[CaseResult], by_source: dict, overall: dict, console: Console | None = None
+    results: list[CaseResult], by_source: dict, overall: dict, console: "Console | None" = None
 ) -> None:
     from rich.console import Console
     from rich.table import Table

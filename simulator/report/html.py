@@ -226,7 +226,7 @@ def headline_html(result: Result) -> str:
         ("Iteration time", f"{m.iteration_time_s:.3f} s"),
         ("Tokens/s", f"{m.tokens_per_s:,.0f}"),
         ("Tokens/s per GPU", f"{m.tokens_per_s_per_gpu:,.1f}"),
-        ("MFU", f"{m.mfu:.1%}"),
+        ("MFU (16-bit peak)", f"{m.mfu:.1%}"),
         ("GPU busy", f"{m.host.get('gpu_busy_fraction', 0.0):.0%}"),
         ("Pipeline bubble", f"{m.bubble_fraction:.1%}"),
         ("Exposed comm.", f"{m.comm['exposed_s']:.3f} s"),

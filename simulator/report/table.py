@@ -76,7 +76,7 @@ ROWS = [
         _cost,
     ),
     ("Model TFLOP/s per GPU", lambda m: m.model_tflops_per_gpu, "{:.1f}"),
-    ("MFU", lambda m: m.mfu, "{:.1%}"),
+    ("MFU (vs the 16-bit dense peak)", lambda m: m.mfu, "{:.1%}"),
     (
         "MFU vs the FP8 / FP4 peak",
         lambda m: (m.fp8 or {}).get("mfu_vs_low_precision_peak", 0.0),
