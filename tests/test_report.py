@@ -74,6 +74,31 @@ def test_trace_is_valid_chrome_trace_with_one_process_per_simulated_rank(report)
     assert {e["pid"] for e in counters} == {0, 1}
 
 
+def test_a_gz_trace_is_the_same_trace_compressed_and_each_flow_starts_inside_its_sending_step(
+    report, tmp_path
+):
+    """``--trace t.json.gz`` writes the same events gzip-compressed (Perfetto opens it); times are microseconds
+    to the nanosecond, and a flow's start stays strictly inside the step it leaves (Perfetto binds it to the
+    slice enclosing it)."""
+    import gzip
+
+    gz = tmp_path / "t.json.gz"
+    r = CliRunner().invoke(app, ["run", str(report.parent / "s.yaml"), "--trace", str(gz), "--quiet"])
+    assert r.exit_code == 0, r.output
+    with gzip.open(gz, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    plain = json.loads((report.parent / "t.json").read_text())["traceEvents"]
+    assert events == plain and gz.stat().st_size < (report.parent / "t.json").stat().st_size / 4
+    timed = [e for e in events if "ts" in e]
+    assert all(round(e["ts"], 3) == e["ts"] and round(e.get("dur", 0), 3) == e.get("dur", 0) for e in timed)
+    slices = [e for e in events if e["ph"] == "X"]
+    for flow in (e for e in events if e["ph"] == "s"):
+        assert any(
+            x["pid"] == flow["pid"] and x["tid"] == flow["tid"] and x["ts"] < flow["ts"] < x["ts"] + x["dur"]
+            for x in slices
+        ), flow
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)")
 def test_report_renders_in_headless_chromium_without_javascript_errors(report, tmp_path):
     flags = [

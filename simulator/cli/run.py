@@ -38,7 +38,10 @@ def run(
     json_out: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of a table.")
     ] = False,
-    trace: Annotated[Path | None, typer.Option(help="Write a Chrome-trace JSON file (Perfetto).")] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(help="Write a Chrome-trace JSON file (Perfetto); one ending in .gz is gzip-compressed."),
+    ] = None,
     report: Annotated[Path | None, typer.Option(help="Write a self-contained HTML report.")] = None,
     image: Annotated[
         Path | None, typer.Option(help="Write the timeline as a static image (.png or .svg).")

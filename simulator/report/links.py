@@ -16,20 +16,26 @@ def link_utilisation(result: Result, bins: int = 200) -> tuple[list[float], dict
     sends), each where it ran; a bin gets a collective's rate weighted by how much of the bin it covers."""
     tl, tasks = result.timeline, result.program.tasks
     T = tl.makespan_s or 1.0
-    busy: dict = defaultdict(lambda: [0.0] * bins)
+    width = T / bins
+    busy: dict = defaultdict(lambda: [0.0] * bins)  # summed unclipped; each bin capped at 1 once at the end
     stage_of = [r.stage for r in result.program.ranks]
 
     def load(phases, start: float, end: float) -> None:
         if end <= start:
             return
-        width = T / bins
+        # the share of each bin the collective covers, once for all its link classes (a 1T run's phases load
+        # hundreds of classes each)
+        window = range(int(start / T * bins), min(int(end / T * bins) + 1, bins))
+        shares = [(min(end, (b + 1) * width) - max(start, b * width)) / width for b in window]
+        cover = [(b, c) for b, c in zip(window, shares, strict=True) if c > 0]
+        if not cover:
+            return
         for phase in phases:
             for cls, seconds in phase.demand_s.items():
                 use = min(seconds / (end - start), 1.0)  # the link's share while the collective runs
-                for b in range(int(start / T * bins), min(int(end / T * bins) + 1, bins)):
-                    covered = min(end, (b + 1) * width) - max(start, b * width)  # of this bin
-                    if covered > 0:
-                        busy[cls][b] = min(busy[cls][b] + use * covered / width, 1.0)
+                row = busy[cls]
+                for b, c in cover:
+                    row[b] += use * c
 
     for t in tasks:
         if t.rank != 0:
@@ -47,7 +53,9 @@ def link_utilisation(result: Result, bins: int = 200) -> tuple[list[float], dict
                     offset + span,
                 )
             offset += part.duration_s
-    return [(i + 0.5) * T / bins for i in range(bins)], dict(busy)
+    return [(i + 0.5) * T / bins for i in range(bins)], {
+        c: [min(y, 1.0) for y in ys] for c, ys in busy.items()
+    }
 
 
 def busiest(result: Result, top: int, bins: int) -> tuple[list[float], list[tuple]]:

@@ -46,14 +46,17 @@ def temporary_beside(path: Path) -> Path:
     return path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
 
 
-def write_atomic(path: Path, text: str, option: str = "") -> None:
-    """Write ``text`` to ``path`` whole: a reader never sees half a file, a failure leaves none; a character
-    device or FIFO at ``path`` is written through, never replaced."""
+def write_atomic(path: Path, text: str | bytes, option: str = "") -> None:
+    """Write ``text`` (or bytes) to ``path`` whole: a reader never sees half a file, a failure leaves none; a
+    character device or FIFO at ``path`` is written through, never replaced."""
     path = Path(path)
     paths.check_target(path, option or "output")
     tmp = temporary_beside(path)  # for a device or FIFO, in the temporary directory; paths.install copies it
     try:
-        tmp.write_text(text, encoding="utf-8")
+        if isinstance(text, bytes):
+            tmp.write_bytes(text)
+        else:
+            tmp.write_text(text, encoding="utf-8")
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise ScenarioError(f"{path}: cannot write: {e.strerror}") from None
