@@ -132,7 +132,7 @@ def calibrate_kernels(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
     """Time every kernel shape and collective SCENARIO's simulation costs, on this machine, into a table."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from simulator.calibration.runner import calibrate_kernels as run_calibration
     from simulator.calibration.runner import require_torch
@@ -152,10 +152,10 @@ def calibrate_kernels(
         columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
         columns += (TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
         show = not quiet and sys.stderr.isatty()
-        with Progress(*columns, console=err.real, transient=True, disable=not show) as bar:
+        with progress(show, *columns) as bar:
             task = bar.add_task("measuring", total=None)
 
-            def progress(done: int, total: int, what: str) -> None:
+            def advance(done: int, total: int, what: str) -> None:
                 bar.update(task, completed=done, total=total, description=what[:50])
 
             def announce(summary, shapes: int) -> None:
@@ -169,7 +169,7 @@ def calibrate_kernels(
                     )
 
             summary = run_calibration(
-                s, out, device, repeats, max_bytes, progress, collectives, budget_s, announce
+                s, out, device, repeats, max_bytes, advance, collectives, budget_s, announce
             )
     except ScenarioError as e:
         fail(str(e))

@@ -10,7 +10,7 @@ import typer
 
 from simulator import paths
 from simulator.errors import ScenarioError
-from simulator.report.console import err, fail, note, shown_warnings
+from simulator.report.console import fail, note, progress, shown_warnings
 from simulator.report.output import check_output_dir, check_output_file
 
 
@@ -47,7 +47,6 @@ def sweep(
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
-        Progress,
         TextColumn,
         TimeElapsedColumn,
         TimeRemainingColumn,
@@ -101,15 +100,15 @@ def sweep(
         TextColumn("ETA"),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=err.real, transient=True, disable=not show) as bar:
+    with progress(show, *columns) as bar:
         task = bar.add_task("points", total=None)
 
-        def progress(done: int, total: int) -> None:
+        def advance(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
         try:
             with shown_warnings():
-                outcome, rows = sw.run_sweep(plan, out, workers=workers, dask=dask, progress=progress)
+                outcome, rows = sw.run_sweep(plan, out, workers=workers, dask=dask, progress=advance)
         except ScenarioError as e:
             if created and not any(out.iterdir()):  # nothing ran (no Dask scheduler): leave nothing behind
                 out.rmdir()
