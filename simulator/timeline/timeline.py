@@ -41,6 +41,11 @@ class Timeline:
         self.parts: dict[int, tuple[Part, ...]] = {}
         self.events = 0
 
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_relative_spans", None)  # keyed by object ids, which an unpickled copy does not share
+        return state
+
     @property
     def tasks(self) -> list[Task]:
         return self.program.tasks
@@ -55,9 +60,8 @@ class Timeline:
         the stream spent on them and their bytes. Reports and traces draw these (a step of 12 layers holds
         dozens of TP collectives: one mark each made a 3D run's report 13 MB)."""
         parts = self.parts.get(task_id, ())
-        cache = self.__dict__.setdefault(
-            "_relative_spans", {}
-        )  # tasks share parts tuples (one per ops tuple)
+        # tasks share parts tuples (one per ops tuple): each tuple's spans are worked out once, from 0
+        cache = self.__dict__.setdefault("_relative_spans", {})
         if id(parts) not in cache:
             cache[id(parts)] = (parts, _relative_spans(parts))  # the tuple kept: its id stays its own
         offset = self.start[task_id]
