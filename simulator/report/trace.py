@@ -24,6 +24,12 @@ def _us(seconds: float) -> float:
     return round(seconds * 1e6, 3)
 
 
+def _dur(start_s: float, end_s: float) -> float:
+    """A slice's duration in trace time: it ends exactly at ``_us(end_s)`` (a flow leaving it starts 1 ns
+    before)."""
+    return round(_us(end_s) - _us(start_s), 3)
+
+
 def chrome_trace(source: Timeline | Result, links: int = 8, bins: int = 400) -> dict:
     """The trace of a timeline; of a Result, with the ``links`` busiest link classes as counters over ``bins``
     time bins."""
@@ -67,7 +73,7 @@ def chrome_trace(source: Timeline | Result, links: int = 8, bins: int = 400) -> 
                 "pid": t.rank,
                 "tid": tid,
                 "ts": _us(start),
-                "dur": round(_us(end) - _us(start), 3),
+                "dur": _dur(start, end),
                 "args": args,
             }
         )
@@ -81,9 +87,7 @@ def chrome_trace(source: Timeline | Result, links: int = 8, bins: int = 400) -> 
                     "pid": t.rank,
                     "tid": inner,
                     "ts": _us(sp.first_s),
-                    "dur": round(
-                        _us(sp.first_s + sp.seconds) - _us(sp.first_s), 3
-                    ),  # together, from the first
+                    "dur": _dur(sp.first_s, sp.first_s + sp.seconds),  # as long as they last together
                     "args": {
                         "in": t.name,
                         "group": sp.group,
