@@ -3,8 +3,8 @@
 prints one message and exits 2, never a traceback.
 
 The command modules do not use ``from __future__ import annotations``: Typer reads each parameter's annotation,
-and strings it would ``eval`` one by one (25 ms of every start, measured by benchmarks/bench_scale.py's
-start-up line)."""
+and strings it would ``eval`` one by one (building the commands, ``typer.main.get_command``, took 31 ms with
+them and takes 6 ms without)."""
 
 import typer
 
