@@ -276,3 +276,45 @@ def test_main_freezes_the_collector_only_when_the_process_exits(monkeypatch, cap
     assert r.returncode == 0 and "quickstart" in r.stdout
     count = int(r.stderr.rsplit("frozen at exit: ", 1)[1])
     assert count > 10_000, r.stderr  # the modules, classes and functions of every import
+
+
+def test_scenarios_list_one_line_each_with_gpus_model_and_layout():
+    """clustersim scenarios on a wide terminal: one line per scenario, grouped by folder. The quickstart is GPT-3
+    1.3B with DDP on 8 A100: 24 x (12 h^2 + 13 h) + (vocabulary + positions) x h + 2 h (the final norm; the head
+    is tied) = 1,317,654,528 parameters at h 2,048, vocabulary 51,200, 2,048 positions."""
+    h = 2048
+    assert 24 * (12 * h * h + 13 * h) + (51200 + 2048) * h + 2 * h == 1_317_654_528
+    r = runner.invoke(app, ["scenarios"], env={"COLUMNS": "220"})
+    assert r.exit_code == 0
+    lines = r.stdout.splitlines()
+    assert max(map(len, lines)) <= 220
+    assert any("what it is" in line for line in lines)
+    (quick,) = [line for line in lines if line.strip().startswith("quickstart-gpt3-1.3b-ddp-8xa100")]
+    assert quick.split()[1:6] == ["8", "A100", "1.32B", "bf16", "DP8"]
+    assert "The first thing to run: GPT-3 1.3B" in quick
+    (moe,) = [line for line in lines if line.strip().startswith("deepseek-v3-ep64-1024xh100")]
+    assert "1,024 H100" in moe and "671B/" in moe and "TP2+SP PP16 DP32 EP64 ZeRO-1" in moe
+    assert any(line.strip() == "published/" for line in lines)
+    rows = json.loads(runner.invoke(app, ["scenarios", "--json"]).stdout)
+    (q,) = [x for x in rows if x["name"] == "quickstart-gpt3-1.3b-ddp-8xa100"]
+    assert (q["set"], q["gpus"], q["model"], q["layout"]) == ("", "8 A100", "1.32B bf16", "DP8")
+
+
+def test_scenarios_list_on_a_narrow_terminal_is_two_lines_each():
+    """80 columns (a pipe) cannot hold the table: each scenario's name, then its GPUs, model and layout."""
+    r = runner.invoke(app, ["scenarios"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0
+    lines = r.stdout.splitlines()
+    assert max(map(len, lines)) <= 80
+    i = lines.index("  quickstart-gpt3-1.3b-ddp-8xa100")
+    assert lines[i + 1] == "    8 A100, 1.32B bf16, DP8"
+
+
+def test_a_scenarios_description_is_its_first_sentence(tmp_path):
+    from simulator.scenario.shipped import describe
+
+    f = tmp_path / "x.yaml"
+    f.write_text("# Llama 3 405B (Dubey et al. 2024, Sec. 3.3): TP 8. More here.\n# And here.\nname: x\n")
+    assert describe(f) == "Llama 3 405B (Dubey et al. 2024, Sec. 3.3): TP 8."
+    f.write_text("name: x\n")
+    assert describe(f) == ""

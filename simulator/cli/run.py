@@ -137,27 +137,18 @@ def run(
 def scenarios(
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON list instead of a table.")] = False,
 ) -> None:
-    """List the scenarios that ship with clustersim; run one by name (`clustersim run quickstart`)."""
-    from rich.table import Table
-
+    """List the scenarios that ship with clustersim, one line each; run one by name (`clustersim run quickstart`)."""
+    from simulator.report.listing import print_scenarios, scenario_rows
     from simulator.scenario.shipped import describe, scenario_dir, shipped_scenarios
 
-    shipped = shipped_scenarios()
+    try:
+        rows = scenario_rows(shipped_scenarios(), scenario_dir(), load_scenario, describe)
+    except ScenarioError as e:
+        fail(str(e))
     if json_out:
-        print(
-            json.dumps(
-                [{"name": n, "path": str(p), "about": describe(p)} for n, p in shipped.items()], indent=2
-            )
-        )
+        print(json.dumps(rows, indent=2))
         return
-    from rich.console import Console
-
-    table = Table(title=f"Shipped scenarios ({scenario_dir()})", title_justify="left")
-    table.add_column("name", no_wrap=True)
-    table.add_column("what it is")
-    for name, path in shipped.items():
-        table.add_row(name, describe(path))
-    Console().print(table)
+    print_scenarios(rows, scenario_dir())
 
 
 def init(

@@ -22,6 +22,10 @@ def shipped_scenarios() -> dict[str, Path]:
     return {p.stem: p for p in sorted(scenario_dir().rglob("*.yaml"))}
 
 
+# a full stop after these ends no sentence ("Dubey et al. (2024)")
+ABBREVIATIONS = ("al.", "e.g.", "i.e.", "cf.", "vs.", "etc.", "Fig.", "Sec.", "Eq.", "No.")
+
+
 def describe(path: Path) -> str:
     """The first sentence of the scenario's leading comment (what it is), or nothing."""
     lines = []
@@ -30,8 +34,12 @@ def describe(path: Path) -> str:
             break
         lines.append(line.lstrip("# ").strip())
     text = " ".join(lines)
-    end = text.find(". ")
-    return text[: end + 1] if end >= 0 else text
+    start = 0
+    while (end := text.find(". ", start)) >= 0:
+        if not text[: end + 1].endswith(ABBREVIATIONS):
+            return text[: end + 1]
+        start = end + 2
+    return text
 
 
 def resolve_scenario(source: str | Path) -> Path:
