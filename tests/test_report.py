@@ -210,6 +210,21 @@ def test_timeline_rows_follow_stage_numbers_not_text():
     assert ranks == sorted(ranks) and len(set(ranks)) == 16
 
 
+def test_the_timeline_axis_is_in_seconds_from_a_two_second_run_up():
+    """The quickstart (0.87 s) is drawn in milliseconds, Narayanan et al.'s 18B run (9.96 s) in seconds: its last
+    bar ends at the simulated iteration time in the axis's unit."""
+    from simulator.api import simulate
+    from simulator.report.figures import time_unit, timeline_figure
+
+    assert time_unit(1.999) == ("ms", 1e3) and time_unit(2.0) == ("s", 1.0)
+    for name, unit, scale in (("quickstart", "ms", 1e3), ("nar21-t1-18b", "s", 1.0)):
+        r = simulate(name)
+        fig = timeline_figure(r.timeline)
+        assert fig.layout.xaxis.title.text == f"time ({unit})"
+        end = max(b + x for tr in fig.data for b, x in zip(tr.base, tr.x, strict=True))
+        assert end == pytest.approx(r.metrics.iteration_time_s * scale, rel=1e-6)
+
+
 def test_the_3d_run_s_report_stays_small_with_every_rank_and_collective_drawn(tmp_path):
     """The 384-GPU 3D run (8 stages, 2,000+ steps, dozens of TP collectives per step): under 3 MB, with plotly.js's
     basic bundle (bar and scatter) once, every stage's rows present and each step's TP collectives as one bar."""

@@ -65,16 +65,23 @@ def natural(text: str) -> tuple:
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
 
 
+def time_unit(span_s: float) -> tuple[str, float]:
+    """The time axis's unit and its factor from seconds: seconds from a 2 s span up (an axis of "10k" ms reads
+    badly), milliseconds below."""
+    return ("s", 1.0) if span_s >= 2 else ("ms", 1e3)
+
+
 def timeline_figure(timeline: Timeline, title: str = "", max_tasks: int = 20000) -> go.Figure:
     """Gantt chart: one row per simulated rank and stream, one bar per task, hover with its details."""
     program = timeline.program
     rows: dict[str, dict[str, list]] = {}
+    unit, scale = time_unit(timeline.makespan_s)
 
     def bar(kind: str, row: str, start_s: float, dur_s: float, text: str) -> None:
         d = rows.setdefault(kind, {"y": [], "base": [], "x": [], "text": []})
         d["y"].append(row)
-        d["base"].append(start_s * 1e3)
-        d["x"].append(dur_s * 1e3)
+        d["base"].append(start_s * scale)
+        d["x"].append(dur_s * scale)
         d["text"].append(f"{text}<br>{dur_s * 1e3:.3f} ms")
 
     for t in program.tasks[:max_tasks]:
@@ -114,7 +121,7 @@ def timeline_figure(timeline: Timeline, title: str = "", max_tasks: int = 20000)
     fig.update_layout(
         title=title,
         barmode="overlay",
-        xaxis_title="time (ms)",
+        xaxis_title=f"time ({unit})",
         height=120 + 28 * len(order),
         yaxis={"categoryorder": "array", "categoryarray": order[::-1]},
         legend_orientation="h",
