@@ -70,6 +70,22 @@ def test_validate_json_reports_signed_errors_and_summaries(cases_file):
     assert set(d["by_source"]) == {"TOY", "OTHER"}
 
 
+def test_cross_validate_json_is_one_json_document(cases_file):
+    """--cross-validate --json prints the JSON alone (the two summary lines came after it, so it did not parse);
+    without --json the table ends with both lines, out of sample first."""
+    r = runner.invoke(app, ["validate", "--cases", cases_file, "--filter", "good", "--cross-validate", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    (case,) = d["cases"]
+    assert case["id"] == "TOY-GOOD" and case["out_of_sample_profile"] == "unchanged"
+    assert case["out_of_sample_error_pct"] == pytest.approx(case["in_sample_error_pct"])
+    assert d["in_sample"]["n"] == d["out_of_sample"]["n"] == 1
+    r = runner.invoke(app, ["validate", "--cases", cases_file, "--filter", "good", "--cross-validate"])
+    last = r.stdout.strip().splitlines()[-2:]
+    assert last[0].startswith("validation (out of sample, leave one source out): 1 cases")
+    assert last[1].startswith("validation (in sample): 1 cases")
+
+
 def test_validate_table_filter_and_summary_line(cases_file):
     r = runner.invoke(app, ["validate", "--cases", cases_file, "--filter", "good"])
     assert r.exit_code == 0

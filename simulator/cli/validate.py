@@ -227,12 +227,12 @@ def _cross_validate(
                 r.how,
             )
         Console().print(table)
-    print(
-        runner.summary_line(outside).replace(
-            "validation:", "validation (out of sample, leave one source out):"
+        print(
+            runner.summary_line(outside).replace(
+                "validation:", "validation (out of sample, leave one source out):"
+            )
         )
-    )
-    print(runner.summary_line(inside).replace("validation:", "validation (in sample):"))
+        print(runner.summary_line(inside).replace("validation:", "validation (in sample):"))
     if check and (missed := runner.gate_failures(inside)):
         err.print("[bold red]validation gate missed:[/bold red] " + "; ".join(missed))
         raise typer.Exit(1)
