@@ -73,7 +73,9 @@ def test_validate_json_reports_signed_errors_and_summaries(cases_file):
 def test_cross_validate_json_is_one_json_document(cases_file):
     """--cross-validate --json prints the JSON alone (the two summary lines came after it, so it did not parse);
     without --json the table ends with both lines, out of sample first."""
-    r = runner.invoke(app, ["validate", "--cases", cases_file, "--filter", "good", "--cross-validate", "--json"])
+    r = runner.invoke(
+        app, ["validate", "--cases", cases_file, "--filter", "good", "--cross-validate", "--json"]
+    )
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     (case,) = d["cases"]
