@@ -82,14 +82,14 @@ def test_context_and_channels_are_settings_and_the_framework_knows_its_cuda():
 
 
 def test_a_run_whose_allocation_fits_can_still_be_out_of_memory():
-    """The quickstart allocates about 35 GiB of 80; with a 16 GiB context and the allocator reserving twice its
+    """The quickstart allocates about 40 GiB of 80 (PyTorch DDP's buckets included); with a 16 GiB context and the allocator reserving twice its
     peak the GPU would hold more than 80: out of memory, with the numbers in the metrics."""
     from simulator import load_scenario
     from simulator.scenario.shipped import shipped_scenarios
 
     s = load_scenario(shipped_scenarios()["quickstart-gpt3-1.3b-ddp-8xa100"])
     ok = simulate(s).metrics
-    assert not ok.oom and ok.memory_gib["device"] < 40
+    assert not ok.oom and ok.memory_gib["device"] < 42
     big = s.model_copy(
         update={
             "memory": s.memory.model_copy(update={"cuda_context_gib": 16, "allocator_fragmentation": 1.0})

@@ -42,6 +42,31 @@ def test_ddp_bucket_all_reduces_overlap_backward_on_a_fast_network():
     assert m.comm["overlapped_s"] > 2 * m.comm["exposed_s"]
 
 
+def test_pytorch_ddp_keeps_a_second_copy_of_the_gradients_in_its_buckets():
+    """PyTorch DDP's Reducer copies every gradient into bucket storage of its own unless
+    gradient_as_bucket_view=True (pytorch/pytorch#41954): the quickstart's GPT-3 1.3B (1,317,654,528 parameters,
+    bf16 gradients) holds 2 B x 1,317,654,528 = 2.454 GiB of buckets, 2 x 25 MiB in flight with the view, and
+    Megatron-Core's grad buffer (the buckets) nothing beyond the two in flight either; DeepSpeed's 1-bit Adam
+    reduces through its engine's transient buckets, unchanged."""
+    from simulator.scenario.loader import load_scenario
+
+    quick = load_scenario("quickstart")
+    copy = simulate(quick).metrics.memory_gib
+    assert copy["buffers"] == pytest.approx(2 * 1_317_654_528 / 2**30, rel=1e-12)
+    view = quick.model_copy(
+        update={"parallelism": quick.parallelism.model_copy(
+            update={"ddp": quick.parallelism.ddp.model_copy(update={"gradient_as_bucket_view": True})}
+        )}
+    )  # fmt: skip
+    viewed = simulate(view).metrics.memory_gib
+    assert viewed["buffers"] == pytest.approx(2 * 25 / 1024, rel=1e-12)
+    assert copy["peak"] - viewed["peak"] == pytest.approx(copy["buffers"] - viewed["buffers"], rel=1e-9)
+    mcore = quick.model_copy(update={"framework": "megatron-core-2024"})
+    ddp = mcore.parallelism.ddp.model_copy(update={"overlap_grad_reduce": True})
+    mcore = mcore.model_copy(update={"parallelism": mcore.parallelism.model_copy(update={"ddp": ddp})})
+    assert simulate(mcore).metrics.memory_gib["buffers"] == pytest.approx(2 * 160 / 1024, rel=1e-12)
+
+
 # ZeRO-3 as the ZeRO paper counts it: nothing persistent, nothing prefetched past its use, nothing kept
 RELEASE_ALL = {
     "stage3_max_reuse_distance": 0,

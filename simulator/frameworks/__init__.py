@@ -66,6 +66,12 @@ class DdpDefaults(BaseModel):
     bucket_cap_mb: float | None = Field(
         25.0, gt=0, description="Bucket size; null = the whole gradient buffer in one all-reduce."
     )
+    gradient_as_bucket_view: bool = Field(
+        False,
+        description="The gradients are the reduction buckets (Megatron-Core's contiguous grad buffer; PyTorch DDP's "
+        "gradient_as_bucket_view=True). False: PyTorch DDP's default, whose Reducer copies every gradient into bucket "
+        "storage of its own, one more gradient-sized allocation (pytorch/pytorch#41954).",
+    )
 
 
 class HostProfile(BaseModel):

@@ -147,6 +147,12 @@ class DdpConfig(Section):
         description="Reduce buckets during backward. Default: the framework's (PyTorch DDP: yes; Megatron-LM's "
         "local DDP before Megatron-Core: one all-reduce after backward).",
     )
+    gradient_as_bucket_view: bool | None = Field(
+        None,
+        description="The gradients are views into the reduction buckets (PyTorch DDP's gradient_as_bucket_view=True; "
+        "Megatron-Core's grad buffer always). False: PyTorch DDP's default, the buckets a second copy of the gradients "
+        "in memory. Default: the framework's.",
+    )
     overlap_param_gather: bool = Field(
         False,
         description="Megatron-Core: all-gather the distributed optimizer's weights under the next forward.",

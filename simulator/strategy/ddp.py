@@ -12,7 +12,7 @@ from simulator.program import Program, RankClass
 from simulator.scenario.schema import Scenario
 from simulator.strategy.groups import grad_group_size, rank_label, ranks_per_stage
 from simulator.strategy.memory import memory_breakdown
-from simulator.strategy.reduction import buckets, ddp_settings, gradient_sets
+from simulator.strategy.reduction import bucket_copy, buckets, ddp_settings, gradient_sets
 from simulator.strategy.state_bytes import grad_bytes
 from simulator.strategy.steps import (
     add_backward,
@@ -69,7 +69,8 @@ def build(s: Scenario, w: Workload, cluster: Cluster, reduce_gradients: bool = T
         params = w.params_per_rank + w.expert_params_per_rank
         add_optimizer(p, s, params, reductions, w=w, tensors=tensors)
 
-    buffers = 2 * min(cap or total, total) if dp > 1 else 0.0  # buckets in flight
+    # PyTorch DDP's bucket storage (a copy of every gradient), else the buckets in flight
+    buffers = (total if bucket_copy(s, w) else 2 * min(cap or total, total)) if dp > 1 else 0.0
     mem = memory_breakdown(s, w, cluster, dp, 0, buffers)
     p.ranks.append(RankClass(rank_label(s), ranks_per_stage(s), mem))
     return p

@@ -22,6 +22,23 @@ def ddp_settings(s: Scenario, w: Workload) -> tuple[bool, float | None]:
     return overlap, (cap_mb * 2**20 if cap_mb is not None else None)
 
 
+def bucket_copy(s: Scenario, w: Workload) -> bool:
+    """Does the DDP keep its reduction buckets as a second copy of the gradients? PyTorch DDP's default does: its
+    Reducer allocates bucket storage for every gradient at construction and copies each gradient in as it is
+    ready (torch/csrc/distributed/c10d/reducer.cpp; gradient_as_bucket_view=True makes the gradients views into
+    it, pytorch/pytorch#41954: "peak memory dropped ~1GB" for a 1 GB model). Megatron-Core's grad buffer is the
+    buckets. Only where buckets reduce during backward: a single all-reduce after backward is Megatron's local
+    DDP, priced on its own (strategy/ddp.py); and not under DeepSpeed's 1-bit optimizers, whose engine reduces
+    through flattened buckets of its own (engine.py ``buffered_allreduce_fallback``) that live only while they
+    are sent."""
+    if s.training.optimizer in ("onebit-adam", "zero-one-adam"):
+        return False
+    overlap, cap = ddp_settings(s, w)
+    view = s.parallelism.ddp.gradient_as_bucket_view
+    view = w.framework.ddp.gradient_as_bucket_view if view is None else view
+    return overlap and cap is not None and not view
+
+
 def buckets(sizes: list[tuple[int, float]], cap: float) -> list[tuple[list[int], float]]:
     """Group consecutive (unit index, bytes) into buckets of at least ``cap`` bytes, as gradients become ready.
     A unit larger than the cap forms its own bucket (PyTorch DDP and DeepSpeed never split a tensor)."""

@@ -27,7 +27,7 @@ from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
 from simulator.strategy.megatron import p2p_overlapped
 from simulator.strategy.pipeline.chunk_ops import send_bytes
-from simulator.strategy.reduction import ddp_settings
+from simulator.strategy.reduction import bucket_copy, ddp_settings
 from simulator.strategy.sharded import FSDP_COPY_OUT_PER_BYTE
 from simulator.strategy.state_bytes import fsdp_reduce_bytes, grad_bytes, weight_bytes
 from simulator.strategy.steps import optimizer_step_bytes
@@ -256,7 +256,8 @@ class Screen:
         per_node = max(1, min(lay.dp, self.gpn // inner)) if inner < self.gpn else 1
         n = lay.dp * lay.cp if lay.cp > 1 else lay.dp
         grads = psi * g_b
-        memory = self.memory(lay, psi, s, experts, edp)
+        copy = lay.sharding == "ddp" and lay.pp == 1 and lay.dp > 1 and bucket_copy(s, w)  # DDP's bucket copy
+        memory = self.memory(lay, psi, s, experts, edp) + (grads if copy else 0.0)
         hbm = self.cluster.gpu.hbm_bytes_per_s * 0.8  # memory-bound work's rate (copies, the optimizer step)
         ddp = s.parallelism.ddp
         overlap_reduce = ddp_settings(s, w)[0]  # the scenario's switch, else the framework's, as simulated
