@@ -318,3 +318,17 @@ def test_a_scenarios_description_is_its_first_sentence(tmp_path):
     assert describe(f) == "Llama 3 405B (Dubey et al. 2024, Sec. 3.3): TP 8."
     f.write_text("name: x\n")
     assert describe(f) == ""
+
+
+def test_scenarios_filter_by_any_column_and_refuse_what_matches_nothing():
+    rows = json.loads(runner.invoke(app, ["scenarios", "moe", "--json"]).stdout)
+    assert {r["name"] for r in rows} == {"deepseek-v3-ep64-1024xh100", "mixtral-8x7b-ep8-16xh100"}
+    rows = json.loads(
+        runner.invoke(app, ["scenarios", "GB200", "--json"]).stdout
+    )  # the GPUs column, any case
+    assert rows and all("GB200" in r["gpus"] for r in rows)
+    r = runner.invoke(app, ["scenarios", "zzz"])
+    assert (
+        r.exit_code == 2
+        and "no shipped scenario's name, folder, GPUs, model or layout contains 'zzz'" in (r.output)
+    )

@@ -135,14 +135,20 @@ def run(
 
 
 def scenarios(
+    match: Annotated[
+        str | None,
+        typer.Argument(
+            help="Only the scenarios whose name, folder, GPUs, model or layout contain this (h100, moe, fp8)."
+        ),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON list instead of a table.")] = False,
 ) -> None:
     """List the scenarios that ship with clustersim, one line each; run one by name (`clustersim run quickstart`)."""
-    from simulator.report.listing import print_scenarios, scenario_rows
+    from simulator.report.listing import matching, print_scenarios, scenario_rows
     from simulator.scenario.shipped import describe, scenario_dir, shipped_scenarios
 
     try:
-        rows = scenario_rows(shipped_scenarios(), scenario_dir(), load_scenario, describe)
+        rows = matching(scenario_rows(shipped_scenarios(), scenario_dir(), load_scenario, describe), match)
     except ScenarioError as e:
         fail(str(e))
     if json_out:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from simulator.errors import ScenarioError
 from simulator.hardware.topology import cluster_spec
 from simulator.metrics.metrics import layout_label
 from simulator.scenario.schema import Scenario
@@ -69,6 +70,22 @@ def scenario_rows(shipped: dict[str, Path], root: Path, load, describe) -> list[
             }
         )
     return rows
+
+
+def matching(rows: list[dict], text: str | None) -> list[dict]:
+    """The rows whose name, folder, GPUs, model or layout contain ``text`` (any case); all without it."""
+    if not text:
+        return rows
+    needle = text.lower()
+    keep = [
+        r for r in rows if any(needle in r[k].lower() for k in ("name", "set", "gpus", "model", "layout"))
+    ]
+    if not keep:
+        raise ScenarioError(
+            f"scenarios: no shipped scenario's name, folder, GPUs, model or layout contains '{text}' "
+            "(`clustersim scenarios` lists them all)"
+        )
+    return keep
 
 
 # "what it is" is shown where the terminal leaves it this many columns beside the others
