@@ -31,7 +31,10 @@ def bucket_copy(s: Scenario, w: Workload) -> bool:
     DDP, priced on its own (strategy/ddp.py); and not under DeepSpeed's 1-bit optimizers, whose engine reduces
     through flattened buckets of its own (engine.py ``buffered_allreduce_fallback``) that live only while they
     are sent."""
-    if s.training.optimizer in ("onebit-adam", "zero-one-adam"):
+    # imported here: onebit.py builds on ddp.py, which imports this module
+    from simulator.strategy.onebit import OPTIMIZERS
+
+    if s.training.optimizer in OPTIMIZERS:
         return False
     overlap, cap = ddp_settings(s, w)
     view = s.parallelism.ddp.gradient_as_bucket_view
