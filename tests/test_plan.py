@@ -336,6 +336,20 @@ def test_why_names_a_tie_and_the_lighter_layout():
     assert "by 45.00 ms (4.3%)" in why([row("ddp", 1.0, 30.0), row("zero1", 1.045, 20.0)])
 
 
+def test_why_never_reports_a_negative_wait():
+    """Busy time and exposed communication overlap where a tensor-parallel all-reduce runs inside a step: what is
+    left for waiting is then none, never negative (it read "-170400.1 us against -140197.3 us")."""
+    from simulator.study.plan import Confirmed, seconds, why
+
+    def row(t, busy, exposed):
+        lay = Layout(2, 1, 1, 8, 1, 16, "ddp", "none")
+        return Confirmed(lay, t, t, 0.5, 50.0, 0.0, exposed, busy, "ok")
+
+    text = why([row(1.993, 1.99, 0.17), row(2.018, 1.90, 0.20)])
+    assert "-" not in text.split("mostly in")[1], text
+    assert seconds(-0.1704) == "-0.170 s" and seconds(-2e-5) == "-20.0 us" and seconds(12.34) == "12.3 s"
+
+
 def test_a_layout_that_simulates_over_the_budget_says_why():
     """The screen estimates parameters, states and activations; the simulation adds the allocator's peak, the
     CUDA context and NCCL buffers: a layout that passes the screen and simulates over the budget is marked oom

@@ -337,8 +337,9 @@ def why(ranked: list[Confirmed]) -> str:
             (b.bubble_fraction or 0.0) * b.iteration_time_s,
         ),
     ]
-    # what is left: the GPU waiting on the host or on a dependency (ZeRO-3's host waits for a reduce-scatter)
-    rest = [c.iteration_time_s - sum(p[i] for p in parts) for i, c in ((1, a), (2, b))]
+    # what is left: the GPU waiting on the host or on a dependency (ZeRO-3's host waits for a reduce-scatter);
+    # none where the parts overlap (a tensor-parallel all-reduce inside a step is busy time and exposed at once)
+    rest = [max(0.0, c.iteration_time_s - sum(p[i] for p in parts)) for i, c in ((1, a), (2, b))]
     parts.append(("GPU waiting on the host or a dependency", rest[0], rest[1]))
     name, x, y = max(parts, key=lambda p: p[2] - p[1])
     return (
@@ -351,6 +352,8 @@ def seconds(s: float) -> str:
     """A time with the digits that matter: 12.3 s, 0.452 s, 3.21 ms, 45.6 us."""
     if s == 0:
         return "0 s"
+    if s < 0:
+        return "-" + seconds(-s)
     if s >= 10:
         return f"{s:.1f} s"
     if s >= 0.1:
