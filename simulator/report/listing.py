@@ -9,7 +9,7 @@ from simulator.errors import ScenarioError
 from simulator.hardware.topology import cluster_spec
 from simulator.metrics.metrics import layout_label
 from simulator.scenario.schema import Scenario
-from simulator.strategy.onebit import OPTIMIZERS
+from simulator.scenario.training import ONEBIT_OPTIMIZERS
 from simulator.workload.params import active_parameter_count, parameter_count
 
 
@@ -47,7 +47,7 @@ def strategy_label(s: Scenario) -> str:
         parts.append(f"ZeRO-{p.zero_stage}" + ("++" if plus else ""))
         devices = {z.offload_optimizer.device, z.offload_param.device} - {"none"}
         parts += [f"offload:{d}" for d in sorted(devices)]
-    if s.training.optimizer in OPTIMIZERS:
+    if s.training.optimizer in ONEBIT_OPTIMIZERS:
         parts.append(s.training.optimizer)
     return " ".join(parts)
 

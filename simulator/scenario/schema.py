@@ -26,13 +26,14 @@ from simulator.scenario.parallelism import (
     ZeroConfig,
 )
 from simulator.scenario.section import MAX_GPUS, MAX_MICROBATCHES, MAX_STAGE_MICROBATCHES, Section
-from simulator.scenario.training import OneBitConfig, TrainingConfig
+from simulator.scenario.training import ONEBIT_OPTIMIZERS, OneBitConfig, TrainingConfig
 
 __all__ = [
     "DEEPSPEED_VERSION",
     "MAX_GPUS",
     "MAX_MICROBATCHES",
     "MAX_STAGE_MICROBATCHES",
+    "ONEBIT_OPTIMIZERS",
     "AioConfig",
     "ClusterConfig",
     "DdpConfig",

@@ -111,6 +111,10 @@ class RecomputeConfig(Section):
     )
 
 
+# DeepSpeed's compressed-communication optimizers (strategy/onebit.py builds their steps)
+ONEBIT_OPTIMIZERS = ("onebit-adam", "zero-one-adam")
+
+
 class TrainingConfig(Section):
     global_batch_size: PositiveInt = Field(le=2**40)
     micro_batch_size: PositiveInt = Field(1, le=2**20)

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from simulator.hardware.cluster import Cluster
 from simulator.program import COMPUTE, Program
-from simulator.scenario.schema import OneBitConfig, Scenario
+from simulator.scenario.schema import ONEBIT_OPTIMIZERS, OneBitConfig, Scenario
 from simulator.strategy import ddp
 from simulator.strategy.groups import grad_group, grad_group_size
 from simulator.strategy.steps import add_optimizer
@@ -28,7 +28,7 @@ from simulator.strategy.units import parameter_tensors
 from simulator.workload.ops import memory_op
 from simulator.workload.transformer import Workload
 
-OPTIMIZERS = ("onebit-adam", "zero-one-adam")  # training.optimizer values this module builds
+OPTIMIZERS = ONEBIT_OPTIMIZERS  # training.optimizer values this module builds
 PHASES = ("warm-up", "compressed", "local")
 SCALE_BYTES = 4  # one fp32 scale per rank's chunk
 # GPU memory traffic of compression per momentum element: the worker reads the momentum and its error buffer

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from simulator.scenario.schema import Scenario
+from simulator.scenario.schema import ONEBIT_OPTIMIZERS, Scenario
 from simulator.strategy.groups import EXPERT_GROUP, expert_grad_group_size, grad_group, grad_group_size
 from simulator.strategy.state_bytes import grad_bytes
 from simulator.workload.transformer import Workload
@@ -31,10 +31,7 @@ def bucket_copy(s: Scenario, w: Workload) -> bool:
     DDP, priced on its own (strategy/ddp.py); and not under DeepSpeed's 1-bit optimizers, whose engine reduces
     through flattened buckets of its own (engine.py ``buffered_allreduce_fallback``) that live only while they
     are sent."""
-    # imported here: onebit.py builds on ddp.py, which imports this module
-    from simulator.strategy.onebit import OPTIMIZERS
-
-    if s.training.optimizer in OPTIMIZERS:
+    if s.training.optimizer in ONEBIT_OPTIMIZERS:
         return False
     overlap, cap = ddp_settings(s, w)
     view = s.parallelism.ddp.gradient_as_bucket_view
