@@ -161,6 +161,16 @@ def test_bad_input_gives_one_message_and_exit_code_2(tmp_path, text, message):
     assert "Traceback" not in r.output
 
 
+def test_a_mistyped_preset_or_topology_name_gets_the_closest_one(tmp_path):
+    """A name one character off is suggested; a name like no shipped one is not (dgx-z900 above)."""
+    text = BASE.replace("gpt3-175b", "gpt3-175") + "cluster: {topology: dgx-h1000}\n"
+    line = " ".join(runner.invoke(app, ["run", write(tmp_path, text)]).output.split())
+    assert "unknown model preset 'gpt3-175' (did you mean 'gpt3-175b'?); available:" in line
+    text = BASE + "cluster: {topology: dgx-h1000}\n"
+    line = " ".join(runner.invoke(app, ["run", write(tmp_path, text)]).output.split())
+    assert "unknown topology 'dgx-h1000' (did you mean 'dgx-h100'?); available: dgx-a100" in line
+
+
 def test_missing_file(tmp_path):
     r = runner.invoke(app, ["run", str(tmp_path / "nope.yaml")])
     assert r.exit_code == 2 and "file not found" in r.output

@@ -9,6 +9,7 @@ few hundred values and about 5 deep.
 
 from __future__ import annotations
 
+import difflib
 import json
 import stat
 import zlib
@@ -30,6 +31,12 @@ def is_path(value: str) -> bool:
     return "/" in value or "\\" in value or value.endswith((".yaml", ".yml", ".json"))
 
 
+def did_you_mean(name: object, names: list[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``names`` to a mistyped ``name``, or nothing."""
+    close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.8)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
 def load_named(name: str, directory: Path, field: str, noun: str, model: type[BaseModel]):
     """A shipped data file by name (``directory/NAME.yaml``) or a file by path, validated as ``model``; every
     problem is one ScenarioError that starts with ``field``."""
@@ -43,9 +50,10 @@ def load_named(name: str, directory: Path, field: str, noun: str, model: type[Ba
         except ScenarioError:  # a name no file can have (too long for the system): simply not a shipped one
             shipped = False
         if not shipped:
-            available = ", ".join(sorted(p.stem for p in directory.glob("*.yaml")))
+            names = sorted(p.stem for p in directory.glob("*.yaml"))
             raise ScenarioError(
-                f"{field}: unknown {noun} '{name}'; available: {available} (or a path to a {noun} file)"
+                f"{field}: unknown {noun} '{name}'{did_you_mean(name, names)}; available: {', '.join(names)} "
+                f"(or a path to a {noun} file)"
             )
         data = read_yaml(path, field, shipped=True)
     label = f"{field}: {path}"

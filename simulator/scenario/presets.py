@@ -7,7 +7,7 @@ from functools import cache
 from pathlib import Path
 
 from simulator import paths
-from simulator.scenario.files import check_path_value, load_shipped_yaml
+from simulator.scenario.files import check_path_value, did_you_mean, load_shipped_yaml
 from simulator.scenario.hf_config import read_hf_config
 
 _PRESETS_FILE = Path(__file__).parent / "presets" / "models.yaml"
@@ -32,7 +32,10 @@ def expand_model_section(data, base_dir: Path | None = None):
         name = data.pop("preset")
         presets = model_presets()
         if not isinstance(name, str) or name not in presets:
-            raise ValueError(f"unknown model preset {name!r}; available: {', '.join(sorted(presets))}")
+            raise ValueError(
+                f"unknown model preset {name!r}{did_you_mean(name, sorted(presets))}; "
+                f"available: {', '.join(sorted(presets))}"
+            )
         base = {"name": name, **presets[name]}
     elif "hf_config" in data:
         given = check_path_value(data.pop("hf_config"), "model.hf_config")
