@@ -12,7 +12,7 @@ from simulator.costs.hops import hops as pattern_hops
 from simulator.costs.nccl import defaults as nccl_defaults
 from simulator.costs.nccl import ring_plateau
 from simulator.costs.stage_symmetry import translated
-from simulator.hardware.cluster import Cluster
+from simulator.hardware.cluster import Cluster, fabric_graph
 from simulator.hardware.placement import Placement
 from simulator.hardware.topology import load_topology
 
@@ -242,6 +242,43 @@ def test_a_stage_is_moved_from_any_stage_a_whole_number_of_leaves_away(monkeypat
     assert six == direct.phases("all_reduce", "dp", 1e9, 6)
 
 
+def test_a_later_stages_pipeline_transfer_is_stage_zeros_when_the_groups_are_the_same(monkeypatch):
+    """Pipeline groups span every stage, so each stage's are the same groups: stage 3's send/recv phases are
+    stage 0's, not computed again (at 131,072 GPUs each was 114,688 hops), and equal computing them."""
+    m = model("dgx-a100", 64, "auto", tp=8, pp=4, dp=16)
+    zero = m.phases("send_recv", "pp", 5e7, 0)
+    calls = []
+    real = collectives.CollectiveModel._cost
+    monkeypatch.setattr(
+        collectives.CollectiveModel, "_cost", lambda self, *a: calls.append(a) or real(self, *a)
+    )
+    three = m.phases("send_recv", "pp", 5e7, 3)
+    assert not calls and three == zero and zero
+    monkeypatch.setattr(collectives, "translated", lambda *a: None)
+    assert three == model("dgx-a100", 64, "auto", tp=8, pp=4, dp=16).phases("send_recv", "pp", 5e7, 3)
+
+
+def test_same_groups_compares_every_group_in_any_order_once_shifted():
+    """Groups compared a few thousand ranks at a time: a difference in the last of 2,000 groups is seen; the
+    order of the groups does not matter, the order of a group's ranks does."""
+    import numpy as np
+
+    from simulator.costs.stage_symmetry import same_groups
+
+    a = np.arange(16_000).reshape(2_000, 8)
+    b = a[::-1] + 160
+    assert same_groups(a, b, 160) and not same_groups(a, b, 0)
+    late = b.copy()
+    late[0, 7] += 1  # b's first row is a's last group
+    assert not same_groups(a, late, 160)
+    swapped = b.copy()
+    swapped[5, [0, 1]] = swapped[5, [1, 0]]
+    assert not same_groups(a, swapped, 160)
+    shared = np.array([[0, 1], [0, 2]])  # not disjoint (first ranks alike): sorted by every rank
+    assert same_groups(shared, shared[::-1]) and not same_groups(shared, np.array([[0, 1], [0, 3]]))
+    assert not same_groups(a, a[:-1])
+
+
 def reference_loads(cm: CollectiveModel, hops) -> dict:
     """The definition ``LinkLoads.loads`` (costs/traffic.py) computes per route piece with numpy: every hop adds its share to
     every link of ``cluster.route``; a class's value is its busiest link's units over that link's bandwidth."""
@@ -311,9 +348,12 @@ def test_link_loads_summed_in_chunks_equal_summed_at_once(routing, monkeypatch):
             whole = CollectiveModel(cluster, pm, "auto").links.loads(hops)
             monkeypatch.setattr(traffic, "LOADS_CHUNK", 7)
             chunked = CollectiveModel(cluster, pm, "auto").links.loads(hops)
-            assert chunked.keys() == whole.keys() and whole
+            # the hops made a few groups at a time (7 // 4 ranks: one group at a time)
+            made = CollectiveModel(cluster, pm, "auto").links.group_loads(kind, pm.groups(group))
+            assert chunked.keys() == whole.keys() == made.keys() and whole
             for c, seconds in whole.items():
                 assert chunked[c] == pytest.approx(seconds, rel=1e-12), (kind, group, c)
+                assert made[c] == pytest.approx(seconds, rel=1e-12), (kind, group, c)
 
 
 def _check_link_loads(topology, nodes, update, placement):
@@ -401,7 +441,10 @@ def test_routes_without_the_whole_graph_are_its_shortest_paths():
         shortest = nx.shortest_path_length(g, *ends, weight="cost")
         assert sum(g.edges[e]["cost"] for e in edges) == pytest.approx(shortest, rel=1e-12)
         assert latency == pytest.approx(sum(g.edges[e]["info"].latency_s for e in edges), rel=1e-12)
-    assert g.number_of_nodes() == 5 * len(cluster._node0_graph) + len(cluster._switch_graph)
+    assert (
+        g.number_of_nodes()
+        == 5 * len(cluster._node0_graph) + fabric_graph(cluster.spec, cluster.num_nodes).number_of_nodes()
+    )
 
 
 @pytest.mark.parametrize("kind", ["ring", "tree", "pairs"])

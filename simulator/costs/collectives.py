@@ -354,8 +354,7 @@ class CollectiveModel:
     def _pattern(self, kind: str, groups) -> _Pattern:
         key = (kind, groups)
         if key not in self._patterns:
-            gpn, nics = self.cluster.gpus_per_node, self.cluster.spec.node.nics
-            self._patterns[key] = _Pattern(self.links.loads(traffic_hops(kind, groups, gpn, nics)))
+            self._patterns[key] = _Pattern(self.links.group_loads(kind, groups))
         return self._patterns[key]
 
 
@@ -369,7 +368,11 @@ def _distinct_rows(rows: np.ndarray, weights: np.ndarray | None = None) -> tuple
     with np.errstate(over="ignore"):
         keys = rows @ weights  # wraps around on overflow: still a function of the row
     _, first, inverse, counts = np.unique(keys, return_index=True, return_inverse=True, return_counts=True)
-    if not np.array_equal(rows, rows[first[inverse.ravel()]]):
+    same = first[inverse.ravel()]  # each row's representative, checked a few thousand rows at a time
+    step = max(1, 4096 // max(1, rows.shape[1]))
+    if not all(
+        np.array_equal(rows[lo : lo + step], rows[same[lo : lo + step]]) for lo in range(0, len(rows), step)
+    ):
         _, first, counts = np.unique(rows, axis=0, return_index=True, return_counts=True)
     return first, counts
 
@@ -378,8 +381,8 @@ def _shapes(groups, gpus_per_node: int) -> list[tuple[tuple[int, ...], int]]:
     """(a representative group, how many groups share its shape): groups whose ranks sit on nodes at the same
     offsets from their first rank's node, in order, move bytes across nodes alike."""
     if isinstance(groups, Groups) or len({len(g) for g in groups}) == 1:
-        nodes = np.asarray(groups, dtype=np.int64) // gpus_per_node
-        rel = nodes - nodes[:, :1]
+        rel = np.asarray(groups, dtype=np.int64) // gpus_per_node  # a new array: made relative in place
+        rel -= rel[:, :1].copy()
         first, counts = _distinct_rows(rel)
         return [(groups[i], int(c)) for i, c in zip(first.tolist(), counts.tolist(), strict=True)]
     shapes: dict[tuple, list] = {}

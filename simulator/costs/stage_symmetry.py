@@ -9,14 +9,21 @@ from dataclasses import replace
 import numpy as np
 
 
-def same_groups(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two [groups x ranks] arrays hold the same groups, each the same ranks in the same order, in
-    any order of the groups."""
+def same_groups(a: np.ndarray, b: np.ndarray, shift: int = 0) -> bool:
+    """Whether two [groups x ranks] arrays hold the same groups once ``shift`` is added to ``a``'s ranks, each
+    the same ranks in the same order, in any order of the groups. Compared a few thousand groups at a time:
+    at 131,072 GPUs a stage's pipeline groups are 1 MiB, and sorted copies of both at once were 3 MiB more."""
     if a.shape != b.shape:
         return False
     if a.size == 0:
         return True
-    return np.array_equal(a[np.lexsort(a.T[::-1])], b[np.lexsort(b.T[::-1])])
+    oa, ob = np.argsort(a[:, 0], kind="stable"), np.argsort(b[:, 0], kind="stable")
+    if not (np.diff(a[oa, 0]) > 0).all():  # groups of one kind are disjoint; where not, sort by every rank
+        oa, ob = np.lexsort(a.T[::-1]), np.lexsort(b.T[::-1])
+    rows = max(1, 4096 // a.shape[1])
+    return all(
+        np.array_equal(a[oa[lo : lo + rows]] + shift, b[ob[lo : lo + rows]]) for lo in range(0, len(a), rows)
+    )
 
 
 def translated(cm, op: str, group: str, size_bytes: float, stage: int):
@@ -42,8 +49,11 @@ def translated(cm, op: str, group: str, size_bytes: float, stage: int):
         shift = first - int(np.asarray(base).min())
         if shift % gpn or (shift // gpn) % per_leaf:
             continue
-        if not same_groups(np.asarray(base) + shift, np.asarray(mine)):
+        if not same_groups(np.asarray(base), np.asarray(mine), shift):
             continue
+        if shift == 0:  # the very same groups (each spans the stages: pipeline groups): the same phases
+            key = (op, group, size_bytes, from_stage)
+            return cm.phases(*key), cm._sources[key]
         out = moved(cm, op, group, size_bytes, from_stage, stage - from_stage)
         if out is not None:
             return out

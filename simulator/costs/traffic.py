@@ -15,27 +15,29 @@ from functools import cached_property
 import numpy as np
 
 from simulator.costs.ecmp import slowdown as ecmp_slowdown
+from simulator.costs.hops import hops as pattern_hops
 from simulator.hardware.cluster import Cluster
-from simulator.hardware.placement import Placement
+from simulator.hardware.placement import Groups, Placement
 
 LinkClass = tuple[frozenset, str, str]  # (pipeline stages on the link's nodes, from, to)
 
 
 # Hops summed at a time by LinkLoads.loads: its temporaries are about 200 bytes per hop
-LOADS_CHUNK = 1 << 14
+LOADS_CHUNK = 1 << 13
 
 
 @dataclass
 class _Sums:
     """What LinkLoads.loads adds up over the chunks of a pattern's hops: per touched node (``row`` maps a node to
-    its row), each node-local link's units and each NIC's up and down units; per leaf switch (a two-level fat
-    tree) the units and flows up and down, or per pair of leaves the units between them."""
+    its row), each node-local link's units from hops inside the node, and each GPU's units off and onto the
+    node (through its nearest NIC); per leaf switch (a two-level fat tree) the units and flows up and down, or
+    per pair of leaves the units between them."""
 
     nodes: int
     row: np.ndarray
     local: dict = field(default_factory=dict)
-    up: np.ndarray | None = None
-    down: np.ndarray | None = None
+    out: np.ndarray | None = None  # [touched node, local GPU]
+    into: np.ndarray | None = None
     leaf_units: dict = field(default_factory=dict)
     leaf_flows: dict = field(default_factory=dict)
     leaf_pairs: defaultdict = field(default_factory=lambda: defaultdict(float))
@@ -91,90 +93,122 @@ class LinkLoads:
         return self._fabric_stages[link]
 
     def loads(self, hops: tuple[np.ndarray, np.ndarray, np.ndarray]) -> dict[LinkClass, float]:
-        """Per link class, the busiest link's seconds per unit of data sent on every hop of ``hops``.
+        """Per link class, the busiest link's seconds per unit of data sent on every hop of ``hops`` (three
+        arrays: source GPUs, destination GPUs, shares).
 
         Equivalent to adding ``share`` to every link of ``cluster.route(src, dst)`` for every hop, but counted
         per piece of the route with numpy (10^5 hops at 16,384 GPUs): a hop inside a node loads the node-local
         path between its two GPUs; a hop across nodes loads its source GPU's path to its nearest NIC, that
         NIC's uplink, the switch path between the two leaves, the destination's NIC downlink and the path to
-        its GPU. Loads are summed per node (one array per node-local link name), then the busiest node of each
-        set of pipeline stages gives the class. The hops are summed LOADS_CHUNK at a time: the sums are per
-        node and per leaf, so the temporaries per hop (about 200 bytes) stay bounded whatever the pattern's
-        size (a data-parallel ring over 131,072 GPUs took 23 MiB at once)."""
-        cl = self.cluster
-        src, dst, share = hops  # three arrays (``hops``)
+        its GPU. Loads are summed per node, then the busiest node of each set of pipeline stages gives the
+        class. The hops are summed LOADS_CHUNK at a time, so the temporaries (about 200 bytes a hop) stay
+        bounded whatever the pattern's size."""
+        src, dst, share = hops
         if len(src) == 0:
             return {}
-        gpn, nics = cl.gpus_per_node, cl.spec.node.nics
-        chunks = [slice(lo, lo + LOADS_CHUNK) for lo in range(0, len(src), LOADS_CHUNK)]
-        # per-node sums run over the nodes the hops touch only (one pipeline stage's are an eighth of them)
-        mask = np.zeros(cl.num_nodes, dtype=bool)
-        for c in chunks:
+        gpn = self.cluster.gpus_per_node
+        slices = [slice(lo, lo + LOADS_CHUNK) for lo in range(0, len(src), LOADS_CHUNK)]
+        mask = np.zeros(self.cluster.num_nodes, dtype=bool)
+        for c in slices:
             mask[src[c] // gpn] = True
             mask[dst[c] // gpn] = True
+        return self._loads(mask, ((src[c], dst[c], share[c]) for c in slices))
+
+    def group_loads(self, kind: str, groups) -> dict[LinkClass, float]:
+        """``loads(hops(kind, groups))``, the hops made a few groups at a time (a group's hops depend on its
+        ranks alone): at 131,072 GPUs the pipeline neighbours' 114,688 hops took 2.6 MiB at once. An
+        all-to-all's sampled rotations follow its first group (``hops.all_pairs``), so it is made whole."""
+        cl = self.cluster
+        gpn, nics = cl.gpus_per_node, cl.spec.node.nics
+        if kind == "all_pairs" or not isinstance(groups, Groups) or len(groups) == 0:
+            return self.loads(pattern_hops(kind, groups, gpn, nics))
+        # groups at a time: a ring or pipeline pattern has a hop per rank and rail, a tree four per node
+        per = max(1, LOADS_CHUNK // (groups.size * (4 if kind == "tree" else 1)))
+        spans = range(0, len(groups), per)
+        mask = np.zeros(cl.num_nodes, dtype=bool)
+        for lo in spans:  # every rank of a group sends or receives on some hop
+            mask[groups.array[lo : lo + per] // gpn] = True
+        return self._loads(mask, (pattern_hops(kind, groups[lo : lo + per], gpn, nics) for lo in spans))
+
+    def _loads(self, mask: np.ndarray, chunks) -> dict[LinkClass, float]:
+        """``loads`` of the hops in ``chunks`` (each three arrays), on the nodes where ``mask`` holds: the per-node
+        sums run over those only (one pipeline stage's are an eighth of them)."""
+        cl = self.cluster
+        nics = cl.spec.node.nics
         touched = np.flatnonzero(mask)
         sums = _Sums(len(touched), np.cumsum(mask) - 1)  # a touched node's row
-        for c in chunks:
-            self._add(sums, src[c], dst[c], share[c])
+        for src, dst, share in chunks:
+            for lo in range(0, len(src), LOADS_CHUNK):
+                c = slice(lo, lo + LOADS_CHUNK)
+                self._add(sums, src[c], dst[c], share[c])
         per_class: dict[LinkClass, float] = {}
-        if sums.up is not None:
+        near = np.asarray(cl.nearest_nic, dtype=np.int64)
+        if sums.out is not None:
             nic_bw = cl.link_info((-1, "n0.nic0", cl.leaf_of(0))).bandwidth_Bps
             rail = cl.spec.fabric.rail_optimized
             leaf = [cl.link_class((-1, "n0.nic0", cl.leaf_of(i if rail else 0)))[1] for i in range(nics)]
-            self._class_max(per_class, sums.up, [(f"nic{i}", leaf[i]) for i in range(nics)], nic_bw, touched)
-            self._class_max(
-                per_class, sums.down, [(leaf[i], f"nic{i}") for i in range(nics)], nic_bw, touched
-            )
+            on_nic = np.eye(nics)[near]  # [local GPU, NIC]: 1 where the GPU's traffic off the node goes
+            self._class_max(per_class, sums.out @ on_nic, [(f"nic{i}", leaf[i]) for i in range(nics)], nic_bw,
+                            touched)  # fmt: skip
+            self._class_max(per_class, sums.into @ on_nic, [(leaf[i], f"nic{i}") for i in range(nics)], nic_bw,
+                            touched)  # fmt: skip
             if cl.spine is not None:
                 self._star_fabric(per_class, sums)
             else:
                 self._fabric_by_pairs(per_class, sums)
-        names = list(sums.local)
+        # node-local links: units from hops inside the node, plus those of the GPUs whose path to or from
+        # their NIC crosses the link
+        via: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
+        for g in range(cl.gpus_per_node if sums.out is not None else 0):
+            for uv in cl.local_links(f"gpu{g}", f"nic{near[g]}"):
+                via.setdefault(uv, ([], []))[0].append(g)
+            for uv in cl.local_links(f"nic{near[g]}", f"gpu{g}"):
+                via.setdefault(uv, ([], []))[1].append(g)
+        names = list(dict.fromkeys([*sums.local, *via]))
         for lo in range(0, len(names), 8):  # a few links at a time: the node-sorted copies stay small
             batch = names[lo : lo + 8]
             bandwidth = np.array([cl.link_info((0, u, v)).bandwidth_Bps for u, v in batch])
-            units = np.stack([sums.local.pop(x) for x in batch], axis=1)
+            units = np.zeros((len(touched), len(batch)))
+            for j, uv in enumerate(batch):
+                if uv in sums.local:
+                    units[:, j] += sums.local.pop(uv)
+                out, into = via.get(uv, ((), ()))
+                for gpus, per_gpu in ((out, sums.out), (into, sums.into)):
+                    if gpus:
+                        units[:, j] += per_gpu[:, gpus].sum(axis=1)
             self._class_max(per_class, units, batch, bandwidth, touched)
         return per_class
 
     def _add(self, sums: _Sums, src: np.ndarray, dst: np.ndarray, share: np.ndarray) -> None:
-        """Add one chunk of hops to the per-node, per-NIC and per-leaf sums."""
+        """Add one chunk of hops to the per-node, per-GPU and per-leaf sums."""
         cl = self.cluster
-        gpn, nics, nn = cl.gpus_per_node, cl.spec.node.nics, sums.nodes
+        gpn, nn = cl.gpus_per_node, sums.nodes
         na, la = np.divmod(src.astype(np.int64, copy=False), gpn)
         nb, lb = np.divmod(dst.astype(np.int64, copy=False), gpn)
         share = share.astype(float, copy=False)
         ra, rb = sums.row[na], sums.row[nb]
-
-        def add(links, nodes, weights) -> None:
-            w = np.bincount(nodes, weights, minlength=nn)
-            for uv in links:
-                sums.local[uv] = sums.local[uv] + w if uv in sums.local else w
-
         inside = na == nb
         if inside.any():
             pair = la * gpn + lb
             for p in np.flatnonzero(np.bincount(pair[inside])).tolist():  # the GPU pairs used
                 m = inside & (pair == p)
-                add(cl.local_links(f"gpu{p // gpn}", f"gpu{p % gpn}"), ra[m], share[m])
+                w = np.bincount(ra[m], share[m], minlength=nn)
+                for uv in cl.local_links(f"gpu{p // gpn}", f"gpu{p % gpn}"):
+                    if uv in sums.local:
+                        sums.local[uv] += w
+                    else:
+                        sums.local[uv] = w.copy()
         across = ~inside
         if not across.any():
             return
         na, la, nb, lb, share = na[across], la[across], nb[across], lb[across], share[across]
-        ra, rb = ra[across], rb[across]
+        if sums.out is None:
+            sums.out, sums.into = np.zeros((nn, gpn)), np.zeros((nn, gpn))
+        # added in place (a bincount per chunk would be two more [node x GPU] arrays)
+        np.add.at(sums.out.reshape(-1), ra[across] * gpn + la, share)
+        np.add.at(sums.into.reshape(-1), rb[across] * gpn + lb, share)
         near = np.asarray(cl.nearest_nic, dtype=np.int64)
-        for g in range(gpn):
-            m = la == g
-            if m.any():
-                add(cl.local_links(f"gpu{g}", f"nic{near[g]}"), ra[m], share[m])
-            m = lb == g
-            if m.any():
-                add(cl.local_links(f"nic{near[g]}", f"gpu{g}"), rb[m], share[m])
         nic_a, nic_b = near[la], near[lb]
-        up = np.bincount(ra * nics + nic_a, share, minlength=nn * nics).reshape(nn, nics)
-        down = np.bincount(rb * nics + nic_b, share, minlength=nn * nics).reshape(nn, nics)
-        sums.up = up if sums.up is None else sums.up + up
-        sums.down = down if sums.down is None else sums.down + down
         # traffic between leaf switches: per leaf (a two-level fat tree) or per pair of leaves
         npl, rail = cl.spec.fabric.nodes_per_leaf, cl.spec.fabric.rail_optimized
         leaves, rails = self._leaf_grid
