@@ -342,3 +342,15 @@ def test_scenarios_filter_by_any_column_and_refuse_what_matches_nothing():
         r.exit_code == 2
         and "no shipped scenario's name, folder, GPUs, model or layout contains 'zzz'" in (r.output)
     )
+
+
+def test_the_command_listing_shows_each_summary_as_one_flowing_line():
+    """`clustersim --help` lists each command with its docstring's first paragraph joined into one line, so
+    the terminal wraps it (Typer kept the source's line breaks: ragged lines at 80 columns)."""
+    from simulator.cli import app
+
+    assert len(app.registered_commands) >= 9
+    for info in app.registered_commands:
+        summary = info.short_help
+        assert summary and "\n" not in summary and "  " not in summary, info.callback.__name__
+        assert summary == " ".join(info.callback.__doc__.split("\n\n")[0].split())

@@ -24,7 +24,9 @@ for command in (
     plan.plan,
     run.schema,
 ):
-    app.command()(command)
+    # the listing shows the first paragraph of each docstring as one flowing line (Typer would keep its
+    # source line breaks: ragged lines in an 80-column terminal)
+    app.command(short_help=" ".join((command.__doc__ or "").split("\n\n")[0].split()))(command)
 
 
 def main() -> None:
