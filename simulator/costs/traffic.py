@@ -147,11 +147,15 @@ class LinkLoads:
             nic_bw = cl.link_info((-1, "n0.nic0", cl.leaf_of(0))).bandwidth_Bps
             rail = cl.spec.fabric.rail_optimized
             leaf = [cl.link_class((-1, "n0.nic0", cl.leaf_of(i if rail else 0)))[1] for i in range(nics)]
-            on_nic = np.eye(nics)[near]  # [local GPU, NIC]: 1 where the GPU's traffic off the node goes
-            self._class_max(per_class, sums.out @ on_nic, [(f"nic{i}", leaf[i]) for i in range(nics)], nic_bw,
-                            touched)  # fmt: skip
-            self._class_max(per_class, sums.into @ on_nic, [(leaf[i], f"nic{i}") for i in range(nics)], nic_bw,
-                            touched)  # fmt: skip
+            for i in range(nics):  # a NIC carries its GPUs' traffic off and onto the node
+                gpus = np.flatnonzero(near == i)
+                if len(gpus):
+                    for per_gpu, link in (
+                        (sums.out, (f"nic{i}", leaf[i])),
+                        (sums.into, (leaf[i], f"nic{i}")),
+                    ):
+                        self._class_max(per_class, per_gpu[:, gpus].sum(axis=1, keepdims=True), [link], nic_bw,
+                                        touched)  # fmt: skip
             if cl.spine is not None:
                 self._star_fabric(per_class, sums)
             else:
@@ -165,8 +169,8 @@ class LinkLoads:
             for uv in cl.local_links(f"nic{near[g]}", f"gpu{g}"):
                 via.setdefault(uv, ([], []))[1].append(g)
         names = list(dict.fromkeys([*sums.local, *via]))
-        for lo in range(0, len(names), 8):  # a few links at a time: the node-sorted copies stay small
-            batch = names[lo : lo + 8]
+        for lo in range(0, len(names), 4):  # a few links at a time: [node x link] arrays stay small
+            batch = names[lo : lo + 4]
             bandwidth = np.array([cl.link_info((0, u, v)).bandwidth_Bps for u, v in batch])
             units = np.zeros((len(touched), len(batch)))
             for j, uv in enumerate(batch):
@@ -174,8 +178,8 @@ class LinkLoads:
                     units[:, j] += sums.local.pop(uv)
                 out, into = via.get(uv, ((), ()))
                 for gpus, per_gpu in ((out, sums.out), (into, sums.into)):
-                    if gpus:
-                        units[:, j] += per_gpu[:, gpus].sum(axis=1)
+                    for g in gpus:
+                        units[:, j] += per_gpu[:, g]
             self._class_max(per_class, units, batch, bandwidth, touched)
         return per_class
 
@@ -305,11 +309,15 @@ class LinkLoads:
         ``nodes``), the busiest node's seconds per unit."""
         sets, set_of = self._stage_ids
         ids = set_of[nodes]
-        order = np.argsort(ids, kind="stable")
-        ranked = ids[order]  # sorted: each set's rows start where the id changes (np.unique would sort again)
+        if (ids[1:] >= ids[:-1]).all():  # nodes in stage order already (stages outermost): no sorted copy
+            ranked = ids
+        else:
+            order = np.argsort(ids, kind="stable")
+            ranked, units = ids[order], units[order]
+        # each set's rows start where the id changes (np.unique would sort again)
         starts = np.flatnonzero(np.concatenate(([True], ranked[1:] != ranked[:-1])))
         present = ranked[starts]
-        peak = np.maximum.reduceat(units[order], starts, axis=0) / bandwidth_Bps
+        peak = np.maximum.reduceat(units, starts, axis=0) / bandwidth_Bps
         for i, j in zip(*np.nonzero(peak), strict=True):
             c = (sets[present[i]], *links[j])
             per_class[c] = max(per_class.get(c, 0.0), float(peak[i, j]))

@@ -84,8 +84,12 @@ class Groups(Sequence):
         return self.array.shape[1]
 
     def where(self, mask, label) -> Groups:
-        """The groups where ``mask`` (one bool per group) holds, keyed by this set's key and ``label``."""
-        return Groups(self.array[np.asarray(mask, dtype=bool)], (self.key, label))
+        """The groups where ``mask`` (one bool per group) holds, keyed by this set's key and ``label``: a view
+        where they are consecutive rows (a stage's groups, stages outermost), else a copy."""
+        rows = np.flatnonzero(np.asarray(mask, dtype=bool))
+        if len(rows) and rows[-1] - rows[0] + 1 == len(rows):
+            return Groups(self.array[rows[0] : rows[-1] + 1], (self.key, label))
+        return Groups(self.array[rows], (self.key, label))
 
 
 @dataclass(frozen=True)
