@@ -134,7 +134,6 @@ class LinkLoads:
         """``loads`` of the hops in ``chunks`` (each three arrays), on the nodes where ``mask`` holds: the per-node
         sums run over those only (one pipeline stage's are an eighth of them)."""
         cl = self.cluster
-        nics = cl.spec.node.nics
         touched = np.flatnonzero(mask)
         sums = _Sums(len(touched), np.cumsum(mask) - 1)  # a touched node's row
         for src, dst, share in chunks:
@@ -142,46 +141,62 @@ class LinkLoads:
                 c = slice(lo, lo + LOADS_CHUNK)
                 self._add(sums, src[c], dst[c], share[c])
         per_class: dict[LinkClass, float] = {}
-        near = np.asarray(cl.nearest_nic, dtype=np.int64)
         if sums.out is not None:
-            nic_bw = cl.link_info((-1, "n0.nic0", cl.leaf_of(0))).bandwidth_Bps
-            rail = cl.spec.fabric.rail_optimized
-            leaf = [cl.link_class((-1, "n0.nic0", cl.leaf_of(i if rail else 0)))[1] for i in range(nics)]
-            for i in range(nics):  # a NIC carries its GPUs' traffic off and onto the node
-                gpus = np.flatnonzero(near == i)
-                if len(gpus):
-                    for per_gpu, link in (
-                        (sums.out, (f"nic{i}", leaf[i])),
-                        (sums.into, (leaf[i], f"nic{i}")),
-                    ):
-                        self._class_max(per_class, per_gpu[:, gpus].sum(axis=1, keepdims=True), [link], nic_bw,
-                                        touched)  # fmt: skip
             if cl.spine is not None:
                 self._star_fabric(per_class, sums)
             else:
                 self._fabric_by_pairs(per_class, sums)
-        # node-local links: units from hops inside the node, plus those of the GPUs whose path to or from
-        # their NIC crosses the link
-        via: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
-        for g in range(cl.gpus_per_node if sums.out is not None else 0):
-            for uv in cl.local_links(f"gpu{g}", f"nic{near[g]}"):
-                via.setdefault(uv, ([], []))[0].append(g)
-            for uv in cl.local_links(f"nic{near[g]}", f"gpu{g}"):
-                via.setdefault(uv, ([], []))[1].append(g)
-        names = list(dict.fromkeys([*sums.local, *via]))
-        for lo in range(0, len(names), 4):  # a few links at a time: [node x link] arrays stay small
-            batch = names[lo : lo + 4]
-            bandwidth = np.array([cl.link_info((0, u, v)).bandwidth_Bps for u, v in batch])
+        # every NIC link and node-local link: units from hops inside the node, plus those of the GPUs whose
+        # traffic off or onto the node crosses the link; a few links at a time ([node x link] arrays of at most
+        # 512 KiB), all at once for a pattern on a few nodes
+        columns = (
+            [(uv, bw, None, out, into) for uv, bw, out, into in self._gpu_paths]
+            if sums.out is not None
+            else []
+        )
+        known = {c[0] for c in columns}
+        columns += [
+            (uv, cl.link_info((0, *uv)).bandwidth_Bps, None, (), ()) for uv in sums.local if uv not in known
+        ]
+        per = max(1, (1 << 16) // max(1, len(touched)))
+        for lo in range(0, len(columns), per):
+            batch = columns[lo : lo + per]
             units = np.zeros((len(touched), len(batch)))
-            for j, uv in enumerate(batch):
+            for j, (uv, _, _, out, into) in enumerate(batch):
                 if uv in sums.local:
                     units[:, j] += sums.local.pop(uv)
-                out, into = via.get(uv, ((), ()))
                 for gpus, per_gpu in ((out, sums.out), (into, sums.into)):
                     for g in gpus:
                         units[:, j] += per_gpu[:, g]
-            self._class_max(per_class, units, batch, bandwidth, touched)
+            links = [c[0] for c in batch]
+            self._class_max(per_class, units, links, np.array([c[1] for c in batch]), touched)
         return per_class
+
+    @cached_property
+    def _gpu_paths(self) -> list[tuple[tuple[str, str], float, list[int], list[int]]]:
+        """(link, bandwidth, GPUs whose traffic off the node it carries, GPUs whose traffic onto the node) for
+        every NIC link (a NIC and its leaf, each way) and node-local link between a GPU and its nearest NIC."""
+        cl = self.cluster
+        near = cl.nearest_nic
+        rail = cl.spec.fabric.rail_optimized
+        nic_bw = cl.link_info((-1, "n0.nic0", cl.leaf_of(0))).bandwidth_Bps
+        paths: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
+        bandwidth: dict[tuple[str, str], float] = {}
+        for i in range(cl.spec.node.nics):
+            leaf = cl.link_class((-1, "n0.nic0", cl.leaf_of(i if rail else 0)))[1]
+            gpus = [g for g in range(cl.gpus_per_node) if near[g] == i]
+            paths[(f"nic{i}", leaf)], paths[(leaf, f"nic{i}")] = (gpus, []), ([], gpus)
+            bandwidth[(f"nic{i}", leaf)] = bandwidth[(leaf, f"nic{i}")] = nic_bw
+        for g in range(cl.gpus_per_node):
+            for uv in cl.local_links(f"gpu{g}", f"nic{near[g]}"):
+                paths.setdefault(uv, ([], []))[0].append(g)
+            for uv in cl.local_links(f"nic{near[g]}", f"gpu{g}"):
+                paths.setdefault(uv, ([], []))[1].append(g)
+        return [
+            (uv, bandwidth[uv] if uv in bandwidth else cl.link_info((0, *uv)).bandwidth_Bps, out, into)
+            for uv, (out, into) in paths.items()
+            if out or into
+        ]
 
     def _add(self, sums: _Sums, src: np.ndarray, dst: np.ndarray, share: np.ndarray) -> None:
         """Add one chunk of hops to the per-node, per-GPU and per-leaf sums."""

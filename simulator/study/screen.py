@@ -96,8 +96,7 @@ class Screen:
         self._layer_params: dict[int, float] = {}
         self._act: dict[tuple, tuple[float, float, float]] = {}
         self.offload = OffloadScreen(cluster.spec)
-        spec = cluster.spec.node
-        gpu = cluster.gpu
+        spec, gpu = cluster.spec.node, cluster.gpu
         self.nvlink = (spec.nvlink_bandwidth_GBps or gpu.nvlink_bandwidth_GBps) * 1e9
         if spec.intra_node != "nvswitch":
             self.nvlink = (spec.pcie_bandwidth_GBps or gpu.pcie_bandwidth_GBps) * 1e9
@@ -107,6 +106,7 @@ class Screen:
         self.tuning = cluster.spec.nccl.model_dump()
         self.architecture = gpu.architecture
         self.capacity = cluster.gpu.hbm_bytes
+        self.nearest_nic = cluster.nearest_nic  # routes need node 0's graph (networkx): built with the tables
 
     def scenario(self, lay: Layout) -> Scenario:
         """``lay`` as a runnable scenario: the base's model, cluster and training, with the layout's degrees and
