@@ -87,7 +87,7 @@ def microbatch_scaling(rel: str = "scenarios/published/nar21-t1-1t.yaml") -> Non
             mode = "periodic" if m.periodic else "every"
             print(
                 f"{m0 * factor:13,d} {mode:>9s} {m.iteration_time_s:13.3f} s {m.tasks:9,d} {walls[0]:10.3f} s"
-                f" {min(walls):8.3f} s {heap / 2**20:7.0f} MiB"
+                f" {min(walls):8.3f} s {heap / 2**20:7.1f} MiB"
             )
 
 
@@ -174,7 +174,7 @@ def scale_175b() -> None:
         goal = f"{target:.2f} s" if target else ""
         print(
             f"{gpus:8,d} {m.iteration_time_s:13.3f} s {walls[0]:10.3f} s {min(walls):8.3f} s"
-            f" {heap / 2**20:7.0f} MiB {goal}"
+            f" {heap / 2**20:7.1f} MiB {goal}"
         )
 
 
