@@ -149,20 +149,16 @@ class LinkLoads:
         # every NIC link and node-local link: units from hops inside the node, plus those of the GPUs whose
         # traffic off or onto the node crosses the link; a few links at a time ([node x link] arrays of at most
         # 512 KiB), all at once for a pattern on a few nodes
-        columns = (
-            [(uv, bw, None, out, into) for uv, bw, out, into in self._gpu_paths]
-            if sums.out is not None
-            else []
-        )
+        columns = list(self._gpu_paths) if sums.out is not None else []
         known = {c[0] for c in columns}
         columns += [
-            (uv, cl.link_info((0, *uv)).bandwidth_Bps, None, (), ()) for uv in sums.local if uv not in known
+            (uv, cl.link_info((0, *uv)).bandwidth_Bps, [], []) for uv in sums.local if uv not in known
         ]
         per = max(1, (1 << 16) // max(1, len(touched)))
         for lo in range(0, len(columns), per):
             batch = columns[lo : lo + per]
             units = np.zeros((len(touched), len(batch)))
-            for j, (uv, _, _, out, into) in enumerate(batch):
+            for j, (uv, _, out, into) in enumerate(batch):
                 if uv in sums.local:
                     units[:, j] += sums.local.pop(uv)
                 for gpus, per_gpu in ((out, sums.out), (into, sums.into)):
