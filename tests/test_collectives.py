@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from simulator.costs import collectives
 from simulator.costs.collectives import CollectiveModel, ring_bytes_per_rank, ring_steps
@@ -630,9 +632,9 @@ def test_groups_held_as_one_array_are_the_groups_a_rank_by_rank_reading_gives(pl
     cm = CollectiveModel(cluster, pm, "auto")
     stage = {r: coords[r]["pp"] for r in coords}
     for kind in ("dp", "tp", "pp"):
-        for st in range(pm.pp):
-            want = [g for g in pm.groups(kind) if any(stage[r] == st for r in g)]
-            assert list(cm._stage_groups(kind, st)) == want
+        for x in range(pm.pp):
+            want = [g for g in pm.groups(kind) if any(stage[r] == x for r in g)]
+            assert list(cm._stage_groups(kind, x)) == want
 
 
 def test_distinct_rows_by_projection_are_numpys_distinct_rows_even_where_projections_collide():
@@ -677,3 +679,51 @@ def test_patterns_over_131072_gpus_are_summed_in_a_few_mib():
         assert loads.keys() == whole.keys() and loads
         for c, seconds in whole.items():
             assert loads[c] == pytest.approx(seconds, rel=1e-12), (kind, c)
+
+
+@settings(max_examples=200, deadline=None, database=None, derandomize=True)
+@given(
+    topology=st.sampled_from(["dgx-a100", "dgx-h100", "pcie-8gpu", "ethernet-2node"]),
+    nodes=st.integers(1, 6),
+    nodes_per_leaf=st.integers(1, 4),
+    rail_optimized=st.booleans(),
+    nics=st.sampled_from([1, 2, 4, 8]),
+    oversubscription=st.sampled_from([1.0, 3.0]),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    pp=st.sampled_from([1, 2, 3]),
+    order=st.sampled_from(["tp-cp-dp-pp", "tp-cp-pp-dp", "dp-cp-tp-pp", "pp-cp-dp-tp"]),
+    kind=st.sampled_from(["ring", "tree", "pairs", "all_pairs"]),
+    group=st.sampled_from(["dp", "tp", "pp"]),
+    chunk=st.sampled_from([3, 7, 1 << 13]),
+)
+def test_link_loads_on_any_small_cluster_are_its_routes_walked_hop_by_hop(
+    topology, nodes, nodes_per_leaf, rail_optimized, nics, oversubscription, tp, pp, order, kind, group, chunk
+):
+    """Generated clusters (1-6 nodes, 1-4 per leaf, rail-optimized or not, 1-8 NICs, oversubscribed or not) and
+    placements (TP, PP, rank order): the loads made a few groups at a time and summed a few hops at a time
+    (``LinkLoads.group_loads`` with LOADS_CHUNK 3, 7 or 8,192) equal adding every hop's share along
+    ``Cluster.route``."""
+    from unittest import mock
+
+    from simulator.costs import traffic
+
+    spec = load_topology(topology)
+    update = {"nodes_per_leaf": nodes_per_leaf, "rail_optimized": rail_optimized, "routing": "adaptive",
+              "oversubscription": oversubscription}  # fmt: skip
+    spec = spec.model_copy(
+        update={
+            "fabric": spec.fabric.model_copy(update=update),
+            "node": spec.node.model_copy(update={"nics": nics}),
+        }
+    )
+    gpus = nodes * spec.node.gpus
+    assume(gpus % (tp * pp) == 0)
+    cm = CollectiveModel(Cluster(spec, nodes), Placement(tp=tp, pp=pp, dp=gpus // (tp * pp), order=order))
+    groups = cm.placement.groups(group)
+    assume(groups.size >= 2)
+    with mock.patch.object(traffic, "LOADS_CHUNK", chunk):
+        got = cm.links.group_loads(kind, groups)
+    want = reference_loads(cm, pattern_hops(kind, groups, spec.node.gpus, nics))
+    assert got.keys() == want.keys() and want
+    for c, seconds in want.items():
+        assert got[c] == pytest.approx(seconds, rel=1e-12), c
