@@ -93,3 +93,12 @@ def install(tmp: Path, path: Path, field: str) -> None:
         raise ScenarioError(f"{field} {path}: cannot write: {e.strerror}") from None
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def cache_root() -> Path:
+    """Where clustersim keeps what it works out once and reads again in later runs (parsed shipped tables,
+    routes inside a node): ``$CLUSTERSIM_CACHE``, else the user's cache directory (XDG), ``clustersim``."""
+    root = os.environ.get("CLUSTERSIM_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "clustersim"
+    )
+    return Path(root)

@@ -1,10 +1,16 @@
 import copy
+import os
+import tempfile
 
 import pytest
 
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.topology import cluster_spec, ideal_network
 from simulator.scenario.loader import load_scenario
+
+# what the tests work out once (parsed tables, routes inside a node: paths.cache_root) goes to a directory of
+# their own, not the user's cache; processes the tests start inherit it
+os.environ.setdefault("CLUSTERSIM_CACHE", tempfile.mkdtemp(prefix="clustersim-test-cache-"))
 
 GPT_SMALL = {
     "num_layers": 4,

@@ -17,6 +17,7 @@ from functools import cache, cached_property, wraps
 from typing import TYPE_CHECKING
 
 from simulator.errors import ScenarioError
+from simulator.hardware import route_cache
 from simulator.hardware.gpus import GPU, get_gpu
 from simulator.hardware.topology import TopologySpec
 
@@ -168,6 +169,12 @@ class Cluster:
     def nearest_nic(self) -> list[int]:
         """For each local GPU, the NIC reached with the least seconds per byte; ties go to NIC i for GPU i
         (as NCCL pairs GPU i with NIC i on DGX systems) so equidistant NICs share the load."""
+        routes = self._routes
+        if routes.nearest_nic is None or len(routes.nearest_nic) != self.gpus_per_node:
+            routes.set_nearest_nic(self._find_nearest_nic())
+        return list(routes.nearest_nic)
+
+    def _find_nearest_nic(self) -> list[int]:
         import networkx as nx
 
         nics = self.spec.node.nics
@@ -209,21 +216,43 @@ class Cluster:
 
     @per_instance
     def _in_node(self, a_local: str, b_local: str) -> tuple[tuple[tuple[str, str], ...], float]:
+        path = self._routes.paths.get(f"{a_local}>{b_local}")
+        if path is None:
+            path = self._find_path(a_local, b_local)
+            self._routes.add_path(a_local, b_local, path)
+        links = tuple(zip(path[:-1], path[1:], strict=False))
+        return links, sum(self._local_info(u, v).latency_s for u, v in links)
+
+    def _find_path(self, a_local: str, b_local: str) -> list[str]:
         import networkx as nx
 
         path = nx.shortest_path(self._node0_graph, f"n0.{a_local}", f"n0.{b_local}", weight="cost")
-        links = tuple((u[3:], v[3:]) for u, v in zip(path[:-1], path[1:], strict=False))
-        return links, sum(self._local_info(u, v).latency_s for u, v in links)
+        return [x[3:] for x in path]
 
     @per_instance
     def _local_info(self, u: str, v: str) -> LinkInfo:
-        return self._node0_graph.edges[f"n0.{u}", f"n0.{v}"]["info"]
+        edges = self._node0.edges
+        key = (f"n0.{u}", f"n0.{v}")
+        return (edges[key] if key in edges else edges[key[::-1]])["info"]
+
+    @cached_property
+    def _node0(self) -> NodeParts:
+        """Node 0's devices and links as ``node_graph`` lays them out, recorded without networkx."""
+        return node_graph(self.spec, 0, self.gpu, NodeParts())
+
+    @cached_property
+    def _routes(self) -> route_cache.RouteTable:
+        """Node 0's routes found so far by any run of a node wired alike (hardware/route_cache.py)."""
+        return route_cache.table(self._node0.signature())
 
     @cached_property
     def _node0_graph(self) -> nx.Graph:
+        """Node 0's graph, for finding routes not in the route table (networkx)."""
         import networkx as nx
 
-        g = node_graph(self.spec, 0, self.gpu)
+        g = nx.Graph()
+        g.add_nodes_from(self._node0.nodes.items())
+        g.add_edges_from((u, v, attrs) for (u, v), attrs in self._node0.edges.items())
         if not nx.is_connected(g):
             parts = sorted(sorted(c) for c in nx.connected_components(g))
             raise ScenarioError(
@@ -231,6 +260,30 @@ class Cluster:
                 f"({len(parts)} separate groups, e.g. {', '.join(parts[-1][:4])})"
             )
         return g
+
+
+class NodeParts:
+    """A node's devices (name: attributes) and links ((u, v): attributes) as ``node_graph`` adds them to a
+    graph, recorded without networkx: routing reads link attributes from it, and its signature names the node
+    layout in the route cache."""
+
+    def __init__(self):
+        self.nodes: dict[str, dict] = {}
+        self.edges: dict[tuple[str, str], dict] = {}
+
+    def add_node(self, name: str, **attrs) -> None:
+        self.nodes.setdefault(name, {}).update(attrs)
+
+    def add_edge(self, u: str, v: str, **attrs) -> None:
+        self.add_node(u)
+        self.add_node(v)
+        self.edges[(u, v)] = attrs
+
+    def signature(self) -> str:
+        """Every device and every link with its cost and latency: what a route depends on."""
+        devices = ",".join(sorted(self.nodes))
+        links = sorted(f"{u}|{v}|{a['cost']!r}|{a['info'].latency_s!r}" for (u, v), a in self.edges.items())
+        return devices + "\n" + "\n".join(links)
 
 
 def _link_attrs(kind: str, GBps: float, latency_us: float, spec: TopologySpec) -> dict:
@@ -276,14 +329,15 @@ def fabric_graph(spec: TopologySpec, num_nodes: int) -> nx.Graph:
     return g
 
 
-def node_graph(spec: TopologySpec, k: int, gpu: GPU, g: nx.Graph | None = None) -> nx.Graph:
-    """Compute node ``k``'s devices and links (names prefixed ``n{k}.``), added to ``g`` or a new graph: CPUs
-    and host memory, PCIe switches, GPUs (and the NVSwitch), NICs (attribute ``leaf``: their leaf switch) and
-    NVMe drives."""
-    import networkx as nx
+def node_graph(spec: TopologySpec, k: int, gpu: GPU, g=None):
+    """Compute node ``k``'s devices and links (names prefixed ``n{k}.``), added to ``g`` (a networkx graph or
+    a ``NodeParts``) or a new graph: CPUs and host memory, PCIe switches, GPUs (and the NVSwitch), NICs
+    (attribute ``leaf``: their leaf switch) and NVMe drives."""
+    if g is None:
+        import networkx as nx
 
+        g = nx.Graph()
     n = spec.node
-    g = nx.Graph() if g is None else g
     kinds: dict[tuple, dict] = {}  # every node repeats the same few link kinds: one attribute set each
 
     def link(u: str, v: str, kind: str, GBps: float, latency_us: float) -> None:

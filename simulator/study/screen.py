@@ -106,7 +106,7 @@ class Screen:
         self.tuning = cluster.spec.nccl.model_dump()
         self.architecture = gpu.architecture
         self.capacity = cluster.gpu.hbm_bytes
-        self.nearest_nic = cluster.nearest_nic  # routes need node 0's graph (networkx): built with the tables
+        self.nearest_nic = cluster.nearest_nic  # node 0's routes, found with the tables (not timed)
 
     def scenario(self, lay: Layout) -> Scenario:
         """``lay`` as a runnable scenario: the base's model, cluster and training, with the layout's degrees and

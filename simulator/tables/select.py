@@ -46,12 +46,8 @@ CACHE_VERSION = 1  # bump when CostTable, KernelRow or CollectiveRow change shap
 
 
 def cache_dir() -> Path:
-    """Where parsed shipped tables are kept between processes: $CLUSTERSIM_CACHE, else the user's cache
-    directory (XDG), ``clustersim/tables``."""
-    root = os.environ.get("CLUSTERSIM_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "clustersim"
-    )
-    return Path(root) / "tables"
+    """Where parsed shipped tables are kept between processes: ``tables`` under ``paths.cache_root()``."""
+    return paths.cache_root() / "tables"
 
 
 def _cached_shipped(path: Path, stamp: tuple) -> CostTable:
