@@ -4,6 +4,9 @@ device pair and its cost in seconds per byte). A later run of the same node read
 whose import took 0.07 of the quickstart's 0.32 s (2026-11-27); a node wired differently has another digest,
 so nothing stale is read.
 
+Where two paths are equally short the file keeps the one networkx returned when it was first found (the
+same choice every later run then makes).
+
 Where: ``routes`` under ``paths.cache_root()`` (``$CLUSTERSIM_CACHE``, else ``~/.cache/clustersim``), beside
 the parsed shipped tables. A file that cannot be read or written, or does not parse, is ignored: the routes are
 found again. Routes found during a run are written when the process exits, one file per node layout, replaced
