@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 from simulator.errors import ScenarioError
@@ -102,3 +103,22 @@ def cache_root() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "clustersim"
     )
     return Path(root)
+
+
+def keep(target: Path, data: bytes) -> bool:
+    """Best effort, for a cache file: ``data`` written to a temporary file beside ``target`` and renamed over it
+    (a reader, or a concurrent run, never sees half a file). False where the directory cannot be made or the
+    file written (a read-only home): a cache that is not kept is worked out again next time, never an error."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError:
+        return False
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, target)
+        return True
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
+        return False

@@ -18,8 +18,6 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from simulator import paths
@@ -48,16 +46,16 @@ class RouteTable:
     def _read(self) -> None:
         try:
             data = json.loads(self.path.read_text())
-            near, paths = data["nearest_nic"], data["paths"]
-            if data.get("format") != FORMAT or not isinstance(paths, dict):
+            near, found = data["nearest_nic"], data["paths"]
+            if data.get("format") != FORMAT or not isinstance(found, dict):
                 return
             if near is not None and not all(isinstance(x, int) for x in near):
                 return
-            if not all(isinstance(p, list) and all(isinstance(x, str) for x in p) for p in paths.values()):
+            if not all(isinstance(p, list) and all(isinstance(x, str) for x in p) for p in found.values()):
                 return
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return
-        self.nearest_nic, self.paths = near, paths
+        self.nearest_nic, self.paths = near, found
 
     def set_nearest_nic(self, nics: list[int]) -> None:
         self.nearest_nic = list(nics)
@@ -74,20 +72,9 @@ class RouteTable:
             _grown.append(self)
 
     def write(self) -> None:
-        """Replace the file with this table (a temporary file renamed over it); nothing where that fails."""
+        """Replace the file with this table (``paths.keep``: nothing where that fails)."""
         data = {"format": FORMAT, "nearest_nic": self.nearest_nic, "paths": self.paths}
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".routes-", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump(data, f, separators=(",", ":"))
-                os.replace(tmp, self.path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
-        except OSError:
-            pass
+        paths.keep(self.path, json.dumps(data, separators=(",", ":")).encode())
 
 
 def table(signature: str) -> RouteTable:

@@ -11,7 +11,6 @@ whose fabric matches the table's ``system``, so what-ifs with other links fall b
 from __future__ import annotations
 
 import hashlib
-import os
 import pickle
 from functools import cache
 from pathlib import Path
@@ -66,14 +65,10 @@ def _cached_shipped(path: Path, stamp: tuple) -> CostTable:
     except Exception:  # missing, stale format, unreadable: parse the CSVs
         pass
     table = read_table(path)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            pickle.dump((table.meta, table.kernels, table.collectives), f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, target)
-    except OSError:  # a read-only home: parse every time
-        pass
+    rows = (table.meta, table.kernels, table.collectives)
+    paths.keep(
+        target, pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)
+    )  # a read-only home: parse every time
     return table
 
 
