@@ -25,8 +25,8 @@ from simulator.metrics.periodic import NotPeriodic, extrapolate, sample_windows
 from simulator.metrics.sources import source_seconds, summarise_sources
 from simulator.program import Program
 from simulator.scenario.loader import load_scenario
-from simulator.scenario.schema import MAX_STAGE_MICROBATCHES, Scenario
-from simulator.strategy import build_program, onebit
+from simulator.scenario.schema import MAX_STAGE_MICROBATCHES, ONEBIT_OPTIMIZERS, Scenario
+from simulator.strategy import build_program
 from simulator.strategy.groups import placement_for
 from simulator.tables.lookup import MODELLED
 from simulator.tables.select import resolve_tables
@@ -241,7 +241,7 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
         raise NotPeriodic("no window of micro-batch counts is periodic")
 
     windows = []
-    if periodic and s.training.optimizer not in onebit.OPTIMIZERS:
+    if periodic and s.training.optimizer not in ONEBIT_OPTIMIZERS:
         windows = sample_windows(s.gradient_accumulation_steps, s.parallelism.pipeline_parallel)
     try:
         if not windows:
@@ -251,7 +251,7 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
         check_full_replay(s, periodic, str(why))
         program = build_program(s, workload, cluster)
         timeline, metrics = run(program)
-    if s.training.optimizer in onebit.OPTIMIZERS:
+    if s.training.optimizer in ONEBIT_OPTIMIZERS:
         metrics.optimizer_phases = _optimizer_phases(s, workload, cluster, metrics, run)
         total = s.training.onebit.total_steps
         if total:
@@ -278,6 +278,8 @@ def _optimizer_phases(
 ) -> list[dict]:
     """1-bit / 0/1 Adam: every kind of step simulated on its own (the result's timeline is the compressed
     step, the steady state), with the number of steps of each kind in ``training.onebit.total_steps``."""
+    from simulator.strategy import onebit
+
     total = s.training.onebit.total_steps
     counts = onebit.step_counts(s.training.optimizer, s.training.onebit, total) if total else {}
     kinds = ("warm-up", "compressed") if s.training.optimizer == "onebit-adam" else onebit.PHASES

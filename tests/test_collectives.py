@@ -638,22 +638,38 @@ def test_groups_held_as_one_array_are_the_groups_a_rank_by_rank_reading_gives(pl
 
 
 def test_distinct_rows_by_projection_are_numpys_distinct_rows_even_where_projections_collide():
-    """_shapes finds the distinct node-offset rows by sorting one projection per row; rows that project alike
+    """group_shapes finds the distinct node-offset rows by sorting one projection per row; rows that project alike
     but differ (weights of ones: (0, 1, 2) and (0, 2, 1)) fall back to np.unique over whole rows."""
     import numpy as np
 
-    from simulator.costs.collectives import _distinct_rows
+    from simulator.costs.group_shapes import distinct_rows
 
     rng = np.random.default_rng(1)
     rows = rng.integers(0, 3, size=(500, 6))
     colliding = np.array([[0, 1, 2], [0, 2, 1], [0, 1, 2], [0, 0, 3]])
     for r, w in ((rows, None), (colliding, np.ones(3, dtype=np.int64)), (colliding, None)):
-        first, counts = _distinct_rows(r, w)
+        first, counts = distinct_rows(r, w)
         _, want_first, want_counts = np.unique(r, axis=0, return_index=True, return_counts=True)
         got = sorted(zip(map(tuple, r[first].tolist()), counts.tolist(), strict=True))
         want = sorted(zip(map(tuple, r[want_first].tolist()), want_counts.tolist(), strict=True))
         assert got == want
         assert all(np.flatnonzero((r == r[i]).all(axis=1))[0] == i for i in first)  # first occurrences
+        assert first.tolist() == sorted(first.tolist())  # in the order they occur, whatever the projection
+
+
+def test_the_projection_weights_are_fixed_distinct_and_within_int64():
+    """distinct_rows projects each row on fixed pseudo-random weights (splitmix64 of 1..n, no numpy.random):
+    the same in every process, positive and below 2^62 (a row's sum wraps, never a weight), and distinct."""
+    import numpy as np
+
+    from simulator.costs.group_shapes import _projection_weights
+
+    w = _projection_weights(100_000)
+    assert w.dtype == np.int64 and w.min() >= 1 and w.max() < 2**62
+    assert len(set(w.tolist())) == len(w)
+    assert _projection_weights(3).tolist() == w[:3].tolist()
+    # splitmix64's first output from state 0 (Vigna's reference splitmix64.c: x += 0x9e3779b97f4a7c15, ...)
+    assert int(w[0]) == (0xE220A8397B1DCDAF >> 2) | 1
 
 
 def test_patterns_over_131072_gpus_are_summed_in_a_few_mib():

@@ -338,3 +338,34 @@ def test_a_shipped_table_is_parsed_once_and_read_back_from_the_cache(tmp_path, m
     cached.write_bytes(b"not a pickle")
     assert select._cached_shipped(path, stamp).kernels == parsed.kernels
     assert cached.read_bytes() != b"not a pickle"
+
+
+def test_a_tables_rooflines_made_all_at_once_are_the_ones_made_one_row_at_a_time():
+    """A table's rows are interpolated relative to their rooflines, made for all the rows of a kernel in one
+    numpy call (tables/lookup.py): bit for bit the roofline of each row alone, on every shipped table and GPU,
+    GEMMs and FlashAttention both; one shape alone still gives a Python float."""
+    from collections import defaultdict
+
+    import numpy as np
+
+    from simulator.hardware.gpus import gpu_catalogue
+    from simulator.tables.lookup import SHAPED
+    from simulator.tables.select import shipped_tables
+
+    checked = set()
+    for path in shipped_tables().values():
+        kinds = defaultdict(list)
+        for r in read_table(path).kernels:
+            if r.op in SHAPED:
+                kinds[(r.op, r.direction if r.op == "flash_attention" else "", r.dtype)].append(r)
+        for gpu in gpu_catalogue().values():
+            for (op, _, dtype), rows in kinds.items():
+                if op == "flash_attention" and gpu.flash_attention_efficiency is None:
+                    continue
+                shapes = [np.array([getattr(r, f) for r in rows]) for f in ("m", "n", "k", "batch")]
+                at_once = shape_roofline_s(gpu, op, rows[0].direction, dtype, *shapes)
+                alone = [shape_roofline_s(gpu, op, r.direction, dtype, r.m, r.n, r.k, r.batch) for r in rows]
+                assert at_once.tolist() == alone
+                assert all(type(x) is float for x in alone)
+                checked.add(op)
+    assert checked >= {"gemm", "flash_attention"}

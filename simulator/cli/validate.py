@@ -11,10 +11,11 @@ from simulator.cli.common import KERNELS_HELP
 from simulator.errors import ScenarioError
 from simulator.report.console import err, fail, progress
 from simulator.tables.select import check_choice
-from simulator.validation.runner import CaseResult
 
-if TYPE_CHECKING:  # rich is imported where a table is drawn
+if TYPE_CHECKING:  # rich is imported where a table is drawn; the runner where cases run
     from rich.console import Console
+
+    from simulator.validation.runner import CaseResult
 
 
 def validate(
@@ -116,7 +117,7 @@ def _err(e: float | None) -> str:
 
 
 def print_validation(
-    results: list[CaseResult], by_source: dict, overall: dict, console: "Console | None" = None
+    results: "list[CaseResult]", by_source: dict, overall: dict, console: "Console | None" = None
 ) -> None:
     from rich.console import Console
     from rich.table import Table

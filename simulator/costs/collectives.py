@@ -20,6 +20,7 @@ from functools import cached_property
 
 import numpy as np
 
+from simulator.costs.group_shapes import group_shapes
 from simulator.costs.hops import hops as traffic_hops
 from simulator.costs.nccl import defaults, fastest, protocol_costs, ring_plateau
 from simulator.costs.stage_symmetry import translated
@@ -337,7 +338,7 @@ class CollectiveModel:
             # group of each shape stands for the others (at 131,072 GPUs: 64 data-parallel groups of 2,048, 16,384
             # tensor-parallel groups of 8)
             total = cross = 0.0
-            for grp, count in _shapes(groups, gpn):
+            for grp, count in group_shapes(groups, gpn):
                 if len(grp) < 2:
                     continue
                 if kind == "all_pairs":  # n(n-1) unit pairs, of which those inside a node: sum of c(c-1)
@@ -356,37 +357,3 @@ class CollectiveModel:
         if key not in self._patterns:
             self._patterns[key] = _Pattern(self.links.group_loads(kind, groups))
         return self._patterns[key]
-
-
-def _distinct_rows(rows: np.ndarray, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(index of each distinct row's first occurrence, how many rows equal it), as np.unique(rows, axis=0)
-    gives them, but sorting one int64 per row (a fixed random projection of it) instead of the rows: 16,384
-    rows of 8 or 64 of 2,048 in a few ms. Rows that project alike are checked equal; np.unique decides where
-    two differ."""
-    if weights is None:
-        weights = np.random.default_rng(0x5EED).integers(1, 2**62, size=rows.shape[1], dtype=np.int64)
-    with np.errstate(over="ignore"):
-        keys = rows @ weights  # wraps around on overflow: still a function of the row
-    _, first, inverse, counts = np.unique(keys, return_index=True, return_inverse=True, return_counts=True)
-    same = first[inverse.ravel()]  # each row's representative, checked a few thousand rows at a time
-    step = max(1, 4096 // max(1, rows.shape[1]))
-    if not all(
-        np.array_equal(rows[lo : lo + step], rows[same[lo : lo + step]]) for lo in range(0, len(rows), step)
-    ):
-        _, first, counts = np.unique(rows, axis=0, return_index=True, return_counts=True)
-    return first, counts
-
-
-def _shapes(groups, gpus_per_node: int) -> list[tuple[tuple[int, ...], int]]:
-    """(a representative group, how many groups share its shape): groups whose ranks sit on nodes at the same
-    offsets from their first rank's node, in order, move bytes across nodes alike."""
-    if isinstance(groups, Groups) or len({len(g) for g in groups}) == 1:
-        rel = np.asarray(groups, dtype=np.int64) // gpus_per_node  # a new array: made relative in place
-        rel -= rel[:, :1].copy()
-        first, counts = _distinct_rows(rel)
-        return [(groups[i], int(c)) for i, c in zip(first.tolist(), counts.tolist(), strict=True)]
-    shapes: dict[tuple, list] = {}
-    for grp in groups:
-        key = tuple(g // gpus_per_node - grp[0] // gpus_per_node for g in grp)
-        shapes.setdefault(key, [grp, 0])[1] += 1
-    return [(g, c) for g, c in shapes.values()]

@@ -17,7 +17,8 @@ management trims).
 from __future__ import annotations
 
 from functools import lru_cache
-from math import ceil
+
+import numpy as np
 
 from simulator.costs.variability import slowest_gpu_factor
 from simulator.frameworks import Framework
@@ -27,14 +28,15 @@ from simulator.tables.lookup import GEMMS, INTERPOLATED, MODELLED, SHAPED, Kerne
 from simulator.workload.ops import Op
 
 
-def gemm_efficiency(gpu: GPU, m: int, n: int, k: int, batch: int = 1) -> float:
-    """Fraction of peak FLOP/s a (batched) GEMM reaches on ``gpu``."""
-    best = 0.0
+def gemm_efficiency(gpu: GPU, m, n, k, batch=1):
+    """Fraction of peak FLOP/s a (batched) GEMM reaches on ``gpu``: of one shape (ints), or of many at once
+    (integer arrays: a cost table's rows, ``tables/lookup.py``), with the same arithmetic."""
+    best, pick = 0.0, np.maximum if isinstance(m, np.ndarray) else max
     for tm, tn, tile_eff in gpu.gemm.tiles:
-        tiles = ceil(m / tm) * ceil(n / tn) * batch
-        waves = ceil(tiles / gpu.sm_count)
+        tiles = -(-m // tm) * -(-n // tn) * batch  # ceil(m / tm) x ceil(n / tn), exact for integers
+        waves = -(-tiles // gpu.sm_count)
         useful = (m * n * batch) / (waves * gpu.sm_count * tm * tn)
-        best = max(best, tile_eff * useful)
+        best = pick(best, tile_eff * useful)
     return gpu.gemm.max_efficiency * best * k / (k + gpu.gemm.k_half)
 
 
@@ -134,26 +136,30 @@ def flash_head_dim_factor(
     rate: cuDNN's and FlashAttention-3 overlap the softmax with the matmuls, and MPT's Triton kernel was not
     measured (MosaicML's 350M runs, head dim 64, show no such penalty beside their 760M-70B ones, head dim 128)."""
     scale = FLASH_TENSOR_PER_SFU.get(gpu.architecture)
-    if kernel != "flash-attention-2" or scale is None or not 0 < head_dim < 128:
+    if kernel != "flash-attention-2" or scale is None:
         return 1.0
     x = FLASH_HEAD_DIM_X[direction] * scale
-    return (head_dim / (head_dim + x)) / (128 / (128 + x))
+    if isinstance(head_dim, np.ndarray):  # a cost table's rows at once
+        return np.where(
+            (head_dim > 0) & (head_dim < 128), (head_dim / (head_dim + x)) / (128 / (128 + x)), 1.0
+        )
+    return (head_dim / (head_dim + x)) / (128 / (128 + x)) if 0 < head_dim < 128 else 1.0
 
 
-def shape_roofline_s(
-    gpu: GPU, op: str, direction: str, dtype: str, m: int, n: int, k: int, batch: int
-) -> float:
+def shape_roofline_s(gpu: GPU, op: str, direction: str, dtype: str, m, n, k, batch):
     """The roofline of a shaped kernel (GEMM, batched GEMM, FlashAttention) from its shape alone, without any
     framework factor: the reference that measured rows are interpolated relative to (tables/lookup.py). A GEMM of
     another tensor-core type (FP8) runs at that type's peak x the shape's efficiency x the ratio of the two types'
-    best measured matmuls (``GPU.dtype_efficiency``)."""
+    best measured matmuls (``GPU.dtype_efficiency``). Of one shape (ints: seconds), or of a table's rows of one
+    kernel at once (integer arrays: an array of seconds, the same numbers)."""
     peak = gpu.peak_tflops.get(dtype, max(gpu.peak_tflops.values())) * 1e12
     flops = work(op, direction, m, n, k, batch)
     if op == "flash_attention":
         shape = flash_shape_factor(gpu, direction, m, n, batch) * flash_head_dim_factor(gpu, direction, k)
         return flops / (peak * gpu.flash_attention_efficiency * shape)
     eff = gemm_efficiency(gpu, m, n, k, batch) * gpu.dtype_efficiency(dtype)
-    return max(flops / (peak * eff), memory_time_s(gpu, gemm_bytes(dtype, m, n, k, batch)))
+    pick = np.maximum if isinstance(m, np.ndarray) else max
+    return pick(flops / (peak * eff), memory_time_s(gpu, gemm_bytes(dtype, m, n, k, batch)))
 
 
 class ComputeModel:

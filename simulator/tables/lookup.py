@@ -26,6 +26,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from math import exp, log, log2
 from statistics import median
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +45,8 @@ MAX_LOG2_GAP = 1.0  # the nearest measured row must lie within a factor 2 in eve
 _SAME_WIDTH = {"fp16": "bf16", "bf16": "fp16"}
 
 Cost = tuple[float, str]  # seconds, source
-Roofline = Callable[[str, str, str, int, int, int, int], float]  # (op, direction, dtype, m, n, k, batch) -> s
+# (op, direction, dtype, m, n, k, batch) -> seconds, for ints or for integer arrays of many shapes at once
+Roofline = Callable[..., Any]
 
 
 def table_pass(op: str, direction: str) -> str:
@@ -98,10 +100,15 @@ class _Shaped:
     def __init__(self, rows: list[KernelRow], roofline: Roofline):
         self.op = rows[0].op
         self.x = np.array([_features(r.op, r.m, r.n, r.k, r.batch) for r in rows])
-        model = np.array([roofline(r.op, r.direction, r.dtype, r.m, r.n, r.k, r.batch) for r in rows])
+        # every row at once: one kernel and dtype, and a direction that matters only where it is the same for all
+        # (a GEMM's pass does not, table_pass)
+        m, n, k, batch = (
+            np.array([getattr(r, f) for r in rows], dtype=np.int64) for f in ("m", "n", "k", "batch")
+        )
+        model = roofline(self.op, rows[0].direction, rows[0].dtype, m, n, k, batch)
         seconds = np.array([r.seconds for r in rows])
         self.log_ratio = np.log(seconds / model)
-        self.rate = np.array([work(r.op, r.direction, r.m, r.n, r.k, r.batch) for r in rows]) / seconds
+        self.rate = work(self.op, rows[0].direction, m, n, k, batch) / seconds
         self.lo, self.hi = self.x.min(axis=0).tolist(), self.x.max(axis=0).tolist()
 
     def cost(self, direction: str, m: int, n: int, k: int, batch: int, roofline_s: float) -> float | None:
