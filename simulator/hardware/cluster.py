@@ -224,10 +224,12 @@ class Cluster:
         return links, sum(self._local_info(u, v).latency_s for u, v in links)
 
     def _find_path(self, a_local: str, b_local: str) -> list[str]:
+        """The path of least seconds per byte; of equally short ones the first by device names in natural order
+        (``gpu8`` before ``gpu10``), not networkx's order of search (a release may change it; 3.6's is this)."""
         import networkx as nx
 
-        path = nx.shortest_path(self._node0_graph, f"n0.{a_local}", f"n0.{b_local}", weight="cost")
-        return [x[3:] for x in path]
+        ties = nx.all_shortest_paths(self._node0_graph, f"n0.{a_local}", f"n0.{b_local}", weight="cost")
+        return min(([x[3:] for x in path] for path in ties), key=route_cache.natural_order)
 
     @per_instance
     def _local_info(self, u: str, v: str) -> LinkInfo:

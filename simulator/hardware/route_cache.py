@@ -4,8 +4,8 @@ device pair and its cost in seconds per byte). A later run of the same node read
 whose import took 0.07 of the quickstart's 0.32 s (2026-11-27); a node wired differently has another digest,
 so nothing stale is read.
 
-Where two paths are equally short the file keeps the one networkx returned when it was first found (the
-same choice every later run then makes).
+Where two paths are equally short, ``Cluster._find_path`` picks one by a rule of its own (device names in
+natural order), not by networkx's order of search: a file holds what any run would find again.
 
 Where: ``routes`` under ``paths.cache_root()`` (``$CLUSTERSIM_CACHE``, else ``~/.cache/clustersim``), beside
 the parsed shipped tables. A file that cannot be read or written, or does not parse, is ignored: the routes are
@@ -18,11 +18,12 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
+import re
 from pathlib import Path
 
 from simulator import paths
 
-FORMAT = 1  # bump when what a route means changes (Cluster._find_path, Cluster._find_nearest_nic)
+FORMAT = 2  # bump when what a route means changes (2: ties broken by our own rule) (Cluster._find_path, Cluster._find_nearest_nic)
 
 _tables: dict[str, RouteTable] = {}  # one per node layout in this process, shared by its clusters
 _grown: list[RouteTable] = []  # the tables to write at exit
@@ -89,3 +90,9 @@ def write_all() -> None:
     """Write every table that grew in this process (at exit; a test may call it)."""
     while _grown:
         _grown.pop().write()
+
+
+def natural_order(path: list[str]) -> list[tuple]:
+    """A path's sort key, device names with their numbers compared as numbers (``gpu8`` before ``gpu10``): of
+    equally short paths ``Cluster._find_path`` keeps the first by it."""
+    return [tuple((t, int(d) if d else -1) for t, d in re.findall(r"(\D+)(\d*)", name)) for name in path]
