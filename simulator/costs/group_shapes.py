@@ -9,24 +9,39 @@ import numpy as np
 from simulator.hardware.placement import Groups
 
 
-def distinct_rows(rows: np.ndarray, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def distinct_rows(rows, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(index of each distinct row's first occurrence, how many rows equal it), in the order the rows first
     occur: what np.unique(rows, axis=0) finds, but sorting one int64 per row (a fixed pseudo-random projection
     of it) instead of the rows: 16,384 rows of 8 or 64 of 2,048 in a few ms. Rows that project alike are checked
-    equal; np.unique decides where two differ."""
+    equal; np.unique decides where two differ. ``rows``: an array, or an object whose ``[index]`` makes the rows
+    asked for (``len`` and ``width`` say how many and how wide), read a few thousand numbers at a time."""
+    n, width = len(rows), rows.shape[1] if isinstance(rows, np.ndarray) else rows.width
     if weights is None:
-        weights = _projection_weights(rows.shape[1])
-    with np.errstate(over="ignore"):
-        keys = rows @ weights  # wraps around on overflow: still a function of the row
+        weights = _projection_weights(width)
+    step = max(1, (1 << 15) // max(1, width))  # rows at a time: 256 KiB of them
+    with np.errstate(over="ignore"):  # wraps around on overflow: still a function of the row
+        keys = np.concatenate([rows[lo : lo + step] @ weights for lo in range(0, n, step)] or [np.zeros(0)])
     _, first, inverse, counts = np.unique(keys, return_index=True, return_inverse=True, return_counts=True)
-    same = first[inverse.ravel()]  # each row's representative, checked a few thousand rows at a time
-    step = max(1, 4096 // max(1, rows.shape[1]))
-    if not all(
-        np.array_equal(rows[lo : lo + step], rows[same[lo : lo + step]]) for lo in range(0, len(rows), step)
-    ):
-        _, first, counts = np.unique(rows, axis=0, return_index=True, return_counts=True)
+    same = first[inverse.ravel()]  # each row's representative
+    if not all(np.array_equal(rows[lo : lo + step], rows[same[lo : lo + step]]) for lo in range(0, n, step)):
+        whole = rows[0:n]
+        _, first, counts = np.unique(whole, axis=0, return_index=True, return_counts=True)
     order = np.argsort(first)  # in the order the rows first occur, whatever the projection
     return first[order], counts[order]
+
+
+class _Offsets:
+    """Each group's nodes as offsets from its first rank's node, made for the rows asked for."""
+
+    def __init__(self, array: np.ndarray, gpus_per_node: int):
+        self.array, self.gpn, self.width = array, gpus_per_node, array.shape[1]
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, index) -> np.ndarray:
+        rel = self.array[index] // self.gpn
+        return rel - rel[:, :1]
 
 
 def _projection_weights(n: int) -> np.ndarray:
@@ -43,9 +58,8 @@ def group_shapes(groups, gpus_per_node: int) -> list[tuple[tuple[int, ...], int]
     """(a representative group, how many groups share its shape): groups whose ranks sit on nodes at the same
     offsets from their first rank's node, in order, move bytes across nodes alike."""
     if isinstance(groups, Groups) or len({len(g) for g in groups}) == 1:
-        rel = np.asarray(groups, dtype=np.int64) // gpus_per_node  # a new array: made relative in place
-        rel -= rel[:, :1].copy()
-        first, counts = distinct_rows(rel)
+        array = groups.array if isinstance(groups, Groups) else np.asarray(groups, dtype=np.int64)
+        first, counts = distinct_rows(_Offsets(array.astype(np.int64, copy=False), gpus_per_node))
         return [(groups[i], int(c)) for i, c in zip(first.tolist(), counts.tolist(), strict=True)]
     shapes: dict[tuple, list] = {}
     for grp in groups:

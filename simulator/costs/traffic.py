@@ -9,13 +9,13 @@ interchangeable, so their links of one name form a class whose load is its busie
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 
 from simulator.costs.ecmp import slowdown as ecmp_slowdown
 from simulator.costs.hops import hops as pattern_hops
+from simulator.costs.node_sums import Sums
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Groups, Placement
 
@@ -24,23 +24,8 @@ LinkClass = tuple[frozenset, str, str]  # (pipeline stages on the link's nodes, 
 
 # Hops summed at a time by LinkLoads.loads: its temporaries are about 200 bytes per hop
 LOADS_CHUNK = 1 << 13
-
-
-@dataclass
-class _Sums:
-    """What LinkLoads.loads adds up over the chunks of a pattern's hops: per touched node (``row`` maps a node to
-    its row), each node-local link's units from hops inside the node, and each GPU's units off and onto the
-    node (through its nearest NIC); per leaf switch (a two-level fat tree) the units and flows up and down, or
-    per pair of leaves the units between them."""
-
-    nodes: int
-    row: np.ndarray
-    local: dict = field(default_factory=dict)
-    out: np.ndarray | None = None  # [touched node, local GPU]
-    into: np.ndarray | None = None
-    leaf_units: dict = field(default_factory=dict)
-    leaf_flows: dict = field(default_factory=dict)
-    leaf_pairs: defaultdict = field(default_factory=lambda: defaultdict(float))
+# Nodes no later chunk touches, read into their link classes together (their sums: 128 bytes a node and GPU)
+CLOSE_ROWS = 1 << 10
 
 
 class LinkLoads:
@@ -108,11 +93,10 @@ class LinkLoads:
             return {}
         gpn = self.cluster.gpus_per_node
         slices = [slice(lo, lo + LOADS_CHUNK) for lo in range(0, len(src), LOADS_CHUNK)]
-        mask = np.zeros(self.cluster.num_nodes, dtype=bool)
-        for c in slices:
-            mask[src[c] // gpn] = True
-            mask[dst[c] // gpn] = True
-        return self._loads(mask, ((src[c], dst[c], share[c]) for c in slices))
+        return self._loads(
+            (np.concatenate((src[c], dst[c])) // gpn for c in slices),
+            ((src[c], dst[c], share[c]) for c in slices),
+        )
 
     def group_loads(self, kind: str, groups) -> dict[LinkClass, float]:
         """``loads(hops(kind, groups))``, the hops made a few groups at a time (a group's hops depend on its
@@ -125,48 +109,84 @@ class LinkLoads:
         # groups at a time: a ring or pipeline pattern has a hop per rank and rail, a tree four per node
         per = max(1, LOADS_CHUNK // (groups.size * (4 if kind == "tree" else 1)))
         spans = range(0, len(groups), per)
-        mask = np.zeros(cl.num_nodes, dtype=bool)
-        for lo in spans:  # every rank of a group sends or receives on some hop
-            mask[groups.array[lo : lo + per] // gpn] = True
-        return self._loads(mask, (pattern_hops(kind, groups[lo : lo + per], gpn, nics) for lo in spans))
+        return self._loads(
+            (groups.array[lo : lo + per] // gpn for lo in spans),  # every rank of a group is on some hop
+            (pattern_hops(kind, groups[lo : lo + per], gpn, nics) for lo in spans),
+        )
 
-    def _loads(self, mask: np.ndarray, chunks) -> dict[LinkClass, float]:
-        """``loads`` of the hops in ``chunks`` (each three arrays), on the nodes where ``mask`` holds: the per-node
-        sums run over those only (one pipeline stage's are an eighth of them)."""
+    def _loads(self, chunk_nodes, chunks) -> dict[LinkClass, float]:
+        """``loads`` of the hops in ``chunks`` (each three arrays), ``chunk_nodes`` the nodes each chunk may touch.
+        A node's sums are read into its link classes after the last chunk that touches it, and dropped: the
+        per-node arrays hold the nodes a few chunks touch, not every node of the pattern (a pipeline pattern at
+        131,072 GPUs touches all 16,384 nodes: 3 MiB of sums at once)."""
         cl = self.cluster
-        touched = np.flatnonzero(mask)
-        sums = _Sums(len(touched), np.cumsum(mask) - 1)  # a touched node's row
-        for src, dst, share in chunks:
+        last = np.full(cl.num_nodes, -1, dtype=np.int32)  # the last chunk that touches each node
+        for i, nodes in enumerate(chunk_nodes):
+            last[nodes.ravel()] = i
+        touched = int(np.count_nonzero(last >= 0))
+        sums = Sums(cl.gpus_per_node, np.full(cl.num_nodes, -1, dtype=np.int32))
+        found: dict[tuple, np.ndarray] = {}  # node link -> per stage set, the busiest node's seconds per unit
+        for i, (src, dst, share) in enumerate(chunks):
             for lo in range(0, len(src), LOADS_CHUNK):
                 c = slice(lo, lo + LOADS_CHUNK)
                 self._add(sums, src[c], dst[c], share[c])
+            done = last[sums.nodes] <= i  # no later chunk touches them: read them, a good many at a time
+            if np.count_nonzero(done) >= CLOSE_ROWS:
+                self._node_links(found, sums, done)
+                sums.close(done)
+        if len(sums.nodes):
+            self._node_links(found, sums, np.ones(len(sums.nodes), dtype=bool))
         per_class: dict[LinkClass, float] = {}
-        if sums.out is not None:
+        if sums.across:
             if cl.spine is not None:
                 self._star_fabric(per_class, sums)
             else:
                 self._fabric_by_pairs(per_class, sums)
-        # every NIC link and node-local link: units from hops inside the node, plus those of the GPUs whose
-        # traffic off or onto the node crosses the link; a few links at a time ([node x link] arrays of at most
-        # 512 KiB), all at once for a pattern on a few nodes
-        columns = list(self._gpu_paths) if sums.out is not None else []
-        known = {c[0] for c in columns}
-        columns += [
-            (uv, cl.link_info((0, *uv)).bandwidth_Bps, [], []) for uv in sums.local if uv not in known
-        ]
-        per = max(1, (1 << 16) // max(1, len(touched)))
-        for lo in range(0, len(columns), per):
-            batch = columns[lo : lo + per]
-            units = np.zeros((len(touched), len(batch)))
-            for j, (uv, _, out, into) in enumerate(batch):
-                if uv in sums.local:
-                    units[:, j] += sums.local.pop(uv)
-                for gpus, per_gpu in ((out, sums.out), (into, sums.into)):
-                    for g in gpus:
-                        units[:, j] += per_gpu[:, g]
-            links = [c[0] for c in batch]
-            self._class_max(per_class, units, links, np.array([c[1] for c in batch]), touched)
+        # the node links' classes in the order one pass over every touched node at once would add them: a few
+        # links at a time ([node x link] arrays of at most 512 KiB), each stage set's in turn
+        paths = [c[0] for c in self._gpu_paths] if sums.across else []
+        known = set(paths)
+        at = {uv: j for j, uv in enumerate([*paths, *(uv for uv in sums.local if uv not in known)])}
+        sets = self._stage_ids[0]
+        per = max(1, (1 << 16) // max(1, touched))
+        links = sorted((uv for uv in found if uv in at), key=at.__getitem__)  # the others carried nothing
+        for lo in range(0, len(links), per):
+            batch = links[lo : lo + per]
+            for x, j in zip(*np.nonzero(np.array([found[uv] for uv in batch]).T), strict=True):
+                c = (sets[x], *batch[j])
+                per_class[c] = max(per_class.get(c, 0.0), float(found[batch[j]][x]))
         return per_class
+
+    def _columns(self, sums: Sums):
+        """Every NIC link and node-local link a pattern loads: (link, bandwidth, GPUs whose traffic off the node
+        it carries, GPUs whose traffic onto it), the GPUs' paths to their NICs first."""
+        cl = self.cluster
+        known = {c[0] for c in self._gpu_paths}
+        local = [(uv, cl.link_info((0, *uv)).bandwidth_Bps, [], []) for uv in sums.local if uv not in known]
+        return [*self._gpu_paths, *local]
+
+    def _node_links(self, found: dict, sums: Sums, done: np.ndarray) -> None:
+        """Each link of the nodes where ``done`` holds: units from hops inside the node, plus those of the GPUs
+        whose traffic off or onto the node crosses it; the busiest node of each stage set kept in ``found``. A
+        few hundred nodes and links at a time ([node x link] arrays of at most 512 KiB)."""
+        columns = self._columns(sums)
+        rows = np.flatnonzero(done)
+        for at in range(0, len(rows), CLOSE_ROWS):
+            take = rows[at : at + CLOSE_ROWS]
+            nodes, off, onto = sums.nodes[take], sums.out[take], sums.into[take]
+            local = {uv: w[take] for uv, w in sums.local.items()}
+            per = max(1, (1 << 16) // len(take))
+            for lo in range(0, len(columns), per):
+                batch = columns[lo : lo + per]
+                units = np.zeros((len(take), len(batch)))
+                for j, (uv, _, out, into) in enumerate(batch):
+                    if uv in local:
+                        units[:, j] += local[uv]
+                    for gpus, per_gpu in ((out, off), (into, onto)):
+                        for g in gpus:
+                            units[:, j] += per_gpu[:, g]
+                links = [c[0] for c in batch]
+                self._class_max(found, units, links, np.array([c[1] for c in batch]), nodes)
 
     @cached_property
     def _gpu_paths(self) -> list[tuple[tuple[str, str], float, list[int], list[int]]]:
@@ -194,13 +214,15 @@ class LinkLoads:
             if out or into
         ]
 
-    def _add(self, sums: _Sums, src: np.ndarray, dst: np.ndarray, share: np.ndarray) -> None:
+    def _add(self, sums: Sums, src: np.ndarray, dst: np.ndarray, share: np.ndarray) -> None:
         """Add one chunk of hops to the per-node, per-GPU and per-leaf sums."""
         cl = self.cluster
-        gpn, nn = cl.gpus_per_node, sums.nodes
+        gpn = cl.gpus_per_node
         na, la = np.divmod(src.astype(np.int64, copy=False), gpn)
         nb, lb = np.divmod(dst.astype(np.int64, copy=False), gpn)
         share = share.astype(float, copy=False)
+        sums.open(np.concatenate((na, nb)))
+        nn = len(sums.nodes)
         ra, rb = sums.row[na], sums.row[nb]
         inside = na == nb
         if inside.any():
@@ -217,8 +239,7 @@ class LinkLoads:
         if not across.any():
             return
         na, la, nb, lb, share = na[across], la[across], nb[across], lb[across], share[across]
-        if sums.out is None:
-            sums.out, sums.into = np.zeros((nn, gpn)), np.zeros((nn, gpn))
+        sums.across = True
         # added in place (a bincount per chunk would be two more [node x GPU] arrays)
         np.add.at(sums.out.reshape(-1), ra[across] * gpn + la, share)
         np.add.at(sums.into.reshape(-1), rb[across] * gpn + lb, share)
@@ -248,7 +269,7 @@ class LinkLoads:
                 units, count = units + sums.leaf_units[name], count + sums.leaf_flows[name]
             sums.leaf_units[name], sums.leaf_flows[name] = units, count
 
-    def _fabric_by_pairs(self, per_class: dict, sums: _Sums) -> None:
+    def _fabric_by_pairs(self, per_class: dict, sums: Sums) -> None:
         """Each distinct pair of leaf switches' units added along the switch path between them."""
         cl = self.cluster
         fabric: dict = defaultdict(float)
@@ -261,7 +282,7 @@ class LinkLoads:
             if s > per_class.get(c, 0.0):
                 per_class[c] = s
 
-    def _star_fabric(self, per_class: dict, sums: _Sums) -> None:
+    def _star_fabric(self, per_class: dict, sums: Sums) -> None:
         """The same for a two-level fat tree (every leaf under one spine): a unit between two leaves climbs its
         source leaf's uplink and descends the destination's downlink, so each leaf's up and down loads are two
         sums over the units, whatever the number of leaf pairs. Leaves of one rail whose nodes host the same
@@ -315,10 +336,10 @@ class LinkLoads:
         index = {x: i for i, x in enumerate(sets)}
         return sets, np.array([index[x] for x in self.node_stages], dtype=np.int64)
 
-    def _class_max(self, per_class: dict, units: np.ndarray, links: list, bandwidth_Bps, nodes) -> None:
+    def _class_max(self, found: dict, units: np.ndarray, links: list, bandwidth_Bps, nodes) -> None:
         """For each set of pipeline stages and each of ``links`` (the columns of ``units``, one row per node of
-        ``nodes``), the busiest node's seconds per unit."""
-        sets, set_of = self._stage_ids
+        ``nodes``), the busiest node's seconds per unit: ``found[link]`` by the set's index."""
+        set_of = self._stage_ids[1]
         ids = set_of[nodes]
         if (ids[1:] >= ids[:-1]).all():  # nodes in stage order already (stages outermost): no sorted copy
             ranked = ids
@@ -329,6 +350,7 @@ class LinkLoads:
         starts = np.flatnonzero(np.concatenate(([True], ranked[1:] != ranked[:-1])))
         present = ranked[starts]
         peak = np.maximum.reduceat(units, starts, axis=0) / bandwidth_Bps
-        for i, j in zip(*np.nonzero(peak), strict=True):
-            c = (sets[present[i]], *links[j])
-            per_class[c] = max(per_class.get(c, 0.0), float(peak[i, j]))
+        for j, uv in enumerate(links):
+            if uv not in found:
+                found[uv] = np.zeros(len(self._stage_ids[0]))
+            found[uv][present] = np.maximum(found[uv][present], peak[:, j])  # each set once in ``present``
