@@ -165,7 +165,14 @@ class CollectiveModel:
         if len(grp) % nodes:
             return phases, MODELLED
         hit = self.measured.cost(op, len(grp), nodes, len(grp) // nodes, size_bytes)
-        alone = sum(p.duration_s for p in self._cost(op, (tuple(grp),), size_bytes))
+        # that group as the pattern's key: a view of the groups' array, not a tuple of its ranks kept in the
+        # pattern cache (2,048 ranks: 70 KiB each)
+        one = (
+            Groups(groups.array[:1, : len(grp)], (groups.key, "first", len(grp)))
+            if isinstance(groups, Groups)
+            else (grp,)
+        )
+        alone = sum(p.duration_s for p in self._cost(op, one, size_bytes))
         if hit is None or alone <= 0:
             return phases, MODELLED
         seconds, source = hit

@@ -53,3 +53,20 @@ class Sums:
         self.row[self.nodes] = np.arange(len(self.nodes), dtype=self.row.dtype)
         self.local = {uv: w[keep] for uv, w in self.local.items()}
         self.out, self.into = self.out[keep], self.into[keep]
+
+
+class Peaks:
+    """Per node link and stage set, the busiest node's seconds per unit so far: ``values[set, column[link]]``."""
+
+    def __init__(self, sets: int):
+        self.column: dict = {}
+        self.values = np.zeros((sets, 0))
+
+    def update(self, links: list, present: np.ndarray, peak: np.ndarray) -> None:
+        """``peak[i, j]``: the busiest of some nodes of set ``present[i]`` on ``links[j]`` (each set once)."""
+        new = [uv for uv in links if uv not in self.column]
+        if new:
+            self.column.update({uv: len(self.column) + k for k, uv in enumerate(new)})
+            self.values = np.concatenate((self.values, np.zeros((len(self.values), len(new)))), axis=1)
+        at = np.ix_(present, [self.column[uv] for uv in links])
+        self.values[at] = np.maximum(self.values[at], peak)

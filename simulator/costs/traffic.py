@@ -15,7 +15,7 @@ import numpy as np
 
 from simulator.costs.ecmp import slowdown as ecmp_slowdown
 from simulator.costs.hops import hops as pattern_hops
-from simulator.costs.node_sums import Sums
+from simulator.costs.node_sums import Peaks, Sums
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Groups, Placement
 
@@ -36,22 +36,25 @@ class LinkLoads:
         gpn = cluster.gpus_per_node
         self._fabric_stages: dict = {}
         self._leaf_cache: dict[tuple[int, int], tuple[list[frozenset], np.ndarray]] = {}
+        self._maps: dict[tuple, tuple] = {}  # _node_links' columns by the node-local links a pattern used
         # nodes that host the same pipeline stages are interchangeable; others are not (their links carry
-        # other stages' traffic at other times), so link classes carry the set of stages of their nodes
+        # other stages' traffic at other times), so link classes carry the set of stages of their nodes:
+        # ``stage_sets`` the distinct sets (in sorted order), ``node_set`` each node's index into them
         stage = np.asarray(placement.coordinates("pp"))
         if stage.size == cluster.num_nodes * gpn:  # every GPU placed: one row per node
             per_node = stage.reshape(-1, gpn)
             if (per_node.min(axis=1) == per_node.max(axis=1)).all():  # one stage per node (the usual)
-                sets = [frozenset((x,)) for x in range(int(stage.max()) + 1)]
-                self.node_stages = [sets[x] for x in per_node[:, 0].tolist()]
-            else:
-                rows, which = np.unique(np.sort(per_node, axis=1), axis=0, return_inverse=True)
-                sets = [frozenset(r.tolist()) for r in rows]
-                self.node_stages = [sets[i] for i in which.ravel().tolist()]
+                present, self.node_set = np.unique(per_node[:, 0], return_inverse=True)
+                self.stage_sets = [frozenset((x,)) for x in present.tolist()]
+                self.node_set = self.node_set.ravel().astype(np.int32)
+                return
+            rows, which = np.unique(np.sort(per_node, axis=1), axis=0, return_inverse=True)
+            of_node = [frozenset(rows[i].tolist()) for i in which.ravel().tolist()]
         else:  # fewer ranks than GPUs (part of a node)
-            self.node_stages = [
-                frozenset(stage[k * gpn : (k + 1) * gpn].tolist()) for k in range(cluster.num_nodes)
-            ]
+            of_node = [frozenset(stage[k * gpn : (k + 1) * gpn].tolist()) for k in range(cluster.num_nodes)]
+        self.stage_sets = sorted(set(of_node), key=sorted)
+        index = {x: i for i, x in enumerate(self.stage_sets)}
+        self.node_set = np.array([index[x] for x in of_node], dtype=np.int32)
 
     @cached_property
     def _leaf_grid(self) -> tuple[int, int]:
@@ -63,18 +66,19 @@ class LinkLoads:
     @cached_property
     def one_stage_per_node(self) -> bool:
         """Whether every node's GPUs run one pipeline stage (stage_symmetry's condition)."""
-        return all(len(n) == 1 for n in set(self.node_stages))
+        return all(len(n) == 1 for n in self.stage_sets)
 
     @cached_property
     def last_stage(self) -> int:
-        return max(x for n in set(self.node_stages) for x in n)
+        return max(x for n in self.stage_sets for x in n)
 
     def stages_of(self, link) -> frozenset:
         if link[0] >= 0:
-            return self.node_stages[link[0]]
+            return self.stage_sets[self.node_set[link[0]]]
         if link not in self._fabric_stages:
             nodes = self.cluster.link_nodes(link)
-            self._fabric_stages[link] = frozenset().union(*(self.node_stages[n] for n in nodes))
+            sets = {self.stage_sets[i] for i in self.node_set[list(nodes)].tolist()}
+            self._fabric_stages[link] = frozenset().union(*sets)
         return self._fabric_stages[link]
 
     def loads(self, hops: tuple[np.ndarray, np.ndarray, np.ndarray]) -> dict[LinkClass, float]:
@@ -125,7 +129,7 @@ class LinkLoads:
             last[nodes.ravel()] = i
         touched = int(np.count_nonzero(last >= 0))
         sums = Sums(cl.gpus_per_node, np.full(cl.num_nodes, -1, dtype=np.int32))
-        found: dict[tuple, np.ndarray] = {}  # node link -> per stage set, the busiest node's seconds per unit
+        found = Peaks(len(self.stage_sets))
         for i, (src, dst, share) in enumerate(chunks):
             for lo in range(0, len(src), LOADS_CHUNK):
                 c = slice(lo, lo + LOADS_CHUNK)
@@ -147,14 +151,17 @@ class LinkLoads:
         paths = [c[0] for c in self._gpu_paths] if sums.across else []
         known = set(paths)
         at = {uv: j for j, uv in enumerate([*paths, *(uv for uv in sums.local if uv not in known)])}
-        sets = self._stage_ids[0]
+        sets = self.stage_sets
         per = max(1, (1 << 16) // max(1, touched))
-        links = sorted((uv for uv in found if uv in at), key=at.__getitem__)  # the others carried nothing
+        links = sorted(
+            (uv for uv in found.column if uv in at), key=at.__getitem__
+        )  # the others carried nothing
         for lo in range(0, len(links), per):
             batch = links[lo : lo + per]
-            for x, j in zip(*np.nonzero(np.array([found[uv] for uv in batch]).T), strict=True):
+            values = found.values[:, [found.column[uv] for uv in batch]]
+            for x, j in zip(*np.nonzero(values), strict=True):
                 c = (sets[x], *batch[j])
-                per_class[c] = max(per_class.get(c, 0.0), float(found[batch[j]][x]))
+                per_class[c] = max(per_class.get(c, 0.0), float(values[x, j]))
         return per_class
 
     def _columns(self, sums: Sums):
@@ -165,28 +172,32 @@ class LinkLoads:
         local = [(uv, cl.link_info((0, *uv)).bandwidth_Bps, [], []) for uv in sums.local if uv not in known]
         return [*self._gpu_paths, *local]
 
-    def _node_links(self, found: dict, sums: Sums, done: np.ndarray) -> None:
+    def _node_links(self, found: Peaks, sums: Sums, done: np.ndarray) -> None:
         """Each link of the nodes where ``done`` holds: units from hops inside the node, plus those of the GPUs
-        whose traffic off or onto the node crosses it; the busiest node of each stage set kept in ``found``. A
-        few hundred nodes and links at a time ([node x link] arrays of at most 512 KiB)."""
-        columns = self._columns(sums)
+        whose traffic off or onto the node crosses it (a [GPU x link] map of which GPUs' paths use it); the
+        busiest node of each stage set kept in ``found``. CLOSE_ROWS nodes at a time."""
+        key = tuple(sums.local)  # the node-local links used so far: the same for most calls of a pattern
+        if key not in self._maps:
+            columns = self._columns(sums)
+            off_map, onto_map = np.zeros((sums.gpn, len(columns))), np.zeros((sums.gpn, len(columns)))
+            for j, (_, _, out, into) in enumerate(columns):
+                off_map[out, j], onto_map[into, j] = 1.0, 1.0
+            local = [(j, c[0]) for j, c in enumerate(columns) if c[0] in sums.local]
+            self._maps[key] = (
+                [c[0] for c in columns],
+                np.array([c[1] for c in columns]),
+                off_map,
+                onto_map,
+                local,
+            )
+        links, bandwidth, off_map, onto_map, local = self._maps[key]
         rows = np.flatnonzero(done)
         for at in range(0, len(rows), CLOSE_ROWS):
             take = rows[at : at + CLOSE_ROWS]
-            nodes, off, onto = sums.nodes[take], sums.out[take], sums.into[take]
-            local = {uv: w[take] for uv, w in sums.local.items()}
-            per = max(1, (1 << 16) // len(take))
-            for lo in range(0, len(columns), per):
-                batch = columns[lo : lo + per]
-                units = np.zeros((len(take), len(batch)))
-                for j, (uv, _, out, into) in enumerate(batch):
-                    if uv in local:
-                        units[:, j] += local[uv]
-                    for gpus, per_gpu in ((out, off), (into, onto)):
-                        for g in gpus:
-                            units[:, j] += per_gpu[:, g]
-                links = [c[0] for c in batch]
-                self._class_max(found, units, links, np.array([c[1] for c in batch]), nodes)
+            units = sums.out[take] @ off_map + sums.into[take] @ onto_map
+            for j, uv in local:
+                units[:, j] += sums.local[uv][take]
+            self._class_max(found, units, links, bandwidth, sums.nodes[take])
 
     @cached_property
     def _gpu_paths(self) -> list[tuple[tuple[str, str], float, list[int], list[int]]]:
@@ -319,28 +330,30 @@ class LinkLoads:
         if (leaves, rails) in self._leaf_cache:
             return self._leaf_cache[(leaves, rails)]
         npl, nn = self.cluster.spec.fabric.nodes_per_leaf, self.cluster.num_nodes
-        sets: dict[frozenset, int] = {}
-        key = np.zeros(leaves, dtype=np.int64)
-        for leaf in range(leaves):
-            group, rail = divmod(leaf, rails)
-            nodes = self.node_stages[group * npl : min((group + 1) * npl, nn)]
-            stages = frozenset().union(*nodes)
-            key[leaf] = sets.setdefault(stages, len(sets)) * rails + rail
-        self._leaf_cache[(leaves, rails)] = list(sets), key
+        starts = np.arange(0, nn, npl)  # each group of nodes under one leaf per rail
+        code = np.minimum.reduceat(self.node_set, starts).astype(np.int64)
+        # a group's stages are its nodes' where they all host the same (the usual), else their union
+        named, index = list(self.stage_sets), {x: i for i, x in enumerate(self.stage_sets)}
+        for g in np.flatnonzero(code != np.maximum.reduceat(self.node_set, starts)).tolist():
+            nodes = self.node_set[g * npl : min((g + 1) * npl, nn)].tolist()
+            union = frozenset().union(*(self.stage_sets[i] for i in nodes))
+            if union not in index:
+                index[union] = len(named)
+                named.append(union)
+            code[g] = index[union]
+        # the distinct sets numbered in the order the leaves first show them
+        distinct, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")
+        rank = np.empty(len(distinct), dtype=np.int64)
+        rank[order] = np.arange(len(distinct))
+        key = np.repeat(rank[inverse.ravel()], rails) * rails + np.tile(np.arange(rails), len(starts))
+        self._leaf_cache[(leaves, rails)] = [named[c] for c in distinct[order].tolist()], key
         return self._leaf_cache[(leaves, rails)]
 
-    @cached_property
-    def _stage_ids(self) -> tuple[list[frozenset], np.ndarray]:
-        """The distinct stage sets of the nodes, and each node's set index."""
-        sets = sorted(set(self.node_stages), key=sorted)
-        index = {x: i for i, x in enumerate(sets)}
-        return sets, np.array([index[x] for x in self.node_stages], dtype=np.int64)
-
-    def _class_max(self, found: dict, units: np.ndarray, links: list, bandwidth_Bps, nodes) -> None:
+    def _class_max(self, found: Peaks, units: np.ndarray, links: list, bandwidth_Bps, nodes) -> None:
         """For each set of pipeline stages and each of ``links`` (the columns of ``units``, one row per node of
-        ``nodes``), the busiest node's seconds per unit: ``found[link]`` by the set's index."""
-        set_of = self._stage_ids[1]
-        ids = set_of[nodes]
+        ``nodes``), the busiest node's seconds per unit, into ``found``."""
+        ids = self.node_set[nodes]
         if (ids[1:] >= ids[:-1]).all():  # nodes in stage order already (stages outermost): no sorted copy
             ranked = ids
         else:
@@ -350,7 +363,4 @@ class LinkLoads:
         starts = np.flatnonzero(np.concatenate(([True], ranked[1:] != ranked[:-1])))
         present = ranked[starts]
         peak = np.maximum.reduceat(units, starts, axis=0) / bandwidth_Bps
-        for j, uv in enumerate(links):
-            if uv not in found:
-                found[uv] = np.zeros(len(self._stage_ids[0]))
-            found[uv][present] = np.maximum(found[uv][present], peak[:, j])  # each set once in ``present``
+        found.update(links, present, peak)
