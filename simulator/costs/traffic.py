@@ -276,9 +276,11 @@ class LinkLoads:
         for name, leaf in (("up", leaf_a), ("down", leaf_b)):
             units = np.bincount(leaf, share, minlength=leaves)
             count = np.bincount(leaf, flows, minlength=leaves)
-            if name in sums.leaf_units:
-                units, count = units + sums.leaf_units[name], count + sums.leaf_flows[name]
-            sums.leaf_units[name], sums.leaf_flows[name] = units, count
+            if name in sums.leaf_units:  # in place: the same sums, no third array per leaf
+                sums.leaf_units[name] += units
+                sums.leaf_flows[name] += count
+            else:
+                sums.leaf_units[name], sums.leaf_flows[name] = units, count
 
     def _fabric_by_pairs(self, per_class: dict, sums: Sums) -> None:
         """Each distinct pair of leaf switches' units added along the switch path between them."""
