@@ -9,7 +9,8 @@ ROOT = Path(__file__).parents[1]
 def test_every_subpackage_is_listed_for_the_wheel():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "simulator").rglob("__init__.py")}
-    data_dirs = {"simulator.tables.shipped", "simulator.hardware.gpus", "simulator.scenario.presets"}
+    data_dirs = {"simulator.tables.shipped", "simulator.hardware.gpus", "simulator.hardware.routes",
+                 "simulator.scenario.presets"}  # fmt: skip
     # scenarios/ and its folders ship as simulator.scenarios[.folder] (setuptools warns about a folder not listed)
     scenario_dirs = {f"simulator.scenarios.{d.name}" for d in (ROOT / "scenarios").iterdir() if d.is_dir()}
     assert found | data_dirs | scenario_dirs | {"simulator.topologies", "simulator.scenarios"} == listed
@@ -26,6 +27,9 @@ def test_data_the_simulator_reads_is_covered_by_package_data():
         "tables/shipped/h100-sxm5-80gb/table.yaml",
         "costs/nccl.yaml",
         "validation/nccl_tests.yaml",
+        next((ROOT / "simulator" / "hardware" / "routes").glob("*.json"))
+        .relative_to(ROOT / "simulator")
+        .as_posix(),
     ):
         assert any((ROOT / "simulator").glob(g) and Path(needed).match(g) for g in globs), needed
     assert data["simulator.topologies"] == ["*.yaml"] and list((ROOT / "topologies").glob("*.yaml"))

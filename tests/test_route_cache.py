@@ -6,20 +6,25 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from simulator.hardware import route_cache
 from simulator.hardware.cluster import Cluster
-from simulator.hardware.topology import load_topology
+from simulator.hardware.topology import cluster_spec, load_topology
+from simulator.scenario.loader import load_scenario
 
+ROOT = Path(__file__).parents[1]
 PAIRS = [("gpu0", "gpu5"), ("gpu3", "nic3"), ("nic6", "gpu6"), ("gpu2", "hostmem"), ("hostmem", "gpu7")]
 
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    """An empty cache directory, and no route table read in this process yet (as in a new process)."""
+    """An empty cache directory, no shipped routes, and no route table read in this process yet (as in a new
+    process): every route is found again."""
     monkeypatch.setenv("CLUSTERSIM_CACHE", str(tmp_path))
+    monkeypatch.setattr(route_cache, "SHIPPED_DIR", tmp_path / "none-shipped")
     monkeypatch.setattr(route_cache, "_tables", {})
     monkeypatch.setattr(route_cache, "_grown", [])
     return tmp_path / "routes"
@@ -82,13 +87,16 @@ def test_an_unwritable_cache_still_routes(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
-def test_the_second_quickstart_imports_no_networkx(tmp_path):
-    """As a user runs it: the first run of a node finds its routes with networkx and keeps them; the next run
-    of the same node reads them, networkx never imported, with the same iteration time."""
+def test_the_second_run_of_a_node_not_shipped_imports_no_networkx(tmp_path):
+    """As a user runs it, on a node no shipped scenario has (a DGX A100 with 2 NICs): the first run finds its
+    routes with networkx and keeps them; the next run reads them, networkx never imported, with the same
+    iteration time."""
     code = (
         "import sys; from simulator import load_scenario, simulate; "
-        "m = simulate(load_scenario('quickstart')).metrics; "
-        "print(repr(m.iteration_time_s), 'networkx' in sys.modules)"
+        "s = load_scenario({'name': 'q', 'model': {'preset': 'gpt3-125m'}, "
+        "'cluster': {'topology': 'dgx-a100', 'num_nodes': 2, 'nics_per_node': 2}, "
+        "'training': {'global_batch_size': 16, 'micro_batch_size': 1}, 'parallelism': {}}); "
+        "print(repr(simulate(s).metrics.iteration_time_s), 'networkx' in sys.modules)"
     )
     env = {**os.environ, "CLUSTERSIM_CACHE": str(tmp_path)}
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
@@ -98,30 +106,34 @@ def test_the_second_quickstart_imports_no_networkx(tmp_path):
     assert first_time == second_time
 
 
-def test_of_equally_short_paths_the_route_is_ours_not_networkxs_order_of_search(cache):
-    """A DGX A100 node has 216 tied pairs among its 420 device pairs. With the node's links handed to networkx
-    in reverse, networkx's own search returns other paths for some pairs; the route is the same both ways: of
-    equally short paths the first by device names in natural order (gpu8 before gpu10)."""
-    import itertools
+def test_every_shipped_scenario_runs_on_shipped_routes_the_first_time(tmp_path):
+    """A user's first run of any shipped scenario, with nothing cached: every route its nodes need ships with the
+    package (simulator/hardware/routes/), so networkx is never imported."""
+    code = (
+        "import sys, pathlib; from simulator import load_scenario, simulate; "
+        f"[simulate(load_scenario(p)) for p in sorted(pathlib.Path({str(ROOT / 'scenarios')!r}).rglob('*.yaml'))]; "
+        "print('networkx' in sys.modules)"
+    )
+    env = {**os.environ, "CLUSTERSIM_CACHE": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == ["False"], (
+        "a shipped scenario's node needs routes the shipped files lack (a GPU file, topology or link cost "
+        "changed): run python docs/generate_shipped_routes.py"
+    )
 
-    import networkx as nx
 
-    forward = Cluster(load_topology("dgx-a100"), 1)
-    backward = Cluster(load_topology("dgx-a100"), 1)
-    g = forward._node0_graph
-    reverse = nx.Graph()
-    reverse.add_nodes_from(reversed(list(g.nodes(data=True))))
-    reverse.add_edges_from(reversed(list(g.edges(data=True))))
-    backward.__dict__["_node0_graph"] = reverse
-    devices = [n[3:] for n in g if not n[3:].startswith(("pcie", "nvswitch", "cpu"))]
-    moved = 0
-    for a, b in itertools.permutations(devices, 2):
-        assert forward._find_path(a, b) == backward._find_path(a, b)
-        ours = [f"n0.{x}" for x in forward._find_path(a, b)]
-        moved += nx.shortest_path(reverse, f"n0.{a}", f"n0.{b}", weight="cost") != ours
-        ties = list(nx.all_shortest_paths(g, f"n0.{a}", f"n0.{b}", weight="cost"))
-        assert ours in ties and all(
-            route_cache.natural_order(ours) <= route_cache.natural_order(t) for t in ties
-        )
-    assert moved > 0  # networkx's search order does pick otherwise: the rule is doing the work
-    assert route_cache.natural_order(["gpu8"]) < route_cache.natural_order(["gpu10"])
+def test_the_shipped_routes_are_the_routes_found_afresh(cache):
+    """Every route shipped for a shipped scenario's node is the one Cluster finds with networkx now, and so is each
+    GPU's nearest NIC: a shipped file holds what a run without it would find."""
+    checked = 0
+    for path in sorted((ROOT / "scenarios").rglob("*.yaml")):
+        s = load_scenario(path)
+        cluster = Cluster(cluster_spec(s), s.cluster.num_nodes)
+        digest = route_cache.table(cluster._node0.signature()).path.name
+        shipped = json.loads((ROOT / "simulator" / "hardware" / "routes" / digest).read_text())
+        for pair, stored in shipped["paths"].items():
+            assert cluster._find_path(*pair.split(">")) == stored, (path.name, pair)
+            checked += 1
+        if shipped["nearest_nic"] is not None:
+            assert cluster._find_nearest_nic() == shipped["nearest_nic"], path.name
+    assert checked > 100

@@ -8,7 +8,8 @@ Where two paths are equally short, ``Cluster._find_path`` picks one by a rule of
 natural order), not by networkx's order of search: a file holds what any run would find again.
 
 Where: ``routes`` under ``paths.cache_root()`` (``$CLUSTERSIM_CACHE``, else ``~/.cache/clustersim``), beside
-the parsed shipped tables. A file that cannot be read or written, or does not parse, is ignored: the routes are
+the parsed shipped tables; read after the file of the same digest in ``SHIPPED_DIR``, the routes of the shipped
+scenarios' and validation cases' nodes. A file that cannot be read or written, or does not parse, is ignored: the routes are
 found again. Routes found during a run are written when the process exits, one file per node layout, replaced
 whole (a concurrent run's file is never half-written).
 """
@@ -23,7 +24,11 @@ from pathlib import Path
 
 from simulator import paths
 
-FORMAT = 2  # bump when what a route means changes (2: ties broken by our own rule) (Cluster._find_path, Cluster._find_nearest_nic)
+# bump when what a route means changes (Cluster._find_path, Cluster._find_nearest_nic); 2: ties broken by our rule
+FORMAT = 2
+# the routes of the nodes the shipped scenarios and validation cases run on, found the same way and shipped with
+# the package (docs/generate_shipped_routes.py), so their first run needs no networkx either
+SHIPPED_DIR = Path(__file__).parent / "routes"
 
 _tables: dict[str, RouteTable] = {}  # one per node layout in this process, shared by its clusters
 _grown: list[RouteTable] = []  # the tables to write at exit
@@ -38,15 +43,17 @@ class RouteTable:
     """The routes of one node layout found so far: ``nearest_nic`` (one NIC per local GPU) and ``paths``
     (``"a>b"``: the device names from a to b)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, shipped: Path | None = None):
         self.path = path
         self.nearest_nic: list[int] | None = None
         self.paths: dict[str, list[str]] = {}
-        self._read()
+        for source in (shipped, path):  # what the package ships, then what runs here found besides
+            if source is not None:
+                self._read(source)
 
-    def _read(self) -> None:
+    def _read(self, source: Path) -> None:
         try:
-            data = json.loads(self.path.read_text())
+            data = json.loads(source.read_text())
             near, found = data["nearest_nic"], data["paths"]
             if data.get("format") != FORMAT or not isinstance(found, dict):
                 return
@@ -56,7 +63,8 @@ class RouteTable:
                 return
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return
-        self.nearest_nic, self.paths = near, found
+        self.nearest_nic = near if near is not None else self.nearest_nic
+        self.paths.update(found)
 
     def set_nearest_nic(self, nics: list[int]) -> None:
         self.nearest_nic = list(nics)
@@ -82,7 +90,7 @@ def table(signature: str) -> RouteTable:
     """The route table of the node layout ``signature`` describes (read from disk once per process)."""
     digest = hashlib.sha256(f"{FORMAT}\n{signature}".encode()).hexdigest()[:32]
     if digest not in _tables:
-        _tables[digest] = RouteTable(cache_dir() / f"{digest}.json")
+        _tables[digest] = RouteTable(cache_dir() / f"{digest}.json", SHIPPED_DIR / f"{digest}.json")
     return _tables[digest]
 
 
