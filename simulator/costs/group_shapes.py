@@ -58,8 +58,8 @@ def group_shapes(groups, gpus_per_node: int) -> list[tuple[tuple[int, ...], int]
     """(a representative group, how many groups share its shape): groups whose ranks sit on nodes at the same
     offsets from their first rank's node, in order, move bytes across nodes alike."""
     if isinstance(groups, Groups) or len({len(g) for g in groups}) == 1:
-        array = groups.array if isinstance(groups, Groups) else np.asarray(groups, dtype=np.int64)
-        first, counts = distinct_rows(_Offsets(array.astype(np.int64, copy=False), gpus_per_node))
+        array = np.asarray(groups.array if isinstance(groups, Groups) else groups, dtype=np.int64)  # no copy
+        first, counts = distinct_rows(_Offsets(array, gpus_per_node))
         return [(groups[i], int(c)) for i, c in zip(first.tolist(), counts.tolist(), strict=True)]
     shapes: dict[tuple, list] = {}
     for grp in groups:

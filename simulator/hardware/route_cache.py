@@ -9,9 +9,9 @@ natural order), not by networkx's order of search: a file holds what any run wou
 
 Where: ``routes`` under ``paths.cache_root()`` (``$CLUSTERSIM_CACHE``, else ``~/.cache/clustersim``), beside
 the parsed shipped tables; read after the file of the same digest in ``SHIPPED_DIR``, the routes of the shipped
-scenarios' and validation cases' nodes. A file that cannot be read or written, or does not parse, is ignored: the routes are
-found again. Routes found during a run are written when the process exits, one file per node layout, replaced
-whole (a concurrent run's file is never half-written).
+scenarios' and validation cases' nodes. A file that cannot be read or written, or does not parse, is ignored:
+the routes are found again. Routes found during a run are written when the process exits, one file per node
+layout, replaced whole (a concurrent run's file is never half-written).
 """
 
 from __future__ import annotations
