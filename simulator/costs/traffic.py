@@ -146,16 +146,15 @@ class LinkLoads:
                 self._star_fabric(per_class, sums)
             else:
                 self._fabric_by_pairs(per_class, sums)
-        # the node links' classes in the order one pass over every touched node at once would add them: a few
-        # links at a time ([node x link] arrays of at most 512 KiB), each stage set's in turn
+        # the node links' classes in the order one pass over every touched node at once added them (links in
+        # batches of as many as a 512 KiB [node x link] array held, each stage set's in turn), so nothing
+        # downstream sees another order; links that carried nothing are left out
         paths = [c[0] for c in self._gpu_paths] if sums.across else []
         known = set(paths)
         at = {uv: j for j, uv in enumerate([*paths, *(uv for uv in sums.local if uv not in known)])}
         sets = self.stage_sets
         per = max(1, (1 << 16) // max(1, touched))
-        links = sorted(
-            (uv for uv in found.column if uv in at), key=at.__getitem__
-        )  # the others carried nothing
+        links = sorted((uv for uv in found.column if uv in at), key=at.__getitem__)
         for lo in range(0, len(links), per):
             batch = links[lo : lo + per]
             values = found.values[:, [found.column[uv] for uv in batch]]
