@@ -39,9 +39,12 @@ def rate(fn, queries) -> float:
 def lookups_per_second(gpu_name: str) -> None:
     table = read_table(shipped_tables()[gpu_name])
     gpu = get_gpu(gpu_name)
-    t0 = time.perf_counter()
-    look = KernelLookup(table.kernels, partial(shape_roofline_s, gpu))
-    build = time.perf_counter() - t0
+    build = float("inf")
+    for _ in range(3):  # the best of three: the first also pays for warming numpy up
+        t0 = time.perf_counter()
+        look = KernelLookup(table.kernels, partial(shape_roofline_s, gpu))
+        look.exact  # noqa: B018 - every kind's lookups made (a run makes those it queries, when it first does)
+        build = min(build, time.perf_counter() - t0)
     rng = random.Random(0)
     gemms = []
     for _ in range(2000):
@@ -64,7 +67,9 @@ def lookups_per_second(gpu_name: str) -> None:
     colls = CollectiveLookup(table.collectives)
     cqs = [("all_reduce", 8, 1, 8, 2 ** rng.uniform(12, 30)) for _ in range(5000)]
     hits = sum(look.cost(*q) is not None for q in gemms)
-    print(f"{gpu_name}: {len(table.kernels):,} kernel rows, lookup built in {build * 1e3:.0f} ms")
+    print(
+        f"{gpu_name}: {len(table.kernels):,} kernel rows, every kind's lookup built in {build * 1e3:.0f} ms"
+    )
     print(
         f"  GEMM lookups (interpolation over {len(look.shaped[('gemm', 'forward', 'fp16')].x):,} rows): {rate(look.cost, gemms):,.0f} /s, {hits / len(gemms):.0%} inside the measured range"
     )

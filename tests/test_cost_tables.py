@@ -2,9 +2,12 @@
 cost sources a run reports, and the shipped A100 / H100 tables."""
 
 import json
+from collections import defaultdict
 from functools import partial
 from math import sqrt
+from statistics import median
 
+import numpy as np
 import pytest
 from conftest import GPT_SMALL, make
 from typer.testing import CliRunner
@@ -338,6 +341,67 @@ def test_a_shipped_table_is_parsed_once_and_read_back_from_the_cache(tmp_path, m
     cached.write_bytes(b"not a pickle")
     assert select._cached_shipped(path, stamp).kernels == parsed.kernels
     assert cached.read_bytes() != b"not a pickle"
+
+
+def test_a_cached_table_keeps_its_kernel_rows_as_columns_and_its_lookup_is_the_rows_lookup(
+    tmp_path, monkeypatch
+):
+    """The parsed-table cache keeps kernel rows as columns (unpickling ~3,000 row objects took 5-8 ms of a run's
+    start): a run builds its lookup from the columns without making the rows, and that lookup is the one the
+    rows give, number for number; the rows are made where asked for, equal to the parsed ones."""
+    from functools import partial
+
+    from simulator.costs.compute import shape_roofline_s
+    from simulator.hardware.gpus import get_gpu
+    from simulator.tables import select
+    from simulator.tables.format import KernelColumns
+    from simulator.tables.io import read_table
+    from simulator.tables.lookup import KernelLookup
+
+    monkeypatch.setenv("CLUSTERSIM_CACHE", str(tmp_path))
+    path = select.shipped_tables()["a100-sxm4-80gb"]
+    select._cached_shipped(path, select._stamp(path))  # parsed and kept
+    table = select._cached_shipped(path, select._stamp(path))  # read back
+    assert isinstance(table.kernels, KernelColumns) and len(table.kernels) == 3024
+    roofline = partial(shape_roofline_s, get_gpu("a100-sxm4-80gb"))
+    by_columns = KernelLookup(table.kernels, roofline)
+    assert table.kernels._rows is None  # the lookup read the columns only
+    rows = read_table(path).kernels
+    by_rows = KernelLookup(rows, roofline)
+    assert by_columns.exact == by_rows.exact and by_columns.curves == by_rows.curves
+    times = defaultdict(list)  # every row's time by its shape, the median where a shape recurs, made here
+    for r in rows:
+        pass_ = "forward" if r.op in ("gemm", "batched_gemm", "grouped_gemm") else r.direction
+        k = r.k if r.op in ("gemm", "batched_gemm", "grouped_gemm", "flash_attention", "embedding") else 0
+        times[(r.op, pass_, r.dtype, r.m, r.n, k, r.batch)].append(r.seconds)
+    assert by_columns.exact == {key: median(v) for key, v in times.items()}
+    assert by_columns.shaped.keys() == by_rows.shaped.keys()
+    for key, shaped in by_columns.shaped.items():
+        other = by_rows.shaped[key]
+        for attribute in ("x", "log_ratio", "rate"):
+            assert np.array_equal(getattr(shaped, attribute), getattr(other, attribute))
+    assert list(table.kernels) == read_table(path).kernels
+    assert table.kernels[5] == read_table(path).kernels[5]
+
+
+def test_writing_a_tables_cache_removes_its_older_ones_only(tmp_path, monkeypatch):
+    """Each checkout or version of a shipped table is a cache file of its own (keyed by the files' times): the
+    newest one written replaces the table's older ones, and leaves other tables' alone, a table whose name
+    begins with this one's included."""
+    from simulator.tables import select
+
+    monkeypatch.setenv("CLUSTERSIM_CACHE", str(tmp_path))
+    path = select.shipped_tables()["h100-sxm5-80gb"]
+    cache = tmp_path / "tables"
+    cache.mkdir()
+    older = cache / "h100-sxm5-80gb-0123456789abcdef01234567.pickle"
+    other = cache / "h100-sxm5-80gb-pt211-0123456789abcdef01234567.pickle"
+    unrelated = cache / "h100-sxm5-80gb-notes.txt"
+    for f in (older, other, unrelated):
+        f.write_bytes(b"x")
+    select._cached_shipped(path, select._stamp(path))
+    left = sorted(f.name for f in cache.iterdir())
+    assert older.name not in left and other.name in left and unrelated.name in left and len(left) == 3
 
 
 def test_a_tables_rooflines_made_all_at_once_are_the_ones_made_one_row_at_a_time():

@@ -12,7 +12,8 @@ the metadata, and the table; ``io.py`` reads and writes directories, ``lookup.py
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -114,6 +115,46 @@ class CollectiveRow:
         return (self.op, self.ranks, self.nodes, self.ranks_per_node, float(self.bytes))
 
 
+KERNEL_FIELDS = tuple(f.name for f in fields(KernelRow))
+
+
+class KernelColumns(Sequence):
+    """A table's kernel rows as columns (``KERNEL_FIELDS`` -> a list each), as the parsed-table cache keeps them
+    (``select.py``): unpickling a few thousand row objects took 5-8 ms of every run's start, building the lookup
+    from them as long again. The lookup reads the columns (``lookup.KernelLookup``); the rows themselves are
+    made where something asks for them (writing, calibrating), once."""
+
+    def __init__(self, columns: dict[str, list]):
+        self.columns = columns
+        self._rows: list[KernelRow] | None = None
+
+    @classmethod
+    def of(cls, rows) -> KernelColumns:
+        return (
+            rows
+            if isinstance(rows, KernelColumns)
+            else cls({f: [getattr(r, f) for r in rows] for f in KERNEL_FIELDS})
+        )
+
+    @property
+    def rows(self) -> list[KernelRow]:
+        if self._rows is None:
+            self._rows = [KernelRow(*v) for v in zip(*(self.columns[f] for f in KERNEL_FIELDS), strict=True)]
+        return self._rows
+
+    def __len__(self) -> int:
+        return len(self.columns["op"])
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __reduce__(self):  # pickled as its columns
+        return (KernelColumns, (self.columns,))
+
+
 class _Meta(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -166,7 +207,7 @@ class TableMeta(_Meta):
 @dataclass(eq=False)
 class CostTable:
     meta: TableMeta
-    kernels: list[KernelRow]
+    kernels: list[KernelRow] | KernelColumns
     collectives: list[CollectiveRow]
     path: Path | None = None
     lookups: dict = field(default_factory=dict, repr=False)  # built from the rows, per GPU / cluster (api.py)

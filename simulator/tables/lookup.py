@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from simulator.tables.format import CollectiveRow, KernelRow
+from simulator.tables.format import CollectiveRow, KernelColumns, KernelRow
 
 MEASURED, INTERPOLATED, MODELLED = "measured", "interpolated", "modelled"
 SHAPED = (
@@ -95,20 +95,22 @@ def _curves(points: Iterable[tuple[tuple, float, float]]) -> dict[tuple, tuple[l
 
 
 class _Shaped:
-    """Rows of one shaped kernel kind and dtype, ready for nearest-neighbour interpolation."""
+    """Rows of one shaped kernel kind and dtype, ready for nearest-neighbour interpolation: the columns of
+    ``KernelColumns`` at ``at``, the rows' indices."""
 
-    def __init__(self, rows: list[KernelRow], roofline: Roofline):
-        self.op = rows[0].op
-        self.x = np.array([_features(r.op, r.m, r.n, r.k, r.batch) for r in rows])
+    def __init__(self, columns: dict[str, list], at: list[int], roofline: Roofline):
+        col = lambda f: [columns[f][i] for i in at]  # noqa: E731
+        self.op = op = columns["op"][at[0]]
+        m, n, k, batch = col("m"), col("n"), col("k"), col("batch")
+        self.x = np.array([_features(op, *shape) for shape in zip(m, n, k, batch, strict=True)])
         # every row at once: one kernel and dtype, and a direction that matters only where it is the same for all
         # (a GEMM's pass does not, table_pass)
-        m, n, k, batch = (
-            np.array([getattr(r, f) for r in rows], dtype=np.int64) for f in ("m", "n", "k", "batch")
-        )
-        model = roofline(self.op, rows[0].direction, rows[0].dtype, m, n, k, batch)
-        seconds = np.array([r.seconds for r in rows])
+        m, n, k, batch = (np.array(v, dtype=np.int64) for v in (m, n, k, batch))
+        direction = columns["direction"][at[0]]
+        model = roofline(op, direction, columns["dtype"][at[0]], m, n, k, batch)
+        seconds = np.array(col("median_us")) * 1e-6
         self.log_ratio = np.log(seconds / model)
-        self.rate = work(self.op, rows[0].direction, m, n, k, batch) / seconds
+        self.rate = work(op, direction, m, n, k, batch) / seconds
         self.lo, self.hi = self.x.min(axis=0).tolist(), self.x.max(axis=0).tolist()
 
     def cost(self, direction: str, m: int, n: int, k: int, batch: int, roofline_s: float) -> float | None:
@@ -131,28 +133,66 @@ class _Shaped:
         return max(seconds, work(self.op, direction, m, n, k, batch) / fastest)
 
 
-class KernelLookup:
-    """Measured kernel times of one table, bound to a roofline for the model-relative interpolation."""
+class _Group:
+    """The rows of one kernel, pass and dtype: their exact times by shape (the median where a shape recurs), and
+    the interpolation between them (``_Shaped`` for shaped kernels, a curve over m x n for the others)."""
 
-    def __init__(self, rows: list[KernelRow], roofline: Roofline):
-        exact: dict[tuple, list[float]] = defaultdict(list)
-        shaped: dict[tuple, list[KernelRow]] = defaultdict(list)
+    def __init__(self, key: tuple, columns: dict[str, list], at: list[int], roofline: Roofline):
+        op, _, dtype = key
+        times: dict[tuple, list[float]] = defaultdict(list)
         points = []
-        for r in rows:
-            exact[self._key(r.op, r.direction, r.dtype, r.m, r.n, r.k, r.batch)].append(r.seconds)
-            if r.op in SHAPED:
-                shaped[(r.op, table_pass(r.op, r.direction), r.dtype)].append(r)
-            else:
-                points.append(((r.op, r.direction, r.dtype), float(r.m * r.n), r.seconds))
-        self.exact = {k: median(v) for k, v in exact.items()}
-        self.shaped = {k: _Shaped(v, roofline) for k, v in shaped.items()}
-        self.curves = _curves(points)
+        shape = ([columns[f][i] for i in at] for f in ("direction", "m", "n", "k", "batch", "median_us"))
+        for direction, m, n, k, batch, us in zip(*shape, strict=True):
+            seconds = us * 1e-6
+            times[KernelLookup.shape_key(op, m, n, k, batch)].append(seconds)
+            if op not in SHAPED:
+                points.append(((op, direction, dtype), float(m * n), seconds))
+        self.exact = {k: v[0] if len(v) == 1 else median(v) for k, v in times.items()}
+        self.shaped = _Shaped(columns, at, roofline) if op in SHAPED else None
+        self.curve = _curves(points).get(key) if op not in SHAPED else None
+
+
+class KernelLookup:
+    """Measured kernel times of one table, bound to a roofline for the model-relative interpolation. The rows
+    are sorted by kernel, pass and dtype at once; a group's lookups are made when a query first needs them (a
+    run asks for a few kinds of a table's dozens: building all of them took 5 ms of every run's start)."""
+
+    def __init__(self, rows: list[KernelRow] | KernelColumns, roofline: Roofline):
+        self._columns = KernelColumns.of(rows).columns  # read by column: a cached table's rows stay unmade
+        self._roofline = roofline
+        self._rows_of: dict[tuple, list[int]] = defaultdict(list)  # (op, pass, dtype) -> its rows, in order
+        kinds = zip(self._columns["op"], self._columns["direction"], self._columns["dtype"], strict=True)
+        for i, (op, direction, dtype) in enumerate(kinds):
+            self._rows_of[(op, table_pass(op, direction), dtype)].append(i)
+        self._groups: dict[tuple, _Group | None] = {}
         self._seen: dict[tuple, Cost | None] = {}
 
+    def _group(self, key: tuple) -> _Group | None:
+        if key not in self._groups:
+            at = self._rows_of.get(key)
+            self._groups[key] = _Group(key, self._columns, at, self._roofline) if at else None
+        return self._groups[key]
+
+    def _all(self) -> dict[tuple, _Group]:
+        return {key: self._group(key) for key in self._rows_of}
+
+    @property
+    def exact(self) -> dict[tuple, float]:
+        """Every row's time by (op, pass, dtype, m, n, k, batch), k 0 where a kernel's time does not depend on it."""
+        return {(*key, *shape): t for key, g in self._all().items() for shape, t in g.exact.items()}
+
+    @property
+    def shaped(self) -> dict[tuple, _Shaped]:
+        return {key: g.shaped for key, g in self._all().items() if g.shaped is not None}
+
+    @property
+    def curves(self) -> dict[tuple, tuple[list[float], list[float]]]:
+        return {key: g.curve for key, g in self._all().items() if g.curve is not None}
+
     @staticmethod
-    def _key(op, direction, dtype, m, n, k, batch) -> tuple:
-        k = k if op in SHAPED or op == "embedding" else 0
-        return (op, table_pass(op, direction), dtype, m, n, k, batch)
+    def shape_key(op, m, n, k, batch) -> tuple:
+        """A row's shape as its exact time is kept: k only where the kernel's time depends on it."""
+        return (m, n, k if op in SHAPED or op == "embedding" else 0, batch)
 
     def cost(
         self, op: str, direction: str, dtype: str, m: int, n: int, k: int, batch: int, roofline_s: float
@@ -168,17 +208,16 @@ class KernelLookup:
         self, op: str, direction: str, dtype: str, m: int, n: int, k: int, batch: int, roofline_s: float
     ) -> Cost | None:
         for dt, exact_source in ((dtype, MEASURED), (_SAME_WIDTH.get(dtype), INTERPOLATED)):
-            if dt is None:
+            group = self._group((op, table_pass(op, direction), dt)) if dt is not None else None
+            if group is None:
                 continue
-            hit = self.exact.get(self._key(op, direction, dt, m, n, k, batch))
+            hit = group.exact.get(self.shape_key(op, m, n, k, batch))
             if hit is not None:
                 return hit, exact_source
-            if op in SHAPED:
-                group = self.shaped.get((op, table_pass(op, direction), dt))
-                seconds = group.cost(direction, m, n, k, batch, roofline_s) if group else None
+            if group.shaped is not None:
+                seconds = group.shaped.cost(direction, m, n, k, batch, roofline_s)
             else:
-                curve = self.curves.get((op, direction, dt))
-                seconds = curve_cost(*curve, float(m * n)) if curve else None
+                seconds = curve_cost(*group.curve, float(m * n)) if group.curve else None
             if seconds is not None:
                 return seconds, INTERPOLATED
         return None

@@ -10,14 +10,17 @@ whose fabric matches the table's ``system``, so what-ifs with other links fall b
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import pickle
+import re
+from dataclasses import astuple
 from functools import cache
 from pathlib import Path
 
 from simulator import paths
 from simulator.errors import ScenarioError
-from simulator.tables.format import SHIPPED_DIR, CollectiveRow, CostTable, is_shipped
+from simulator.tables.format import SHIPPED_DIR, CollectiveRow, CostTable, KernelColumns, is_shipped
 from simulator.tables.io import read_table
 
 
@@ -41,7 +44,7 @@ def _load(path: str, stamp: tuple) -> CostTable:
     return read_table(path)
 
 
-CACHE_VERSION = 1  # bump when CostTable, KernelRow or CollectiveRow change shape
+CACHE_VERSION = 2  # bump when CostTable, KernelRow or CollectiveRow change shape
 
 
 def cache_dir() -> Path:
@@ -50,9 +53,11 @@ def cache_dir() -> Path:
 
 
 def _cached_shipped(path: Path, stamp: tuple) -> CostTable:
-    """A shipped table parsed once per install: its rows pickled under cache_dir(), keyed by the table's name,
-    files' sizes and modification times and the cache version (parsing its CSVs took ~0.1 s of every process's
-    start; unpickling takes a few ms). Any problem with the cache is a reason to parse, never an error."""
+    """A shipped table parsed once per install: its metadata, kernel rows as columns (``KernelColumns``) and
+    collective rows as tuples, pickled under cache_dir(), keyed by the table's name, files' sizes and
+    modification times and the cache version (parsing its CSVs took ~0.1 s of every process's start; unpickling
+    takes about a millisecond). Writing one removes the table's older ones (another checkout's or version's).
+    Any problem with the cache is a reason to parse, never an error."""
     files = sorted(p for p in path.iterdir() if p.is_file())
     key = hashlib.sha256(
         repr((CACHE_VERSION, path.name, [(p.name, p.stat().st_size) for p in files], stamp)).encode()
@@ -61,15 +66,19 @@ def _cached_shipped(path: Path, stamp: tuple) -> CostTable:
     try:
         with open(target, "rb") as f:
             meta, kernels, collectives = pickle.load(f)
-        return CostTable(meta, kernels, collectives, path)
+        return CostTable(meta, KernelColumns(kernels), [CollectiveRow(*r) for r in collectives], path)
     except Exception:  # missing, stale format, unreadable: parse the CSVs
         pass
     table = read_table(path)
-    rows = (table.meta, table.kernels, table.collectives)
-    paths.keep(
-        target, pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)
-    )  # a read-only home: parse every time
-    return table
+    kernels = KernelColumns.of(table.kernels)
+    rows = (table.meta, kernels.columns, [astuple(r) for r in table.collectives])
+    if paths.keep(target, pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)):
+        mine = re.compile(re.escape(path.name) + r"-[0-9a-f]{24}\.pickle")
+        for old in target.parent.iterdir():
+            if old != target and mine.fullmatch(old.name):
+                with contextlib.suppress(OSError):
+                    old.unlink()
+    return CostTable(table.meta, kernels, table.collectives, path)
 
 
 def check_choice(choice: str, field: str = "kernels", base_dir: Path | None = None) -> str:
