@@ -384,24 +384,33 @@ def test_a_cached_table_keeps_its_kernel_rows_as_columns_and_its_lookup_is_the_r
     assert table.kernels[5] == read_table(path).kernels[5]
 
 
-def test_writing_a_tables_cache_removes_its_older_ones_only(tmp_path, monkeypatch):
-    """Each checkout or version of a shipped table is a cache file of its own (keyed by the files' times): the
-    newest one written replaces the table's older ones, and leaves other tables' alone, a table whose name
-    begins with this one's included."""
+def test_a_tables_cache_keeps_its_last_used_files_and_leaves_other_tables_alone(tmp_path, monkeypatch):
+    """Each checkout or version of a shipped table is a cache file of its own (keyed by the files' times):
+    writing one keeps the KEEP_PER_TABLE last used of the table (reading one marks it used) and removes the
+    rest, and leaves other tables' files alone, a table whose name begins with this one's included."""
+    import os
+
     from simulator.tables import select
 
     monkeypatch.setenv("CLUSTERSIM_CACHE", str(tmp_path))
     path = select.shipped_tables()["h100-sxm5-80gb"]
     cache = tmp_path / "tables"
     cache.mkdir()
-    older = cache / "h100-sxm5-80gb-0123456789abcdef01234567.pickle"
+    olds = [cache / f"h100-sxm5-80gb-{i:024x}.pickle" for i in range(6)]
     other = cache / "h100-sxm5-80gb-pt211-0123456789abcdef01234567.pickle"
     unrelated = cache / "h100-sxm5-80gb-notes.txt"
-    for f in (older, other, unrelated):
+    for f in (*olds, other, unrelated):
         f.write_bytes(b"x")
+    for age, f in enumerate(reversed(olds)):  # olds[5] the oldest
+        os.utime(f, (1e9 + age, 1e9 + age))
+    os.utime(olds[4], (2e9, 2e9))  # used last of them
     select._cached_shipped(path, select._stamp(path))
-    left = sorted(f.name for f in cache.iterdir())
-    assert older.name not in left and other.name in left and unrelated.name in left and len(left) == 3
+    (written,) = set(cache.glob("h100-sxm5-80gb-*.pickle")) - {*olds, other}
+    kept = {olds[4], olds[0], olds[1]}  # the last used, then the newest: KEEP_PER_TABLE with the new one
+    assert set(cache.iterdir()) == {written, *kept, other, unrelated} and select.KEEP_PER_TABLE == 4
+    os.utime(written, (1e9, 1e9))
+    select._cached_shipped(path, select._stamp(path))  # read back: marked used
+    assert written.stat().st_mtime > 1.5e9
 
 
 def test_a_tables_rooflines_made_all_at_once_are_the_ones_made_one_row_at_a_time():
