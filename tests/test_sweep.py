@@ -193,6 +193,22 @@ def test_cli_sweep_json_resume_sweep_file_and_report(tmp_path, base_file):
     assert "Pareto front" in report.read_text()
 
 
+def test_a_sweep_files_base_may_name_a_shipped_scenario(tmp_path):
+    """``base: quickstart`` in a sweep file takes the shipped scenario, as ``run quickstart`` and
+    ``sweep quickstart`` do, where no file of that name sits beside the sweep file; one that does is taken first."""
+    from simulator.study.grid import load_sweep_file
+
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text("base: quickstart\nvary: {training.micro_batch_size: [1, 2]}\n")
+    sweep, _ = load_sweep_file(spec)
+    assert sweep.base["name"] == "gpt3-1.3b-ddp-8xa100" and sweep.values == ((1, 2),)
+    (tmp_path / "quickstart").write_text("name: mine\nmodel: {preset: gpt3-125m}\n")
+    assert load_sweep_file(spec)[0].base["name"] == "mine"
+    spec.write_text("base: no-such-scenario\nvary: {training.micro_batch_size: [1]}\n")
+    r = CliRunner().invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "no-such-scenario: no such file, and no shipped scenario" in r.output
+
+
 def test_cli_sweep_bad_input_is_one_line_and_exit_2(tmp_path, base_file):
     runner = CliRunner()
     cases = [

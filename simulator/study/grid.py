@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from simulator.errors import ScenarioError
-from simulator.scenario.files import read_yaml
+from simulator.scenario.files import is_path, read_yaml
 from simulator.scenario.presets import MODEL_SOURCE_KEYS
 
 FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -157,8 +157,9 @@ def load_base(path: Path) -> tuple[dict, Path]:
 
 
 def load_sweep_file(path: Path) -> tuple[Sweep, dict]:
-    """A sweep YAML: ``base:`` (a scenario path, relative to the file, or an inline scenario), ``vary:``
-    (field -> list of values), optional ``zip: true``, ``out:``, ``report:``. Returns the sweep and the options."""
+    """A sweep YAML: ``base:`` (a scenario path, relative to the file, a shipped scenario's name, or an inline
+    scenario), ``vary:`` (field -> list of values), optional ``zip: true``, ``out:``, ``report:``. Returns the
+    sweep and the options."""
     from simulator.scenario.shipped import resolve_scenario
 
     path = resolve_scenario(path)  # a shipped scenario's name too, so the message below can say what to add
@@ -177,7 +178,9 @@ def load_sweep_file(path: Path) -> tuple[Sweep, dict]:
     if isinstance(base, str):
         if "\x00" in base or not base.strip():
             raise ScenarioError(f"{path}: base: not a usable file name ({base!r})")
-        base_data, base_dir = load_base((path.parent / base).resolve())
+        beside = (path.parent / base).resolve()
+        # a file beside the sweep file, else (a bare name) a shipped scenario's, as `run` and `sweep NAME` take it
+        base_data, base_dir = load_base(beside if is_path(base) or beside.exists() else Path(base))
     elif isinstance(base, dict):
         base_data, base_dir = copy.deepcopy(base), path.parent
         base_data.setdefault("name", path.stem)
