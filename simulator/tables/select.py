@@ -57,8 +57,8 @@ def _cached_shipped(path: Path, stamp: tuple) -> CostTable:
     """A shipped table parsed once per install: its metadata, kernel rows as columns (``KernelColumns``) and
     collective rows as tuples, pickled under cache_dir(), keyed by the table's name, files' sizes and
     modification times and the cache version (parsing its CSVs took ~0.1 s of every process's start; unpickling
-    takes about a millisecond). Writing one removes the table's least recently used ones beyond
-    KEEP_PER_TABLE (other checkouts' or versions'). Any problem with the cache is a reason to parse, never an error."""
+    takes about a millisecond). Writing one removes the table's least recently used ones beyond KEEP_PER_TABLE
+    (other checkouts' or versions'). Any problem with the cache is a reason to parse, never an error."""
     files = sorted(p for p in path.iterdir() if p.is_file())
     key = hashlib.sha256(
         repr((CACHE_VERSION, path.name, [(p.name, p.stat().st_size) for p in files], stamp)).encode()
@@ -85,7 +85,7 @@ KEEP_PER_TABLE = 4  # a few installs or checkouts in use side by side each keep 
 
 def _prune(target: Path, name: str) -> None:
     """Remove the table's cache files beyond the KEEP_PER_TABLE last used (each install or checkout of a table
-    has its own: the files' times are part of the key; a git clone of the repository made one a day here)."""
+    has its own, the files' times being part of the key: 26 had piled up here from clones of the repository)."""
     mine = re.compile(re.escape(name) + r"-[0-9a-f]{24}\.pickle")
     with contextlib.suppress(OSError):
         others = [p for p in target.parent.iterdir() if p != target and mine.fullmatch(p.name)]
