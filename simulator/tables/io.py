@@ -63,7 +63,11 @@ def _cell(text: str, kind: type, where: str, column: str, optional: bool):
 
 def _rows(path: Path, cls, required: tuple[str, ...], check) -> list:
     """Rows of ``cls`` from a CSV (or Parquet) file; every problem names the file, line and column."""
-    types = {f.name: f.type for f in fields(cls)}
+    # each column's type (the field's annotation before any "| None") and whether it may be empty, once per file
+    kinds = {
+        f.name: ({"int": int, "float": float, "str": str}[f.type.split(" |")[0].strip()], f.name not in required)
+        for f in fields(cls)
+    }
     records = _records(path)
     out = []
     for line, rec in records:
@@ -73,11 +77,10 @@ def _rows(path: Path, cls, required: tuple[str, ...], check) -> list:
             raise ScenarioError(f"{path}: missing column(s) {', '.join(missing)}")
         values = {}
         for col, text in rec.items():
-            if col not in types:
+            kind = kinds.get(col)
+            if kind is None:
                 continue
-            t = types[col]
-            base = {"int": int, "float": float, "str": str}[t.split(" |")[0].strip()]
-            value = _cell(text, base, where, col, optional=col not in required)
+            value = _cell(text, kind[0], where, col, optional=kind[1])
             if value is not None:
                 values[col] = value
         row = cls(**values)
