@@ -65,7 +65,10 @@ def _rows(path: Path, cls, required: tuple[str, ...], check) -> list:
     """Rows of ``cls`` from a CSV (or Parquet) file; every problem names the file, line and column."""
     # each column's type (the field's annotation before any "| None") and whether it may be empty, once per file
     kinds = {
-        f.name: ({"int": int, "float": float, "str": str}[f.type.split(" |")[0].strip()], f.name not in required)
+        f.name: (
+            {"int": int, "float": float, "str": str}[f.type.split(" |")[0].strip()],
+            f.name not in required,
+        )
         for f in fields(cls)
     }
     records = _records(path)
