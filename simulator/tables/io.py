@@ -26,6 +26,7 @@ from simulator.scenario.section import MAX_GPUS
 from simulator.tables.format import (
     COLLECTIVE_OPS,
     DTYPES,
+    KERNEL_FIELDS,
     KERNEL_OPS,
     PASSES,
     CollectiveRow,
@@ -230,7 +231,7 @@ def read_table(directory: str | Path) -> CostTable:
 
 
 # -- writing ----------------------------------------------------------------------------------------------------
-KERNEL_COLUMNS = [f.name for f in fields(KernelRow)]
+KERNEL_COLUMNS = list(KERNEL_FIELDS)
 COLLECTIVE_COLUMNS = [f.name for f in fields(CollectiveRow)]
 
 

@@ -95,20 +95,19 @@ def _curves(points: Iterable[tuple[tuple, float, float]]) -> dict[tuple, tuple[l
 
 
 class _Shaped:
-    """Rows of one shaped kernel kind and dtype, ready for nearest-neighbour interpolation: the columns of
-    ``KernelColumns`` at ``at``, the rows' indices."""
+    """Rows of one shaped kernel kind and dtype, ready for nearest-neighbour interpolation: ``rows``, their
+    columns (as ``KernelColumns`` has them)."""
 
-    def __init__(self, columns: dict[str, list], at: list[int], roofline: Roofline):
-        col = lambda f: [columns[f][i] for i in at]  # noqa: E731
-        self.op = op = columns["op"][at[0]]
-        m, n, k, batch = col("m"), col("n"), col("k"), col("batch")
+    def __init__(self, rows: dict[str, list], roofline: Roofline):
+        self.op = op = rows["op"][0]
+        m, n, k, batch = rows["m"], rows["n"], rows["k"], rows["batch"]
         self.x = np.array([_features(op, *shape) for shape in zip(m, n, k, batch, strict=True)])
         # every row at once: one kernel and dtype, and a direction that matters only where it is the same for all
         # (a GEMM's pass does not, table_pass)
         m, n, k, batch = (np.array(v, dtype=np.int64) for v in (m, n, k, batch))
-        direction = columns["direction"][at[0]]
-        model = roofline(op, direction, columns["dtype"][at[0]], m, n, k, batch)
-        seconds = np.array(col("median_us")) * 1e-6
+        direction = rows["direction"][0]
+        model = roofline(op, direction, rows["dtype"][0], m, n, k, batch)
+        seconds = np.array(rows["median_us"]) * 1e-6
         self.log_ratio = np.log(seconds / model)
         self.rate = work(op, direction, m, n, k, batch) / seconds
         self.lo, self.hi = self.x.min(axis=0).tolist(), self.x.max(axis=0).tolist()
@@ -139,16 +138,20 @@ class _Group:
 
     def __init__(self, key: tuple, columns: dict[str, list], at: list[int], roofline: Roofline):
         op, _, dtype = key
+        rows = {
+            f: [columns[f][i] for i in at]
+            for f in ("op", "direction", "dtype", "m", "n", "k", "batch", "median_us")
+        }
         times: dict[tuple, list[float]] = defaultdict(list)
         points = []
-        shape = ([columns[f][i] for i in at] for f in ("direction", "m", "n", "k", "batch", "median_us"))
-        for direction, m, n, k, batch, us in zip(*shape, strict=True):
+        shapes = (rows[f] for f in ("direction", "m", "n", "k", "batch", "median_us"))
+        for direction, m, n, k, batch, us in zip(*shapes, strict=True):
             seconds = us * 1e-6
             times[KernelLookup.shape_key(op, m, n, k, batch)].append(seconds)
             if op not in SHAPED:
                 points.append(((op, direction, dtype), float(m * n), seconds))
         self.exact = {k: v[0] if len(v) == 1 else median(v) for k, v in times.items()}
-        self.shaped = _Shaped(columns, at, roofline) if op in SHAPED else None
+        self.shaped = _Shaped(rows, roofline) if op in SHAPED else None
         self.curve = _curves(points).get(key) if op not in SHAPED else None
 
 
