@@ -148,6 +148,9 @@ class KernelColumns(Sequence):
     def __getitem__(self, i):
         return self.rows[i]
 
+    def __iter__(self):
+        return iter(self.rows)
+
     def __eq__(self, other) -> bool:
         return isinstance(other, Sequence) and list(self) == list(other)
 
