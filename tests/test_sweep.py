@@ -207,6 +207,11 @@ def test_a_sweep_files_base_may_name_a_shipped_scenario(tmp_path):
     spec.write_text("base: no-such-scenario\nvary: {training.micro_batch_size: [1]}\n")
     r = CliRunner().invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "no-such-scenario: no such file, and no shipped scenario" in r.output
+    spec.write_text(
+        "base: " + "x" * 300 + "\nvary: {training.micro_batch_size: [1]}\n"
+    )  # a name the system refuses
+    r = CliRunner().invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "base: name too long" in r.output
 
 
 def test_cli_sweep_bad_input_is_one_line_and_exit_2(tmp_path, base_file):

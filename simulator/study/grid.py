@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from simulator import paths
 from simulator.errors import ScenarioError
 from simulator.scenario.files import is_path, read_yaml
 from simulator.scenario.presets import MODEL_SOURCE_KEYS
@@ -180,7 +181,9 @@ def load_sweep_file(path: Path) -> tuple[Sweep, dict]:
             raise ScenarioError(f"{path}: base: not a usable file name ({base!r})")
         beside = (path.parent / base).resolve()
         # a file beside the sweep file, else (a bare name) a shipped scenario's, as `run` and `sweep NAME` take it
-        base_data, base_dir = load_base(beside if is_path(base) or beside.exists() else Path(base))
+        base_data, base_dir = load_base(
+            beside if is_path(base) or paths.exists(beside, "base") else Path(base)
+        )
     elif isinstance(base, dict):
         base_data, base_dir = copy.deepcopy(base), path.parent
         base_data.setdefault("name", path.stem)

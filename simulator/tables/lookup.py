@@ -157,7 +157,7 @@ class _Group:
 
 class KernelLookup:
     """Measured kernel times of one table, bound to a roofline for the model-relative interpolation. The rows
-    are sorted by kernel, pass and dtype at once; a group's lookups are made when a query first needs them (a
+    are grouped by kernel, pass and dtype at once; a group's lookups are made when a query first needs them (a
     run asks for a few kinds of a table's dozens: building all of them took 5 ms of every run's start)."""
 
     def __init__(self, rows: list[KernelRow] | KernelColumns, roofline: Roofline):
