@@ -127,7 +127,7 @@ def main() -> None:
             )
             for t in r["top"]:
                 sim = (
-                    f"{t['iteration_time_s']:.1f} s, MFU {t['mfu']:.1%}, {t['memory_gib']:.1f} GiB"
+                    f"{t['iteration_time_s']:.2f} s, MFU {t['mfu']:.1%}, {t['memory_gib']:.1f} GiB"
                     if t["status"] == "ok"
                     else t["status"]
                 )

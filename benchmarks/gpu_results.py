@@ -16,3 +16,18 @@ def save(path: str | None, rows: list[dict]) -> None:
     meta = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__}
     with open(path, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+def main_of(doc: str, run) -> int:
+    """The command line of a GPU benchmark: ``--json FILE`` and ``--repeats N``; ``run(device, repeats, quick)``
+    times on the GPU, or a tiny smoke run (``quick``) on a CPU."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--json", help="write every timing to this file")
+    ap.add_argument("--repeats", type=int, default=10)
+    args = ap.parse_args()
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    save(args.json, run(device, args.repeats if cuda else 1, quick=not cuda))
+    return 0

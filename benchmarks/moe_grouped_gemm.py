@@ -12,11 +12,10 @@ GPU spin, as ``clustersim calibrate kernels`` times kernels): the loop's host la
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
-from gpu_results import save
+from gpu_results import main_of
 
 from simulator.calibration.torch_ops import time_call
 
@@ -78,17 +77,5 @@ def run(device: str, repeats: int, quick: bool) -> list[dict]:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", help="write every timing to this file")
-    ap.add_argument("--repeats", type=int, default=10)
-    args = ap.parse_args()
-    cuda = torch.cuda.is_available()
-    device = "cuda" if cuda else "cpu"
-    rows = run(device, args.repeats if cuda else 1, quick=not cuda)
-    save(args.json, rows)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main_of(__doc__, run))

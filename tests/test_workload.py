@@ -87,11 +87,27 @@ def test_large_square_gemm_reaches_the_profile_best_efficiency_less_the_depth_te
     assert eff == pytest.approx(best * 8192 / (8192 + k_half), rel=1e-12)
 
 
-def test_wave_quantization_one_tile_too_many_costs_a_whole_wave():
+def test_wave_quantization_one_tile_too_many_costs_a_whole_wave_or_a_split_reduction():
     a100 = get_gpu("a100-sxm4-80gb")
+    best, k_half = a100.gemm.max_efficiency, a100.gemm.k_half
     full = gemm_efficiency(a100, 128 * 108, 128, 4096)
     spill = gemm_efficiency(a100, 128 * 109, 128, 4096)
-    assert spill < 0.65 * full  # 109 tiles on 108 SMs: two waves, the second nearly empty
+    # 109 128x128 tiles on 108 SMs: whole, two waves, the second nearly empty (0.95 x 109 / 216 = 0.48 of the
+    # tile rate); split-K does better: 54.5 256x128 tiles' worth in 5 K slices, 275 tiles in 3 waves of 108,
+    # each slice 4096 / 5 deep
+    assert spill == pytest.approx(best * 5 * 54.5 / 324 * 4096 / (4096 + 5 * k_half), rel=1e-12)
+    assert 0.5 * full < spill < 0.8 * full
+
+
+def test_split_k_fills_the_sms_a_narrow_tp_chunk_leaves_idle():
+    """A TP-8 chunk of GPT-3's QKV GEMM, 256 rows x 4608 x 12288, has 36 256x128 tiles for the H200's 132 SMs:
+    split 7 ways, 252 tiles fill 2 waves of 132 less 12, each 12288 / 7 deep. Timed on an H200 it ran at 0.60
+    of the bf16 peak (docs/measurements/h200-tp-split-gemm.json: 296.6 us x 1.307 / 8 for 29 GFLOP)."""
+    h200 = get_gpu("h200-sxm-141gb")
+    best, k_half = h200.gemm.max_efficiency, h200.gemm.k_half
+    eff = gemm_efficiency(h200, 256, 4608, 12288)
+    assert eff == pytest.approx(best * 252 / 264 * 12288 / (12288 + 7 * k_half), rel=1e-12)
+    assert eff > 1.5 * best * 36 / 132  # one slice: 36 of 132 SMs busy
 
 
 def test_memory_bound_kernel_time_is_bytes_over_achievable_bandwidth_plus_launch():

@@ -27,17 +27,19 @@ from simulator.workload.block import Block
 from simulator.workload.ops import Op, collective_op, memory_op
 
 
-def chunk(g: Op, t: int, i: int) -> Op:
-    """Chunk ``i`` of ``t`` of GEMM ``g`` along its rows."""
-    rows = ceil(g.m / t)
+def chunk(g: Op, t: int, i: int, label: str = "async TP", columns: bool = False) -> Op:
+    """Chunk ``i`` of ``t`` of GEMM ``g`` along its rows (or its output features, ``columns``)."""
+    m, n = (g.m, ceil(g.n / t)) if columns else (ceil(g.m / t), g.n)
     per_elem = g.bytes / (g.m * g.k + g.k * g.n + g.m * g.n) if g.bytes else 0.0
     return replace(
         g,
-        name=f"{g.name} (async TP chunk {i + 1}/{t})",
-        m=rows,
+        name=f"{g.name} ({label} chunk {i + 1}/{t})",
+        m=m,
+        n=n,
         flops=g.flops / t,
         model_flops=g.model_flops / t,
-        bytes=per_elem * (rows * g.k + g.k * g.n + rows * g.n),
+        bytes=per_elem * (m * g.k + g.k * n + m * n),
+        whole=g.whole or (g.m, g.n, g.k),
     )
 
 
@@ -77,32 +79,62 @@ def decompose(ops: tuple[Op, ...], t: int, e: int) -> tuple[Op, ...]:
     all-gather and the GEMM runs once, before the chunks: the fused op multiplies operands already in FP8
     (torch/distributed/_symmetric_memory/__init__.py ``_fused_all_gather_scaled_matmul``; torchao casts the
     input and the weight once, float8/float8_tensor_parallel.py), so a chunk does not cast the weight again."""
+    return rewrite(
+        ops,
+        "async",
+        lambda c, g: all_gather_matmul(c, g, t),
+        lambda g, c: matmul_reduce_scatter(g, c, t, e),
+        alone=("next", "previous"),
+    )
+
+
+def rewrite(
+    ops: tuple[Op, ...], mark: str, gather_matmul, matmul_scatter, alone: tuple[str, str]
+) -> tuple[Op, ...]:
+    """``ops`` with each collective ``overlaps``-marked ``mark`` fused with its GEMM: an all-gather with the GEMM it
+    feeds (past FP8 quantize kernels, which stay before it, run once) by ``gather_matmul(collective, gemm)``, a
+    reduce-scatter with the GEMM just before it by ``matmul_scatter(gemm, collective)``; where no GEMM adjoins,
+    the collective gets ``alone``'s overlap (all-gather, reduce-scatter)."""
     out: list[Op] = []
     i = 0
     while i < len(ops):
         op = ops[i]
-        if op.kind != "collective" or op.overlaps != "async":
+        if op.kind != "collective" or op.overlaps != mark:
             out.append(op)
             i += 1
             continue
         if op.collective == "all_gather":
-            nxt = i + 1
-            casts = []
-            while nxt < len(ops) and ops[nxt].kind == "memory" and nxt + 1 < len(ops) and ops[nxt + 1].dtype:
-                casts.append(ops[nxt])  # the FP8 GEMM's quantize kernel (workload/fp8.py)
-                nxt += 1
-            if nxt < len(ops) and ops[nxt].kind == "gemm":
-                out += casts
-                out += all_gather_matmul(op, ops[nxt], t)
+            nxt = gemm_after(ops, i)
+            if nxt is not None:
+                out += ops[i + 1 : nxt]  # the FP8 GEMM's quantize kernels, once
+                out += gather_matmul(op, ops[nxt])
                 i = nxt + 1
                 continue
-            out.append(replace(op, overlaps="next"))
+            out.append(replace(op, overlaps=alone[0]))
         elif out and out[-1].kind == "gemm":
-            out += matmul_reduce_scatter(out.pop(), op, t, e)
+            out += matmul_scatter(out.pop(), op)
         else:
-            out.append(replace(op, overlaps="previous"))
+            out.append(replace(op, overlaps=alone[1]))
         i += 1
     return tuple(out)
+
+
+def gemm_after(ops: tuple[Op, ...], i: int) -> int | None:
+    """The index of the GEMM the all-gather at ``i`` feeds, past the FP8 quantize kernels between them
+    (workload/fp8.py: a memory-bound kernel followed by a typed GEMM); None where no GEMM follows."""
+    nxt = i + 1
+    while nxt + 1 < len(ops) and ops[nxt].kind == "memory" and ops[nxt + 1].dtype:
+        nxt += 1
+    return nxt if nxt < len(ops) and ops[nxt].kind == "gemm" else None
+
+
+def each_block(blocks: tuple[Block, ...], rewrite) -> tuple[Block, ...]:
+    """``rewrite`` (of an op list) over every op list of each block; blocks repeated in ``blocks`` rewritten once."""
+    done: dict[int, Block] = {}
+    for b in blocks:
+        if id(b) not in done:
+            done[id(b)] = b.map_ops(rewrite)
+    return tuple(done[id(b)] for b in blocks)
 
 
 def decompose_block(block: Block, t: int, e: int) -> Block:
@@ -113,8 +145,4 @@ def decompose_block(block: Block, t: int, e: int) -> Block:
 
 def decompose_blocks(blocks: tuple[Block, ...], t: int, e: int) -> tuple[Block, ...]:
     """:func:`decompose_block` of each block (blocks repeated in ``blocks`` decomposed once)."""
-    done: dict[int, Block] = {}
-    for b in blocks:
-        if id(b) not in done:
-            done[id(b)] = decompose_block(b, t, e)
-    return tuple(done[id(b)] for b in blocks)
+    return each_block(blocks, lambda ops: decompose(ops, t, e))

@@ -39,6 +39,9 @@ class Op:
     host_s: float = 0.0  # kind "host": host seconds of work that launches no kernel
     dtype: str = ""  # the GEMM's tensor-core type where it is not the training's (FP8 linear layers)
     linear: bool = False  # a linear layer's GEMM (forward, dgrad or wgrad): what FP8 training quantizes
+    # a chunk of a split GEMM (TP overlap): the whole GEMM's (m, n, k), which the cost model prices the chunk
+    # from (costs/compute.py ComputeModel); () = not a chunk
+    whole: tuple[int, int, int] | tuple[()] = ()
 
 
 def collective_op(

@@ -5,6 +5,7 @@ all-gather before and a reduce-scatter after, so the norms and dropouts between 
 
 from __future__ import annotations
 
+from simulator.workload import async_tp, te_userbuffers
 from simulator.workload.ops import collective_op
 
 
@@ -15,7 +16,7 @@ def tp_collectives(
     (before column-parallel forward, after row-parallel forward, column-parallel input gradient,
     row-parallel output gradient). Each returns None where the collective does not exist. With ``overlap``
     (Megatron-Core --tp-comm-overlap, Transformer Engine userbuffers) an all-gather runs alongside the GEMM after
-    it and a reduce-scatter alongside the GEMM before it. With ``async_grad`` the column-parallel input
+    it and a reduce-scatter alongside the GEMM before it, chunked as workload/te_userbuffers.py says. With ``async_grad`` the column-parallel input
     gradient's all-reduce runs alongside the weight-gradient GEMM issued after it (Megatron's
     async_tensor_model_parallel_allreduce: megatron/core/tensor_parallel/layers.py,
     LinearWithGradAccumulationAndAsyncCommunication.backward)."""
@@ -32,7 +33,9 @@ def tp_collectives(
             # w1 / w3: models/llama3/model.py), so it stays the plain NCCL collective it is without async TP
             pass
         elif overlap:
-            side = "next" if kind == "all_gather" else "previous"
+            # Transformer Engine userbuffers (workload/te_userbuffers.py): ring exchange for the all-gathers,
+            # pipelined chunks for the forward reduce-scatter, the input gradient's beside its wgrad GEMM (bulk)
+            side = "previous" if kind == "reduce_scatter" and direction == "backward" else "te"
         return lambda name: collective_op(
             f"tp {kind.replace('_', '-')} ({name})", kind, "tp", nbytes, side, direction
         )
@@ -50,3 +53,14 @@ def tp_collectives(
         make("all_reduce", "backward", "previous" if async_grad else ""),
         make(None),
     )
+
+
+def tp_overlapped(blocks: tuple, overlap: bool | str, t: int, e: int) -> tuple:
+    """``blocks`` with their TP collectives run as the overlap runs them, after FP8 has placed its casts: PyTorch
+    async TP's chunks (``async``, workload/async_tp.py) or Transformer Engine's userbuffers (``true`` / ``te``,
+    workload/te_userbuffers.py, on TE's own layers: the transformer blocks, not the output layer)."""
+    if t == 1 or not overlap:
+        return blocks
+    if overlap == "async":
+        return async_tp.decompose_blocks(blocks, t, e)
+    return te_userbuffers.decompose_blocks(blocks, t)

@@ -20,7 +20,7 @@ from simulator.frameworks import Framework, get_framework
 from simulator.hardware.gpus import GPU, get_gpu
 from simulator.hardware.topology import cluster_spec
 from simulator.scenario.schema import Scenario
-from simulator.workload import async_tp, elementwise, framework_kernels, offload
+from simulator.workload import elementwise, framework_kernels, offload
 from simulator.workload.attention import attention_ops, projection_ops
 from simulator.workload.block import Block, Part, present
 from simulator.workload.embedding import embedding_block, head_block
@@ -48,7 +48,7 @@ from simulator.workload.shape import (
     residual,
     residual_backward,
 )
-from simulator.workload.tensor_parallel import tp_collectives
+from simulator.workload.tensor_parallel import tp_collectives, tp_overlapped
 
 
 @dataclass(frozen=True)
@@ -321,8 +321,7 @@ def build_workload(
     plan = fp8_plan(s, gpu or get_gpu(cluster_spec(s).node.gpu))
     if plan is not None:
         layers, mtp, setup = _quantized(s, plan, layers, mtp, setup)
-    if p.tp_comm_overlap == "async" and t > 1:  # PyTorch async TP, after FP8 has placed its casts
-        layers, mtp = async_tp.decompose_blocks(layers, t, e), async_tp.decompose_blocks(mtp, t, e)
+    layers, mtp = (tp_overlapped(b, p.tp_comm_overlap, t, e) for b in (layers, mtp))  # after FP8's casts
     moe_stats = moe_load(s, sh) if moe is not None else None
     return Workload(s, layers, embedding, head, fw, setup, moe_stats, mtp, plan)
 
