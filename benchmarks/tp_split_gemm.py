@@ -29,6 +29,13 @@ MODELS = [
     ("llama3-8b", 4096, 4096 + 2 * 8 * 128, 14336, True, 8192),
 ]
 TPS = (2, 4, 8)
+# the Megatron-Core H100 table's runs (simulator/validation/published.yaml MCORE-H100-*): GeLU MLPs, full attention,
+# 4,096 tokens per micro-batch, each at its own TP
+MCORE = [
+    (f"mcore-{name}", h, 3 * h, 4 * h, False, 4096, tp)
+    for name, h, tp in (("7.1b", 4096, 2), ("16b", 6144, 4), ("32b", 7168, 8), ("70b", 8192, 8), ("119b", 10240, 8),
+                        ("177b", 12288, 8), ("314b", 16384, 8), ("462b", 18432, 8))
+]  # fmt: skip
 SPLITS = 4  # TE's pipelined reduce-scatter: num_splits (initialize_ub's default)
 CARVE = 16  # SMs TE leaves to its communication kernel (num_sm)
 ONE: dict = {}
@@ -101,12 +108,17 @@ def carved(fn, sms: int):
     return run
 
 
-def run(device: str, repeats: int, quick: bool, only: set[str] | None = None) -> list[dict]:
+def run(
+    device: str, repeats: int, quick: bool, only: set[str] | None = None, mcore: bool = False
+) -> list[dict]:
     out = []
-    dtypes = ("bf16", "fp8") if device.startswith("cuda") else ("bf16",)
-    for (model, h, qkv, ffn, gated, tokens), dtype in product(MODELS[:1] if quick else MODELS, dtypes):
+    dtypes = ("bf16", "fp8") if device.startswith("cuda") and not mcore else ("bf16",)
+    models = MCORE if mcore else [(*x, 0) for x in MODELS]
+    for (model, h, qkv, ffn, gated, tokens, own_tp), dtype in product(
+        models[:1] if quick else models, dtypes
+    ):
         m = 256 if quick else tokens
-        for t in TPS[:1] if quick else TPS:
+        for t in (own_tp,) if own_tp else TPS[:1] if quick else TPS:
             for name, k, n in gemms(h, qkv, ffn, gated, t):
                 if quick:
                     k, n = k // 64, n // 64
@@ -153,11 +165,14 @@ def main() -> int:
     ap.add_argument("--json", help="write every timing to this file")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--only", help="comma-separated cases to time beside the whole GEMM (default: all)")
+    ap.add_argument(
+        "--mcore", action="store_true", help="the Megatron-Core H100 table's layers, bf16, at their TP"
+    )
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     only = set(args.only.split(",")) if args.only else None
-    rows = run(device, args.repeats if cuda else 1, quick=not cuda, only=only)
+    rows = run(device, args.repeats if cuda else 1, quick=not cuda, only=only, mcore=args.mcore)
     save(args.json, rows)
     return 0
 

@@ -249,10 +249,10 @@ class ComputeModel:
     def _chunk_s(self, op: Op) -> tuple[float, str]:
         """A chunk of a split GEMM (TP overlap): the whole GEMM's time (a table's, where it has one) x the shape
         model's ratio of the chunk to the whole, plus its own launch. A table measures the whole GEMMs of a layer;
-        its rows of a chunk's narrow shape carry the table's own small-kernel error (Vidur's H100 rows of 256-1024
-        tokens take 1.15-1.5x what this project timed, docs/calibration.md), while the shape model's ratio of a
-        split to its whole matched 96 splits timed on an H200 within 3% at the median
-        (docs/measurements/h200-tp-split-gemm.json)."""
+        its rows of a chunk's narrow shape carry the table's own error there (Vidur's H100 rows of GEMMs 1,280-3,072
+        wide take 1.15-1.5x what this project timed, docs/calibration.md), while the shape model's ratio of a
+        split to its whole matched 192 splits of 96 TP GEMMs timed on an H200 at the median, 0.94-1.07 for 80% of
+        them (docs/measurements/h200-tp-split-gemm.json)."""
         m, n, k = op.whole
         scale = (m * n * k) / (op.m * op.n * op.k)
         whole = replace(op, m=m, n=n, k=k, flops=op.flops * scale, bytes=op.bytes * scale, whole=())

@@ -16,8 +16,9 @@ def tp_collectives(
     (before column-parallel forward, after row-parallel forward, column-parallel input gradient,
     row-parallel output gradient). Each returns None where the collective does not exist. With ``overlap``
     (Megatron-Core --tp-comm-overlap, Transformer Engine userbuffers) an all-gather runs alongside the GEMM after
-    it and a reduce-scatter alongside the GEMM before it, chunked as workload/te_userbuffers.py says. With ``async_grad`` the column-parallel input
-    gradient's all-reduce runs alongside the weight-gradient GEMM issued after it (Megatron's
+    it and a reduce-scatter alongside the GEMM before it, chunked as workload/te_userbuffers.py says. With
+    ``async_grad`` the column-parallel input gradient's all-reduce runs alongside the weight-gradient GEMM issued
+    after it (Megatron's
     async_tensor_model_parallel_allreduce: megatron/core/tensor_parallel/layers.py,
     LinearWithGradAccumulationAndAsyncCommunication.backward)."""
 
