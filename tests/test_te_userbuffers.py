@@ -108,3 +108,18 @@ def test_the_layers_run_te_overlaps_and_megatrons_own_output_layer_gathers_block
     assert gpu[0] == 7e-6  # not hidden behind the GEMM after it
     without = build_workload(scenario(False))
     assert sum(o.kind == "gemm" for o in without.layers[0].forward) == 4
+
+
+def test_megatrons_sequence_parallel_layers_gather_their_input_again_beside_the_input_gradient_gemm():
+    """megatron/core/tensor_parallel/layers.py (LinearWithGradAccumulationAndAsyncCommunication.backward) and TE's
+    bulk all-gather beside qkv_dgrad / fc1_dgrad: the column-parallel input, s/t tokens kept, gathered again."""
+    bwd = build_workload(scenario(True)).layers[0].backward
+    again = [i for i, o in enumerate(bwd) if o.collective == "all_gather" and "TE" not in o.name]
+    assert [bwd[i].name for i in again] == ["tp all-gather (mlp input)", "tp all-gather (attention input)"]
+    for i in again:
+        assert bwd[i].overlaps == "next" and bwd[i + 1].kind == "gemm" and "dgrad" in bwd[i + 1].name
+        assert bwd[i].bytes == 2 * 4096 * 8192  # the whole s x h input, as the forward's gather
+    # PyTorch's layers (DTensor) keep the gathered input: backward gathers only the output gradient
+    torch = load_scenario({**scenario(False).model_dump(exclude_unset=True), "framework": "pytorch-2024"})
+    gathers = [o.name for o in build_workload(torch).layers[0].backward if o.collective == "all_gather"]
+    assert gathers == ["tp all-gather (mlp output gradient)", "tp all-gather (attention output gradient)"]

@@ -58,7 +58,7 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
     (router, shared expert) and expert (this rank's routed experts)."""
     m, p = s.model, s.parallelism
     moe = m.moe
-    gather_in, scatter_out, grad_in, grad_out = tp
+    gather_in, scatter_out, grad_in, grad_out, regather = tp
     e, h, t = sh.e, sh.h, sh.t
     ep, etp = p.expert_parallel, p.etp
     experts, k = moe.num_experts, moe.top_k
@@ -211,6 +211,7 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
             grad_out("shared expert output gradient"),
             *gemm_backward(down),
             act_bwd,
+            regather("shared expert input"),
             *gemm_backward(up),
             *(gemm_backward(gate) if gate else ()),
             grad_in("shared expert input gradient"),

@@ -5,22 +5,41 @@ all-gather before and a reduce-scatter after, so the norms and dropouts between 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+from typing import NamedTuple
+
 from simulator.workload import async_tp, te_userbuffers
 from simulator.workload.ops import collective_op
 
 
-def tp_collectives(
-    t: int, sequence_parallel: bool, nbytes: float, overlap: bool | str = False, async_grad: bool = False
-):
-    """Factories for the four tensor-parallel collectives around a column- then row-parallel pair:
-    (before column-parallel forward, after row-parallel forward, column-parallel input gradient,
-    row-parallel output gradient). Each returns None where the collective does not exist. With ``overlap``
-    (Megatron-Core --tp-comm-overlap, Transformer Engine userbuffers) an all-gather runs alongside the GEMM after
-    it and a reduce-scatter alongside the GEMM before it, chunked as workload/te_userbuffers.py says. With
-    ``async_grad`` the column-parallel input gradient's all-reduce runs alongside the weight-gradient GEMM issued
-    after it (Megatron's
-    async_tensor_model_parallel_allreduce: megatron/core/tensor_parallel/layers.py,
-    LinearWithGradAccumulationAndAsyncCommunication.backward)."""
+class TPCollectives(NamedTuple):
+    """Factories (name -> Op or None) of the tensor-parallel collectives around a column- then row-parallel pair."""
+
+    gather_in: Callable  # before the column-parallel forward (SP: all-gather)
+    scatter_out: Callable  # after the row-parallel forward (all-reduce; SP: reduce-scatter)
+    grad_in: Callable  # the column-parallel input gradient (all-reduce; SP: reduce-scatter)
+    grad_out: Callable  # the row-parallel output gradient (SP: all-gather)
+    regather: Callable  # SP in Megatron's and TE's layers: the column-parallel input again, for its wgrad
+
+
+def tp_collectives(t: int, p, nbytes: float, fw) -> TPCollectives:
+    """The tensor-parallel collectives around a column- then row-parallel pair of ``t`` ranks (``p``: the
+    scenario's parallelism, ``fw``: the framework profile), ``nbytes`` each; each factory returns None where its
+    collective does not exist. With ``p.tp_comm_overlap`` (Megatron-Core --tp-comm-overlap, Transformer Engine
+    userbuffers) an all-gather runs alongside the GEMM after it and a reduce-scatter alongside the GEMM before it,
+    chunked as workload/te_userbuffers.py says. With ``fw.overlap_tp_grad_allreduce`` the column-parallel input
+    gradient's all-reduce runs alongside the weight-gradient GEMM issued after it (Megatron's
+    async_tensor_model_parallel_allreduce). In Megatron's and TE's layers (``fw.modules`` megatron) with sequence
+    parallelism the column-parallel layer keeps only its s/t-token input shard for backward and gathers it again
+    beside the input-gradient GEMM
+    (megatron/core/tensor_parallel/layers.py, LinearWithGradAccumulationAndAsyncCommunication.backward:
+    ``dist_all_gather_func(..., async_op=True)`` before ``grad_output.matmul(weight)``, waited on before the
+    weight gradient; Transformer Engine's layernorm_linear.py the same, as userbuffers' bulk all-gather beside
+    qkv_dgrad / fc1_dgrad). PyTorch's DTensor keeps the gathered input instead (torchtitan's layers gather once)."""
+
+    sequence_parallel, overlap = p.sequence_parallel, p.tp_comm_overlap
+    async_grad, regathers = fw.overlap_tp_grad_allreduce, fw.modules == "megatron"
 
     def make(kind: str | None, direction: str = "forward", side: str = ""):
         if t == 1 or kind is None:
@@ -42,16 +61,19 @@ def tp_collectives(
         )
 
     if sequence_parallel:
-        return (
+        again = make("all_gather", "backward") if regathers else make(None)
+        return TPCollectives(
             make("all_gather"),
             make("reduce_scatter"),
             make("reduce_scatter", "backward"),
             make("all_gather", "backward"),
+            lambda name: (op := again(name)) and replace(op, overlaps="next"),  # beside the dgrad GEMM
         )
-    return (
+    return TPCollectives(
         make(None),
         make("all_reduce"),
         make("all_reduce", "backward", "previous" if async_grad else ""),
+        make(None),
         make(None),
     )
 

@@ -155,7 +155,7 @@ def dense_mlp_part(s: Scenario, sh: LayerShape, tp, mlp_bias: Op | None, eager: 
     tensor-parallel collectives of its input and output. ``eager``: SwiGLU as separate SiLU and multiply
     kernels (workload/elementwise.py)."""
     m = s.model
-    gather_in, scatter_out, grad_in, grad_out = tp
+    gather_in, scatter_out, grad_in, grad_out, regather = tp
     e, tokens, h, f, t = sh.e, sh.tokens, sh.h, sh.f, sh.t
     up = linear("mlp up projection", tokens, sh.f_up // t, h)
     down = linear("mlp down projection", tokens, h, f // t)
@@ -169,6 +169,7 @@ def dense_mlp_part(s: Scenario, sh: LayerShape, tp, mlp_bias: Op | None, eager: 
         *gemm_backward(down),
         split_bwd,
         act_bwd,
+        regather("mlp input"),
         *gemm_backward(up),
         grad_in("mlp input gradient"),
     )
@@ -192,10 +193,8 @@ def build_workload(
     e, tokens, h, t, sp = sh.e, sh.tokens, sh.h, sh.t, sh.sp
     heads = sh.heads
 
-    tp = tp_collectives(
-        t, p.sequence_parallel, e * tokens * h, p.tp_comm_overlap, fw.overlap_tp_grad_allreduce
-    )
-    gather_in, scatter_out, grad_in, grad_out = tp
+    tp = tp_collectives(t, p, e * tokens * h, fw)
+    gather_in, scatter_out, grad_in, grad_out, regather = tp
     proj_fwd, proj_bwd, proj_params = projection_ops(s, sh)
     proj = linear("attention output projection", tokens, h, heads * sh.dv)
     attn_fwd, attn_bwd = attention_ops(s, sh, fw.context_parallel)
@@ -256,6 +255,7 @@ def build_workload(
             *gemm_backward(proj),
             *attn_bwd,
             rope_bwd,
+            regather("attention input"),
             *proj_bwd,
             grad_in("attention input gradient"),
             norm_backward(sh, "input layernorm backward"),
