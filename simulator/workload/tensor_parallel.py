@@ -7,10 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from simulator.workload import async_tp, te_userbuffers
 from simulator.workload.ops import collective_op
+
+if TYPE_CHECKING:
+    from simulator.frameworks import Framework
+    from simulator.scenario.parallelism import ParallelismConfig
 
 
 class TPCollectives(NamedTuple):
@@ -23,7 +27,7 @@ class TPCollectives(NamedTuple):
     regather: Callable  # SP in Megatron's and TE's layers: the column-parallel input again, for its wgrad
 
 
-def tp_collectives(t: int, p, nbytes: float, fw) -> TPCollectives:
+def tp_collectives(t: int, p: ParallelismConfig, nbytes: float, fw: Framework) -> TPCollectives:
     """The tensor-parallel collectives around a column- then row-parallel pair of ``t`` ranks (``p``: the
     scenario's parallelism, ``fw``: the framework profile), ``nbytes`` each; each factory returns None where its
     collective does not exist. With ``p.tp_comm_overlap`` (Megatron-Core --tp-comm-overlap, Transformer Engine
