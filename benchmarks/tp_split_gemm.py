@@ -12,12 +12,11 @@ GPU spin (as ``clustersim calibrate kernels`` times kernels), so a chunk's host 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from itertools import product
 
 import torch
-from gpu_results import save
+from gpu_results import main_of
 
 from simulator.calibration.torch_ops import time_call
 
@@ -57,9 +56,8 @@ def mm(x, w, y):
     output; torch._scaled_mm through cuBLASLt)."""
     if x.dtype == torch.bfloat16:
         return torch.mm(x, w, out=y)
-    one = ONE.setdefault(
-        x.device, torch.ones((), device=x.device)
-    )  # made once: a fill per call would be timed
+    # the scale made once: a fill per call would be timed
+    one = ONE.setdefault(x.device, torch.ones((), device=x.device))
     return torch._scaled_mm(x, w, scale_a=one, scale_b=one, out_dtype=torch.bfloat16, out=y)
 
 
@@ -160,22 +158,20 @@ def run(
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", help="write every timing to this file")
-    ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--only", help="comma-separated cases to time beside the whole GEMM (default: all)")
-    ap.add_argument(
-        "--mcore", action="store_true", help="the Megatron-Core H100 table's layers, bf16, at their TP"
-    )
-    args = ap.parse_args()
-    cuda = torch.cuda.is_available()
-    device = "cuda" if cuda else "cpu"
-    only = set(args.only.split(",")) if args.only else None
-    rows = run(device, args.repeats if cuda else 1, quick=not cuda, only=only, mcore=args.mcore)
-    save(args.json, rows)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(
+        main_of(
+            __doc__,
+            run,
+            {
+                "--only": {
+                    "type": lambda v: set(v.split(",")),
+                    "help": "comma-separated cases to time beside the whole GEMM (default: all)",
+                },
+                "--mcore": {
+                    "action": "store_true",
+                    "help": "the Megatron-Core H100 table's layers, bf16, at their TP",
+                },
+            },
+        )
+    )

@@ -43,20 +43,20 @@ def chunk(g: Op, t: int, i: int, label: str = "async TP", columns: bool = False)
     )
 
 
-def copy(c: Op, t: int, i: int) -> Op:
+def copy(c: Op, t: int, i: int, label: str = "async TP") -> Op:
     """The copy of one TP-th of collective ``c``'s buffer to or from a peer, behind the next GEMM chunk."""
     return replace(
-        collective_op(f"{c.name}: async TP copy {i}/{t - 1}", "send_recv", "tp", c.bytes / t, "next"),
+        collective_op(f"{c.name}: {label} copy {i}/{t - 1}", "send_recv", "tp", c.bytes / t, "next"),
         direction=c.direction,
     )
 
 
-def all_gather_matmul(c: Op, g: Op, t: int) -> list[Op]:
+def all_gather_matmul(c: Op, g: Op, t: int, label: str = "async TP") -> list[Op]:
     out: list[Op] = []
     for i in range(t):
         if i < t - 1:
-            out.append(copy(c, t, i + 1))  # the next shard arrives while this chunk multiplies
-        out.append(chunk(g, t, i))
+            out.append(copy(c, t, i + 1, label))  # the next shard arrives while this chunk multiplies
+        out.append(chunk(g, t, i, label))
     return out
 
 

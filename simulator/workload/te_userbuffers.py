@@ -62,18 +62,16 @@ def matmul_reduce_scatter(g: Op, c: Op, t: int, parts: int = SPLITS) -> list[Op]
     return out
 
 
-def _ring(c: Op, g: Op, t: int) -> list[Op]:
-    return [
-        replace(op, name=op.name.replace("async TP", "TE ring exchange")) for op in all_gather_matmul(c, g, t)
-    ]
-
-
 def decompose(ops: tuple[Op, ...], t: int) -> tuple[Op, ...]:
     """``ops`` with each ``te`` all-gather run as a ring exchange with the GEMM after it (past an FP8 cast: TE
     gathers FP8 shards, ``fp8_buf``) and each ``te`` reduce-scatter pipelined with the GEMM before it; one with no
     GEMM beside it stays a blocking collective."""
     return rewrite(
-        ops, "te", lambda c, g: _ring(c, g, t), lambda g, c: matmul_reduce_scatter(g, c, t), ("", "")
+        ops,
+        "te",
+        lambda c, g: all_gather_matmul(c, g, t, "TE ring exchange"),
+        lambda g, c: matmul_reduce_scatter(g, c, t),
+        ("", ""),
     )
 
 
