@@ -177,3 +177,25 @@ def test_a_run_imports_only_the_strategy_it_runs(tmp_path):
     unwanted = {"simulator.strategy.megatron", "simulator.strategy.schedules", "simulator.strategy.zero3_fetch",
                 "simulator.strategy.fsdp", "simulator.strategy.deepspeed_pipe", "numpy.random"}  # fmt: skip
     assert not loaded & unwanted, loaded & unwanted
+
+
+def test_importing_the_command_line_builds_no_pydantic_validator():
+    """Every scenario, hardware, framework and table model defers building its validator to its first use
+    (``defer_build``): a process that only starts, or runs a command that never reads a kind of file, does not pay
+    for it (17 ms of a 0.175 s start-up, benchmarks/bench_scale.py, 2026-11-27). Their defaults are made by
+    factories, which a class body calls at import time otherwise."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, simulator.cli; from pydantic import BaseModel; "
+        "from pydantic._internal._mock_val_ser import MockValSer\n"
+        "def subs(c):\n    for s in c.__subclasses__():\n        yield s\n        yield from subs(s)\n"
+        "ms = [c for c in subs(BaseModel) if c.__module__.startswith('simulator')]\n"
+        "print(json.dumps([len(ms), [c.__name__ for c in ms "
+        "if not isinstance(c.__dict__.get('__pydantic_validator__'), MockValSer)]]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    models, built = json.loads(out.stdout)
+    assert models >= 30 and built == []

@@ -26,7 +26,7 @@ class GpuFactors(BaseModel):
     """Factors of a framework generation on one GPU where it ran differently there (early kernels for a new
     architecture): each given one replaces the profile's own on that GPU."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
     gemm_efficiency: float | None = Field(None, gt=0, le=1.5)
     attention_efficiency: float | None = Field(None, gt=0, le=1.5)
     memory_efficiency: float | None = Field(None, gt=0, le=1.5)
@@ -39,7 +39,7 @@ class GpuFactors(BaseModel):
 class Syncs(BaseModel):
     """Where the host thread waits for the GPU (it cannot issue further work before the GPU catches up)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
     microbatch: bool = Field(
         False, description="Each microbatch's forward starts with a blocking input copy or broadcast."
     )
@@ -61,7 +61,7 @@ class Syncs(BaseModel):
 class DdpDefaults(BaseModel):
     """How the framework reduces gradients without sharding, where the scenario does not say."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
     overlap_grad_reduce: bool = Field(True, description="Buckets all-reduced during backward.")
     bucket_cap_mb: float | None = Field(
         25.0, gt=0, description="Bucket size; null = the whole gradient buffer in one all-reduce."
@@ -78,7 +78,7 @@ class HostProfile(BaseModel):
     """The host thread of one rank: what it costs to issue work in eager mode. All zero: the GPU never waits
     for the host (the ``ideal`` profile, or a fully captured CUDA graph)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
     forward_kernel_s: float = Field(
         0.0, ge=0, le=1e-3, description="Host seconds to issue one kernel in forward (and recompute)."
     )
@@ -127,7 +127,7 @@ class HostProfile(BaseModel):
         description="Host seconds per kernel a library call launches from C++ in a loop (Transformer Engine's "
         "grouped GEMM: one cuBLASLt GEMM per local expert), beside the call's own per-kernel cost.",
     )
-    syncs: Syncs = Syncs()
+    syncs: Syncs = Field(default_factory=Syncs)
     graph_launch_s: float = Field(
         1e-5,
         ge=0,
@@ -141,7 +141,7 @@ class HostProfile(BaseModel):
 
 
 class Framework(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
     name: str
     description: str = ""
     gemm_efficiency: float = Field(1.0, gt=0, le=1.5, description="Multiplier on the GPU's GEMM efficiency.")
@@ -186,7 +186,9 @@ class Framework(BaseModel):
         description="Under interleaved 1F1B, pipeline sends and receives run on their own streams beside the next "
         "step's compute (Megatron-Core --overlap-p2p-communication, on by default since core_r0.3.0).",
     )
-    ddp: DdpDefaults = Field(DdpDefaults(), description="Gradient reduction without sharding (PyTorch DDP).")
+    ddp: DdpDefaults = Field(
+        default_factory=DdpDefaults, description="Gradient reduction without sharding (PyTorch DDP)."
+    )
     kernels: Literal["model", "megatron-legacy", "torch"] = Field(
         "model",
         description="Which kernels run beyond the model's own (simulator/workload/framework_kernels.py): 'model' "
@@ -299,7 +301,9 @@ class Framework(BaseModel):
         description="Each backward adds every parameter's gradient into a separate buffer with its own kernel "
         "(Megatron-LM's local DDP main_grad hooks without gradient-accumulation fusion).",
     )
-    host: HostProfile = Field(HostProfile(), description="How the host thread issues work (eager mode).")
+    host: HostProfile = Field(
+        default_factory=HostProfile, description="How the host thread issues work (eager mode)."
+    )
     gpus: dict[str, GpuFactors] = Field(
         default_factory=dict,
         description="Per-GPU factors replacing those above, by architecture (hopper) or catalogue name (the name's "

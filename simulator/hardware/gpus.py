@@ -24,7 +24,7 @@ DEFAULT_SPEED_SD = 0.015
 
 
 class _Data(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)
 
 
 class GemmProfile(_Data):
@@ -55,7 +55,7 @@ class KernelBandwidth(BaseModel):
     """Achieved HBM bandwidth of one memory-bound kernel kind, as a fraction of the HBM peak, for the bytes the
     workload counts for it (simulator/workload/)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)
     forward: float = Field(gt=0, le=1)
     backward: float = Field(gt=0, le=1)
 

@@ -30,7 +30,7 @@ TOPOLOGY_DIR = _topology_dir()
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)
 
 
 # Bounds on hardware numbers: finite, positive, and within a few orders of magnitude of real machines (a
@@ -136,9 +136,9 @@ class TopologySpec(_Spec):
     description: str = ""
     sources: str = ""
     node: NodeSpec
-    fabric: FabricSpec = FabricSpec()
-    efficiency: LinkEfficiency = LinkEfficiency()
-    nccl: NcclTuning = NcclTuning()
+    fabric: FabricSpec = Field(default_factory=FabricSpec)
+    efficiency: LinkEfficiency = Field(default_factory=LinkEfficiency)
+    nccl: NcclTuning = Field(default_factory=NcclTuning)
 
 
 @cache

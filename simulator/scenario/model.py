@@ -92,7 +92,7 @@ class MoeConfig(Section):
         False,
         description="Every expert gets exactly its capacity (Megatron moe_pad_expert_input_to_capacity).",
     )
-    load: ExpertLoadConfig = ExpertLoadConfig()
+    load: ExpertLoadConfig = Field(default_factory=ExpertLoadConfig)
 
     @model_validator(mode="after")
     def _check(self) -> MoeConfig:

@@ -114,9 +114,9 @@ class ZeroConfig(Section):
     stage3_max_reuse_distance: float = Field(
         1e9, ge=0, description="Parameters reused within this many fetched parameters are not released."
     )
-    offload_optimizer: OffloadOptimizerConfig = OffloadOptimizerConfig()
-    offload_param: OffloadParamConfig = OffloadParamConfig()
-    aio: AioConfig = AioConfig()
+    offload_optimizer: OffloadOptimizerConfig = Field(default_factory=OffloadOptimizerConfig)
+    offload_param: OffloadParamConfig = Field(default_factory=OffloadParamConfig)
+    aio: AioConfig = Field(default_factory=AioConfig)
 
 
 class FsdpConfig(Section):
@@ -230,9 +230,9 @@ class ParallelismConfig(Section):
     )
     virtual_pipeline_stages: PositiveInt = 1
     zero_stage: Literal[0, 1, 2, 3] = 0
-    zero: ZeroConfig = ZeroConfig()
+    zero: ZeroConfig = Field(default_factory=ZeroConfig)
     fsdp: FsdpConfig | None = None
-    ddp: DdpConfig = DdpConfig()
+    ddp: DdpConfig = Field(default_factory=DdpConfig)
     collective_algorithm: Literal["auto", "ring", "tree", "hierarchical", "nvls"] = "auto"
     rank_order: str = Field(
         "tp-cp-dp-pp",
@@ -253,7 +253,7 @@ class ParallelismConfig(Section):
         le=1024,
         description="Ranks each expert's MLP is split over (ETP). Default: tensor_parallel (Megatron-Core).",
     )
-    moe: MoeParallelConfig = MoeParallelConfig()
+    moe: MoeParallelConfig = Field(default_factory=MoeParallelConfig)
 
     @field_validator("tp_comm_overlap", mode="before")
     @classmethod

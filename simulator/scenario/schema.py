@@ -56,8 +56,8 @@ class Scenario(Section):
     model: ModelConfig
     cluster: ClusterConfig
     training: TrainingConfig
-    parallelism: ParallelismConfig = ParallelismConfig()
-    memory: MemoryConfig = MemoryConfig()
+    parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
     framework: str = Field(
         "auto",
         description="Framework-generation profile (simulator/frameworks/*.yaml): kernel efficiency, extra kernels, "

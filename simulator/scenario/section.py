@@ -7,7 +7,11 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # defer_build: each model's validator is built on its first use, not at import (the package's models took 17 ms
+    # of a 0.175 s start-up, measured 2026-11-27: benchmarks/bench_scale.py); sub-sections default through
+    # default_factory, since an instance made in a class body would build its validator at import after all. The
+    # hardware, framework and table models do the same.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
 
 
 # What one simulation can hold: every GPU of the cluster is placed and every micro-batch of the iteration is

@@ -120,8 +120,10 @@ class TrainingConfig(Section):
     micro_batch_size: PositiveInt = Field(1, le=2**20)
     precision: Literal["fp16", "bf16", "fp32", "fp8"] = "bf16"
     optimizer: Literal["adam", "adamw", "sgd", "onebit-adam", "zero-one-adam"] = "adam"
-    onebit: OneBitConfig = OneBitConfig()
-    fp8: Fp8Config = Field(Fp8Config(), description="How precision: fp8 runs (ignored otherwise).")
+    onebit: OneBitConfig = Field(default_factory=OneBitConfig)
+    fp8: Fp8Config = Field(
+        default_factory=Fp8Config, description="How precision: fp8 runs (ignored otherwise)."
+    )
     total_tokens: TokenCount | None = Field(
         None,
         description="Tokens the whole training run sees (15T, 300B or a number): time, GPU-hours and cost to train.",
@@ -133,7 +135,7 @@ class TrainingConfig(Section):
         "per-op: every other matmul and the elementwise kernels recomputed, attention and the rest saved); "
         "selective-layer (torchtitan: every recompute.every-th layer in full).",
     )
-    recompute: RecomputeConfig = RecomputeConfig()
+    recompute: RecomputeConfig = Field(default_factory=RecomputeConfig)
     partition_activations: bool = Field(
         False,
         description="DeepSpeed activation checkpointing: split each checkpoint across the tensor-parallel ranks.",

@@ -159,7 +159,7 @@ class KernelColumns(Sequence):
 
 
 class _Meta(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class DeviceInfo(_Meta):
@@ -198,8 +198,8 @@ class TableMeta(_Meta):
         description="GPU catalogue name (simulator/hardware/gpus) the table describes; 'cpu' for CPU runs.",
     )
     description: str = ""
-    device: DeviceInfo = DeviceInfo()
-    system: SystemInfo = SystemInfo()
+    device: DeviceInfo = Field(default_factory=DeviceInfo)
+    system: SystemInfo = Field(default_factory=SystemInfo)
     date: str = ""
     method: str = Field("", description="How the numbers were measured (timer, warm-up, repeats, L2 flush).")
     sources: tuple[SourceInfo, ...] = ()
