@@ -34,9 +34,16 @@ def p2p_overlapped(s: Scenario, w: Workload) -> bool:
     ``config.overlap_p2p_comm``; p2p_communication.py posts isend / irecv and waits only before the step that needs
     the data); the scenario's setting, else the framework profile's."""
     par = s.parallelism
-    if par.pipeline_parallel == 1 or par.pipeline_schedule != "interleaved-1f1b":
+    return overlaps_p2p(
+        par.overlap_p2p_comm, w.framework.overlap_p2p, par.pipeline_parallel, par.pipeline_schedule
+    )
+
+
+def overlaps_p2p(setting: bool | None, profile: bool, pp: int, schedule: str) -> bool:
+    """``p2p_overlapped`` for a pipeline of ``pp`` stages run by ``schedule`` (the planner's layouts)."""
+    if pp == 1 or schedule != "interleaved-1f1b":
         return False
-    return w.framework.overlap_p2p if par.overlap_p2p_comm is None else par.overlap_p2p_comm
+    return profile if setting is None else setting
 
 
 def sends_output(step: Step, st: int, pp: int, v: int) -> bool:

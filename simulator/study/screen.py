@@ -20,13 +20,12 @@ from simulator.costs.contention import sm_slowdown
 from simulator.costs.dispatch import task_cost
 from simulator.costs.nccl import fastest, protocol_costs, ring_plateau
 from simulator.costs.tables import table_lookups
+from simulator.engine.engine import TaskCost
 from simulator.frameworks import get_framework
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
-from simulator.strategy.megatron import p2p_overlapped
-from simulator.strategy.pipeline.chunk_ops import send_bytes
 from simulator.strategy.reduction import bucket_copy, ddp_settings
 from simulator.strategy.sharded import FSDP_COPY_OUT_PER_BYTE
 from simulator.strategy.state_bytes import fsdp_reduce_bytes, grad_bytes, weight_bytes
@@ -35,6 +34,7 @@ from simulator.strategy.zero import fetch_key
 from simulator.strategy.zero3_fetch import call_sizes
 from simulator.study.layouts import Layout, carried
 from simulator.study.offload import OffloadScreen
+from simulator.study.step_overhead import step_overhead_s
 from simulator.tables.select import resolve_tables
 from simulator.workload.fp8 import fp8_plan
 from simulator.workload.loss import head_activation_bytes
@@ -42,13 +42,6 @@ from simulator.workload.memory import activation_bytes_per_layer, state_bytes_pe
 from simulator.workload.transformer import build_workload
 
 MEMORY_HEADROOM = 0.9  # screen out what needs more than 90% of the GPU (allocator, context, NCCL buffers)
-
-
-def again(block, policy: str) -> tuple:
-    """The ops a recompute ``policy`` re-runs of ``block`` before its backward."""
-    if policy == "full":
-        return block.recompute_full
-    return block.recompute_selective if policy == "selective" else ()
 
 
 @dataclass
@@ -88,6 +81,7 @@ class Screen:
             plan.gemm_scale if (plan := fp8_plan(base, cluster.gpu)) else 1.0,
         )
         self._blocks: dict[tuple, tuple] = {}
+        self._overheads: dict[tuple, float] = {}
         # costs of one workload, shared by the recompute policies it serves
         self._shapes: dict[tuple, tuple] = {}
         self._tp_comm: dict[tuple, CollectiveModel] = {}
@@ -132,8 +126,8 @@ class Screen:
         return load_scenario(data)
 
     def _block_times(self, lay: Layout):
-        """(embedding f+b, layer f, layer b, layer recompute, head f+b, workload, scenario) for this layout's shapes,
-        cached; the layer times are the mean over the model's layers (dense and mixture-of-experts ones). A
+        """(embedding f+b, layer f, layer b, layer recompute, head f+b, workload, scenario, ops pricer) for this
+        layout's shapes, cached; the layer times are the mean over the model's layers (dense and mixture-of-experts ones). A
         layer's forward and backward ops do not depend on the recompute policy (workload/transformer.py: only what
         is re-run before backward does), so none and full recompute share one workload and its costs; selective
         (its module list) and activation offloading (copy sizes by policy) get their own."""
@@ -146,14 +140,17 @@ class Screen:
                 w = build_workload(s, self.framework, self.gpn, self.cluster.gpu)
                 comm = self._comm(lay)
 
-                def t(ops) -> float:
+                def cost(ops) -> TaskCost:
                     return task_cost(
                         ops,
                         self.compute,
                         lambda op: comm.standalone_time_s(op.collective, op.group, op.bytes),
                         self.framework.host,
                         s.training.cuda_graphs,
-                    )[0]
+                    )
+
+                def t(ops) -> float:
+                    return cost(ops).seconds
 
                 f = b = 0.0
                 shares = [(block, sum(x is block for x in w.layers) / w.num_layers) for block in w.kinds]
@@ -161,14 +158,16 @@ class Screen:
                     f += share * t(block.forward)
                     b += share * t(block.backward)
                 rc = {
-                    policy: sum(share * t(ops) for block, share in shares if (ops := again(block, policy)))
+                    policy: sum(
+                        share * t(ops) for block, share in shares if (ops := block.recompute_ops(policy))
+                    )
                     for policy in ("none", "full", "selective")
                     if policy == lay.recompute or (shared and policy != "selective")
                 }
                 emb = t(w.embedding.forward) + t(w.embedding.backward)
-                self._shapes[wkey] = (emb, f, b, rc, t(w.head.forward) + t(w.head.backward), w)
-            emb, f, b, rc, head, w = self._shapes[wkey]
-            self._blocks[key] = (emb, f, b, rc[lay.recompute], head, w, s)
+                self._shapes[wkey] = (emb, f, b, rc, t(w.head.forward) + t(w.head.backward), w, cost)
+            emb, f, b, rc, head, w, cost = self._shapes[wkey]
+            self._blocks[key] = (emb, f, b, rc[lay.recompute], head, w, s, cost)
         return self._blocks[key]
 
     def _mean_layer(self, w) -> float:
@@ -225,18 +224,18 @@ class Screen:
     def estimate(self, lay: Layout, bound: bool = False) -> Estimate:
         """The layout's iteration time, memory and their parts; ``bound``: for ZeRO-3, a lower bound without
         replaying DeepSpeed's coordinator (every call hidden), which ``plan`` refines where it can matter."""
-        emb, f, b, rc, head, w, s = self._block_times(lay)
+        emb, f, b, rc, head, w, s, cost = self._block_times(lay)
         m = self.base.model
         gas = self.batch // (lay.mbs * lay.dp)
         layers = m.num_layers // lay.pp
         per_layer = f + b + rc
-        first, last = layers * per_layer + emb, layers * per_layer + head
-        if lay.pp == 1:
-            first = last = layers * per_layer + emb + head
-        step = max(first, last)
-        if lay.pp > 1 and not p2p_overlapped(s, w):  # Megatron's blocking sends: each chunk's, each pass
-            link = self.nic_per_gpu if lay.tp * lay.cp * lay.dp >= self.gpn else self.nvlink
-            step += 2 * lay.v * send_bytes(s) / link
+        ends = max(emb, head) if lay.pp > 1 else emb + head  # the slowest stage's embedding / output layer
+        # each micro-batch's setup, pipeline re-gathers and blocking sends (step_overhead.py)
+        link = self.nic_per_gpu if lay.tp * lay.cp * lay.dp >= self.gpn else self.nvlink
+        okey = (lay.tp, lay.cp, lay.mbs, lay.recompute, lay.ep, lay.etp, min(lay.pp, 2), lay.v, link)
+        if okey not in self._overheads:
+            self._overheads[okey] = step_overhead_s(s, w, cost, lay.pp, lay.v, link)
+        step = layers * per_layer + ends + self._overheads[okey]
         compute = gas * (layers * per_layer + (emb + head) / lay.pp)
         bubble = (lay.pp - 1) / lay.v * step if lay.pp > 1 else 0.0
         pipeline = gas * step + bubble

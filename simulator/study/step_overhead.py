@@ -1,0 +1,68 @@
+"""What one micro-batch costs a stage beyond its layers, as the simulation runs a Megatron pipeline
+(``strategy/pipeline/chunk_ops.py`` chunk_pieces, ``strategy/megatron.py``), for the planner's screen:
+
+- every forward step starts with the framework's per-micro-batch setup: Megatron's ``get_batch`` (pretrain_gpt.py
+  broadcasts the batch over the TP group), which each model chunk's forward step calls. Where the host waits for
+  the GPU at that step (a blocking input copy, or Megatron's synchronised batched p2p: ``host.syncs``), the GPU
+  sits idle while the host prepares it: the setup's lead (``costs/dispatch.py`` task_cost), 2.1 ms a step in
+  the megatron-2021 profile;
+- with TP and without sequence parallelism, a model chunk that received its input all-gathers it over the TP
+  group, in forward and again for the gradient in backward (Narayanan et al. SC21 Sec. 4.1, scatter / gather);
+- Megatron's blocking pipeline sends (not overlapped: ``strategy/megatron.py`` p2p_overlapped), one per chunk and
+  pass.
+
+Measured on GPT-3 175B at TP 8, PP 8 and 1,024 A100 (benchmarks/plan.py, 2026-11-27): the screen had put these
+layouts 1.3-6.2% fast, the more the more virtual stages, leaving both out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from simulator.engine.engine import TaskCost
+from simulator.scenario.schema import Scenario
+from simulator.strategy.megatron import overlaps_p2p
+from simulator.strategy.pipeline.chunk_ops import send_bytes
+from simulator.workload.ops import collective_op
+from simulator.workload.transformer import Workload
+
+
+def schedule_of(s: Scenario, pp: int, v: int) -> str:
+    """The pipeline schedule a planner layout runs (study/layouts.py: interleaved with virtual stages)."""
+    return "interleaved-1f1b" if v > 1 else s.parallelism.pipeline_schedule
+
+
+def p2p_overlapped_at(s: Scenario, w: Workload, pp: int, v: int) -> bool:
+    """``strategy/megatron.py`` p2p_overlapped for a layout of ``pp`` stages and ``v`` virtual stages."""
+    return overlaps_p2p(s.parallelism.overlap_p2p_comm, w.framework.overlap_p2p, pp, schedule_of(s, pp, v))
+
+
+def synchronised(s: Scenario, w: Workload, pp: int, v: int) -> bool:
+    """Does the host wait for the GPU before each forward step's setup? (strategy/megatron.py ``sync_forward``;
+    without a pipeline, strategy/steps.py microbatch_sync)."""
+    syncs = w.framework.host.syncs
+    return syncs.microbatch or (pp > 1 and syncs.p2p and not p2p_overlapped_at(s, w, pp, v))
+
+
+def step_overhead_s(
+    s: Scenario, w: Workload, cost: Callable[[tuple], TaskCost], pp: int, v: int, link_Bps: float
+) -> float:
+    """Seconds one micro-batch adds to a stage's step beyond its layers (a stage of the pipeline's middle: each of
+    its ``v`` chunks sets up a forward, with TP and no sequence parallelism re-gathers in forward and backward,
+    and, where Megatron's sends block, sends in both passes over a ``link_Bps`` link); ``cost`` prices a tuple of
+    ops as a task (``costs/dispatch.py`` task_cost, the screen's TP collectives)."""
+    par, mdl = s.parallelism, s.model
+    setup = cost(w.microbatch_setup) if w.microbatch_setup else TaskCost(0.0)
+    # synchronised, the GPU idles until the host issues the step's first kernel: the setup's own, else the layers'
+    idle = (setup.lead_s if setup.seconds > 0 else setup.host_s) if synchronised(s, w, pp, v) else 0.0
+    per_step = setup.seconds + idle
+    if pp == 1:
+        return per_step
+    if par.tensor_parallel > 1 and not par.sequence_parallel:
+        e = 4 if s.training.precision == "fp32" else 2
+        act = s.training.micro_batch_size * (mdl.seq_length // par.context_parallel) * mdl.hidden_size * e
+        regather = collective_op("tp all-gather (pipeline scatter/gather)", "all_gather", "tp", act)
+        per_step += 2 * cost((regather,)).seconds
+    if not p2p_overlapped_at(s, w, pp, v):  # Megatron's blocking sends: each chunk's, each pass
+        per_step += 2 * send_bytes(s) / link_Bps
+    return v * per_step
