@@ -810,3 +810,19 @@ def test_screen_follows_the_simulation_of_interleaved_megatron_pipelines():
         est = screen.estimate(lay).iteration_s
         sim = simulate(screen.scenario(lay)).metrics.iteration_time_s
         assert est == pytest.approx(sim, rel=0.02), (v, est, sim)
+
+
+def test_an_estimate_does_not_depend_on_which_layout_of_its_shape_came_first():
+    """The screen caches each shape's costs from the first layout of that shape it meets; whether a layout's
+    pipeline sends overlap compute (Megatron-Core's interleaved schedule) is the layout's own: a 1F1B layout
+    costed first must not make an interleaved one's sends block, or the other way round."""
+    from simulator.hardware.cluster import Cluster
+    from simulator.hardware.topology import cluster_spec
+    from simulator.study.screen import Screen
+
+    b = megatron_2021_base().model_copy(update={"framework": "megatron-core-2024"})
+    flat, interleaved = Layout(2, 4, 1, 4, 1, 1, "ddp", "none"), Layout(2, 4, 1, 4, 3, 1, "ddp", "none")
+    one, other = Screen(b, Cluster(cluster_spec(b), 4)), Screen(b, Cluster(cluster_spec(b), 4))
+    first = [one.estimate(lay).iteration_s for lay in (flat, interleaved)]
+    second = [other.estimate(lay).iteration_s for lay in (interleaved, flat)][::-1]
+    assert first == second

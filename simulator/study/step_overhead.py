@@ -12,7 +12,7 @@
   pass.
 
 Measured on GPT-3 175B at TP 8, PP 8 and 1,024 A100 (benchmarks/plan.py, 2026-11-27): the screen had put these
-layouts 1.3-6.2% fast, the more the more virtual stages, leaving both out.
+layouts 1.3-6.2% fast, more so with more virtual stages, leaving both out.
 """
 
 from __future__ import annotations
@@ -27,14 +27,12 @@ from simulator.workload.ops import collective_op
 from simulator.workload.transformer import Workload
 
 
-def schedule_of(s: Scenario, pp: int, v: int) -> str:
-    """The pipeline schedule a planner layout runs (study/layouts.py: interleaved with virtual stages)."""
-    return "interleaved-1f1b" if v > 1 else s.parallelism.pipeline_schedule
-
-
 def p2p_overlapped_at(s: Scenario, w: Workload, pp: int, v: int) -> bool:
-    """``strategy/megatron.py`` p2p_overlapped for a layout of ``pp`` stages and ``v`` virtual stages."""
-    return overlaps_p2p(s.parallelism.overlap_p2p_comm, w.framework.overlap_p2p, pp, schedule_of(s, pp, v))
+    """``strategy/megatron.py`` p2p_overlapped for a layout of ``pp`` stages and ``v`` virtual stages (study/
+    layouts.py runs interleaved 1F1B where there are virtual stages, a sequential schedule otherwise); ``s``: any
+    layout's scenario of the same base (the switch is the base's)."""
+    schedule = "interleaved-1f1b" if v > 1 else "1f1b"
+    return overlaps_p2p(s.parallelism.overlap_p2p_comm, w.framework.overlap_p2p, pp, schedule)
 
 
 def synchronised(s: Scenario, w: Workload, pp: int, v: int) -> bool:
@@ -49,8 +47,9 @@ def step_overhead_s(
 ) -> float:
     """Seconds one micro-batch adds to a stage's step beyond its layers (a stage of the pipeline's middle: each of
     its ``v`` chunks sets up a forward, with TP and no sequence parallelism re-gathers in forward and backward,
-    and, where Megatron's sends block, sends in both passes over a ``link_Bps`` link); ``cost`` prices a tuple of
-    ops as a task (``costs/dispatch.py`` task_cost, the screen's TP collectives)."""
+    and, where Megatron's sends block, sends in both passes over a ``link_Bps`` link); ``s``: a scenario of the
+    layout's shape (TP, CP, micro-batch), ``pp`` and ``v`` the layout's; ``cost`` prices a tuple of ops as a task
+    (``costs/dispatch.py`` task_cost, the screen's TP collectives)."""
     par, mdl = s.parallelism, s.model
     setup = cost(w.microbatch_setup) if w.microbatch_setup else TaskCost(0.0)
     # synchronised, the GPU idles until the host issues the step's first kernel: the setup's own, else the layers'
