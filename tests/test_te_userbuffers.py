@@ -123,3 +123,29 @@ def test_megatrons_sequence_parallel_layers_gather_their_input_again_beside_the_
     torch = load_scenario({**scenario(False).model_dump(exclude_unset=True), "framework": "pytorch-2024"})
     gathers = [o.name for o in build_workload(torch).layers[0].backward if o.collective == "all_gather"]
     assert gathers == ["tp all-gather (mlp output gradient)", "tp all-gather (attention output gradient)"]
+
+
+def test_deepspeed_zero3_hooks_between_a_copy_and_its_chunk_leave_the_copy_hidden():
+    """DeepSpeed ZeRO-3's module hooks are host work placed before each GEMM (strategy/zero3_hooks.py): in TE's
+    ring the hook lands between a copy and the chunk it hides behind. Host work runs no kernel, so the copy still
+    hides behind the chunk, as without the hooks (it had become blocking: 1.8 s of a 175B ZeRO-3 layout)."""
+    from types import SimpleNamespace
+
+    from simulator.strategy.zero3_hooks import ModuleHooks
+
+    class NoHost(Fixed):
+        def op_time_s(self, op):
+            return 0.0 if op.kind == "host" else super().op_time_s(op)
+
+    t = 8
+    ag = collective_op("tp all-gather (attention input)", "all_gather", "tp", 64e6, "te")
+    ops = decompose((ag, gemm("qkv projection", 4096, 3072, 8192, linear=True)), t)
+    block = ("layer", "forward")
+    host = SimpleNamespace(zero3_module_forward_s=3e-4, zero3_module_backward_s=5e-4)
+    hooked = ModuleHooks([SimpleNamespace(block=block, forward=True)], host)(block, ops)
+    assert [o.kind for o in hooked][:3] == ["collective", "host", "gemm"] and len(hooked) == len(ops) + t
+    chunk_s, copy_s = 40e-6, 55e-6
+    plain, _ = gpu_times(ops, NoHost(chunk_s), lambda op: copy_s)
+    with_hooks, _ = gpu_times(hooked, NoHost(chunk_s), lambda op: copy_s)
+    assert sum(with_hooks) == pytest.approx(sum(plain), rel=1e-12)
+    assert sum(plain) == pytest.approx(t * chunk_s + (t - 1) * (copy_s - chunk_s), rel=1e-12)

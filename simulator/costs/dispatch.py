@@ -40,7 +40,8 @@ def gpu_times(
 ) -> tuple[list[float], list[Part]]:
     """GPU seconds of each op in order (a collective: the part the stream waits for) and the task's parts
     (runs of kernels and the collectives the stream waits for; empty without collectives). A collective that
-    ``overlaps`` the kernel before or after it hides behind that kernel; only what outlasts it adds time. One
+    ``overlaps`` the kernel before or after it hides behind that kernel (host work between them, such as DeepSpeed
+    ZeRO-3's module hooks, is no kernel: it looks past it); only what outlasts it adds time. One
     that runs ``behind`` (combined 1F1B, ``strategy/pipeline/combined.py``) hides behind the kernels after it up to
     the end of its window (a ``boundary`` op or a blocking collective), sharing them with the other ``behind``
     collectives of that window."""
@@ -60,7 +61,10 @@ def gpu_times(
             gpu.append(g)
             run_s += g
             in_run = True
-            budget = g
+            if (
+                op.kind != "host"
+            ):  # host work (a framework's hooks) runs no kernel a collective could hide behind
+                budget = g
             continue
         has_collective = True
         if in_run:
@@ -72,7 +76,7 @@ def gpu_times(
             hidden = min(seconds, budget)
             budget -= hidden
         elif op.overlaps == "next":
-            following = next((o for o in ops[i + 1 :] if o.kind != "collective"), None)
+            following = next((o for o in ops[i + 1 :] if o.kind not in ("collective", "host")), None)
             hidden = min(seconds, compute.op_time_s(following)) if following else 0.0
         elif (
             op.overlaps == "alongside"
