@@ -790,9 +790,12 @@ def test_step_overhead_by_hand():
     assert gather > 0 and send_bytes(s) == act / 2
     link = 25e9
     by_hand = 3 * (setup_host + 2 * gather + 2 * act / 2 / link)
-    assert step_overhead_s(s, w, cost, 4, 3, link) == pytest.approx(by_hand, rel=1e-9)
+    assert step_overhead_s(s, w, cost, 4, 3, link, "interleaved-1f1b") == pytest.approx(by_hand, rel=1e-9)
+    # DeepSpeed's lock-step schedule meets both neighbours every step: four transfers a micro-batch
+    by_hand = setup_host + 2 * gather + 4 * act / 2 / link
+    assert step_overhead_s(s, w, cost, 4, 1, link, "deepspeed") == pytest.approx(by_hand, rel=1e-9)
     # without a pipeline: the setup alone (its micro-batch input copy synchronises too)
-    assert step_overhead_s(s, w, cost, 1, 1, link) == pytest.approx(setup_host, rel=1e-9)
+    assert step_overhead_s(s, w, cost, 1, 1, link, "1f1b") == pytest.approx(setup_host, rel=1e-9)
 
 
 def test_screen_follows_the_simulation_of_interleaved_megatron_pipelines():

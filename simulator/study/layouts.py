@@ -126,6 +126,14 @@ def carried(par: dict, lay: Layout) -> dict:
     return out
 
 
+def schedule_of(base: Scenario, lay: Layout) -> str:
+    """The pipeline schedule ``lay`` runs (``Layout.parallelism`` and ``carried``)."""
+    if lay.v > 1:
+        return "interleaved-1f1b"
+    given = base.parallelism.pipeline_schedule
+    return given if given in SEQUENTIAL_SCHEDULES else "1f1b"
+
+
 def divisors(n: int, limit: int | None = None) -> list[int]:
     return [d for d in range(1, (limit or n) + 1) if n % d == 0]
 

@@ -32,7 +32,7 @@ from simulator.strategy.state_bytes import fsdp_reduce_bytes, grad_bytes, weight
 from simulator.strategy.steps import optimizer_step_bytes
 from simulator.strategy.zero import fetch_key
 from simulator.strategy.zero3_fetch import call_sizes
-from simulator.study.layouts import Layout, carried
+from simulator.study.layouts import Layout, carried, schedule_of
 from simulator.study.offload import OffloadScreen
 from simulator.study.step_overhead import step_overhead_s
 from simulator.tables.select import resolve_tables
@@ -234,7 +234,9 @@ class Screen:
         link = self.nic_per_gpu if lay.tp * lay.cp * lay.dp >= self.gpn else self.nvlink
         okey = (lay.tp, lay.cp, lay.mbs, lay.recompute, lay.ep, lay.etp, min(lay.pp, 2), lay.v, link)
         if okey not in self._overheads:
-            self._overheads[okey] = step_overhead_s(s, w, cost, lay.pp, lay.v, link)
+            self._overheads[okey] = step_overhead_s(
+                s, w, cost, lay.pp, lay.v, link, schedule_of(self.base, lay)
+            )
         step = layers * per_layer + ends + self._overheads[okey]
         compute = gas * (layers * per_layer + (emb + head) / lay.pp)
         bubble = (lay.pp - 1) / lay.v * step if lay.pp > 1 else 0.0

@@ -9,7 +9,7 @@
 - with TP and without sequence parallelism, a model chunk that received its input all-gathers it over the TP
   group, in forward and again for the gradient in backward (Narayanan et al. SC21 Sec. 4.1, scatter / gather);
 - Megatron's blocking pipeline sends (not overlapped: ``strategy/megatron.py`` p2p_overlapped), one per chunk and
-  pass.
+  pass; DeepSpeed's lock-step schedule, about two per pass.
 
 Measured on GPT-3 175B at TP 8, PP 8 and 1,024 A100 (benchmarks/plan.py, 2026-11-27): the screen had put these
 layouts 1.3-6.2% fast, more so with more virtual stages, leaving both out.
@@ -25,6 +25,11 @@ from simulator.strategy.megatron import overlaps_p2p
 from simulator.strategy.pipeline.chunk_ops import send_bytes
 from simulator.workload.ops import collective_op
 from simulator.workload.transformer import Workload
+
+# Transfers on the critical path per micro-batch: Megatron's schedules send once per pass; DeepSpeed's lock-step
+# TrainSchedule meets both neighbours every step, about 4 transfers a micro-batch (strategy/deepspeed_pipe.py;
+# tests/test_pipeline.py: (m + p - 1)(f + b) + (4m + 2p - 8) T with free compute imbalance)
+SENDS_PER_STEP = {"deepspeed": 4}
 
 
 def p2p_overlapped_at(s: Scenario, w: Workload, pp: int, v: int) -> bool:
@@ -43,13 +48,19 @@ def synchronised(s: Scenario, w: Workload, pp: int, v: int) -> bool:
 
 
 def step_overhead_s(
-    s: Scenario, w: Workload, cost: Callable[[tuple], TaskCost], pp: int, v: int, link_Bps: float
+    s: Scenario,
+    w: Workload,
+    cost: Callable[[tuple], TaskCost],
+    pp: int,
+    v: int,
+    link_Bps: float,
+    schedule: str,
 ) -> float:
     """Seconds one micro-batch adds to a stage's step beyond its layers (a stage of the pipeline's middle: each of
     its ``v`` chunks sets up a forward, with TP and no sequence parallelism re-gathers in forward and backward,
     and, where Megatron's sends block, sends in both passes over a ``link_Bps`` link); ``s``: a scenario of the
-    layout's shape (TP, CP, micro-batch), ``pp`` and ``v`` the layout's; ``cost`` prices a tuple of ops as a task
-    (``costs/dispatch.py`` task_cost, the screen's TP collectives)."""
+    layout's shape (TP, CP, micro-batch), ``pp``, ``v`` and ``schedule`` the layout's; ``cost`` prices a tuple of
+    ops as a task (``costs/dispatch.py`` task_cost, the screen's TP collectives)."""
     par, mdl = s.parallelism, s.model
     setup = cost(w.microbatch_setup) if w.microbatch_setup else TaskCost(0.0)
     # synchronised, the GPU idles until the host issues the step's first kernel: the setup's own, else the layers'
@@ -63,5 +74,5 @@ def step_overhead_s(
         regather = collective_op("tp all-gather (pipeline scatter/gather)", "all_gather", "tp", act)
         per_step += 2 * cost((regather,)).seconds
     if not p2p_overlapped_at(s, w, pp, v):  # Megatron's blocking sends: each chunk's, each pass
-        per_step += 2 * send_bytes(s) / link_Bps
+        per_step += SENDS_PER_STEP.get(schedule, 2) * send_bytes(s) / link_Bps
     return v * per_step
