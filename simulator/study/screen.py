@@ -225,9 +225,8 @@ class Screen:
         """The layout's iteration time, memory and their parts; ``bound``: for ZeRO-3, a lower bound without
         replaying DeepSpeed's coordinator (every call hidden), which ``plan`` refines where it can matter."""
         emb, f, b, rc, head, w, s, cost = self._block_times(lay)
-        m = self.base.model
         gas = self.batch // (lay.mbs * lay.dp)
-        layers = m.num_layers // lay.pp
+        layers = self.base.model.num_layers // lay.pp
         per_layer = f + b + rc
         ends = max(emb, head) if lay.pp > 1 else emb + head  # the slowest stage's embedding / output layer
         # each micro-batch's setup, pipeline re-gathers and blocking sends (step_overhead.py)
