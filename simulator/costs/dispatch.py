@@ -61,9 +61,8 @@ def gpu_times(
             gpu.append(g)
             run_s += g
             in_run = True
-            if (
-                op.kind != "host"
-            ):  # host work (a framework's hooks) runs no kernel a collective could hide behind
+            # host work (a framework's hooks) runs no kernel a collective could hide behind
+            if op.kind != "host":
                 budget = g
             continue
         has_collective = True

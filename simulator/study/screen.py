@@ -127,10 +127,10 @@ class Screen:
 
     def _block_times(self, lay: Layout):
         """(embedding f+b, layer f, layer b, layer recompute, head f+b, workload, scenario, ops pricer) for this
-        layout's shapes, cached; the layer times are the mean over the model's layers (dense and mixture-of-experts ones). A
-        layer's forward and backward ops do not depend on the recompute policy (workload/transformer.py: only what
-        is re-run before backward does), so none and full recompute share one workload and its costs; selective
-        (its module list) and activation offloading (copy sizes by policy) get their own."""
+        layout's shapes, cached; the layer times are the mean over the model's layers (dense and mixture-of-experts
+        ones). A layer's forward and backward ops do not depend on the recompute policy (workload/transformer.py:
+        only what is re-run before backward does), so none and full recompute share one workload and its costs;
+        selective (its module list) and activation offloading (copy sizes by policy) get their own."""
         key = (lay.tp, lay.cp, lay.mbs, lay.recompute, lay.ep, lay.etp)
         if key not in self._blocks:
             s = self.scenario(lay)

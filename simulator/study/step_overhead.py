@@ -12,7 +12,7 @@
   pass; DeepSpeed's lock-step schedule, about two per pass.
 
 Measured on GPT-3 175B at TP 8, PP 8 and 1,024 A100 (benchmarks/plan.py, 2026-11-27): the screen had put these
-layouts 1.3-6.2% fast, more so with more virtual stages, leaving both out.
+layouts 1.3-6.2% fast, more so with more virtual stages, leaving the first two out.
 """
 
 from __future__ import annotations
@@ -32,19 +32,17 @@ from simulator.workload.transformer import Workload
 SENDS_PER_STEP = {"deepspeed": 4}
 
 
-def p2p_overlapped_at(s: Scenario, w: Workload, pp: int, v: int) -> bool:
-    """``strategy/megatron.py`` p2p_overlapped for a layout of ``pp`` stages and ``v`` virtual stages (study/
-    layouts.py runs interleaved 1F1B where there are virtual stages, a sequential schedule otherwise); ``s``: any
-    layout's scenario of the same base (the switch is the base's)."""
-    schedule = "interleaved-1f1b" if v > 1 else "1f1b"
-    return overlaps_p2p(s.parallelism.overlap_p2p_comm, w.framework.overlap_p2p, pp, schedule)
-
-
-def synchronised(s: Scenario, w: Workload, pp: int, v: int) -> bool:
+def synchronised(s: Scenario, w: Workload, pp: int, schedule: str) -> bool:
     """Does the host wait for the GPU before each forward step's setup? (strategy/megatron.py ``sync_forward``;
-    without a pipeline, strategy/steps.py microbatch_sync)."""
+    without a pipeline, strategy/steps.py microbatch_sync). ``s``: any layout's scenario of the same base (the
+    overlap switch is the base's)."""
     syncs = w.framework.host.syncs
-    return syncs.microbatch or (pp > 1 and syncs.p2p and not p2p_overlapped_at(s, w, pp, v))
+    return syncs.microbatch or (pp > 1 and syncs.p2p and not _overlapped(s, w, pp, schedule))
+
+
+def _overlapped(s: Scenario, w: Workload, pp: int, schedule: str) -> bool:
+    """``strategy/megatron.py`` p2p_overlapped for a layout of ``pp`` stages run by ``schedule``."""
+    return overlaps_p2p(s.parallelism.overlap_p2p_comm, w.framework.overlap_p2p, pp, schedule)
 
 
 def step_overhead_s(
@@ -59,20 +57,20 @@ def step_overhead_s(
     """Seconds one micro-batch adds to a stage's step beyond its layers (a stage of the pipeline's middle: each of
     its ``v`` chunks sets up a forward, with TP and no sequence parallelism re-gathers in forward and backward,
     and, where Megatron's sends block, sends in both passes over a ``link_Bps`` link); ``s``: a scenario of the
-    layout's shape (TP, CP, micro-batch), ``pp``, ``v`` and ``schedule`` the layout's; ``cost`` prices a tuple of
-    ops as a task (``costs/dispatch.py`` task_cost, the screen's TP collectives)."""
-    par, mdl = s.parallelism, s.model
+    layout's shape (TP, CP, micro-batch), ``pp``, ``v`` and ``schedule`` the layout's (study/layouts.py
+    schedule_of); ``cost`` prices a tuple of ops as a task (``costs/dispatch.py`` task_cost, the screen's TP
+    collectives)."""
+    par = s.parallelism
     setup = cost(w.microbatch_setup) if w.microbatch_setup else TaskCost(0.0)
     # synchronised, the GPU idles until the host issues the step's first kernel: the setup's own, else the layers'
-    idle = (setup.lead_s if setup.seconds > 0 else setup.host_s) if synchronised(s, w, pp, v) else 0.0
+    idle = (setup.lead_s if setup.seconds > 0 else setup.host_s) if synchronised(s, w, pp, schedule) else 0.0
     per_step = setup.seconds + idle
     if pp == 1:
         return per_step
     if par.tensor_parallel > 1 and not par.sequence_parallel:
-        e = 4 if s.training.precision == "fp32" else 2
-        act = s.training.micro_batch_size * (mdl.seq_length // par.context_parallel) * mdl.hidden_size * e
+        act = send_bytes(s) * par.tensor_parallel  # the whole activation, of which each rank sent 1/t
         regather = collective_op("tp all-gather (pipeline scatter/gather)", "all_gather", "tp", act)
         per_step += 2 * cost((regather,)).seconds
-    if not p2p_overlapped_at(s, w, pp, v):  # Megatron's blocking sends: each chunk's, each pass
+    if not _overlapped(s, w, pp, schedule):  # blocking sends: each chunk's, each pass
         per_step += SENDS_PER_STEP.get(schedule, 2) * send_bytes(s) / link_Bps
     return v * per_step
