@@ -39,8 +39,6 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-import simpy
-
 from simulator.engine.network import FluidNetwork
 from simulator.program import Program, Task
 from simulator.timeline.timeline import Part, Timeline
@@ -79,6 +77,11 @@ def simulate_program(
 ) -> Timeline:
     """``task_duration(task)`` gives a compute task's :class:`TaskCost` (or just ``(seconds, parts)``: no host
     model); ``collective_phases(task)`` a collective's phases."""
+    # imported at the first simulation, not with the package: simpy reads its own version through
+    # importlib.metadata at import (simpy/__init__.py, 4.1.2), 11 ms that a command which only checks a file,
+    # lists scenarios or prints help never needs
+    import simpy
+
     env = simpy.Environment()
     net = FluidNetwork(env)
     tasks = program.tasks

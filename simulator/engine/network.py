@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from functools import partial
+from typing import TYPE_CHECKING
 
-import simpy
+if TYPE_CHECKING:
+    import simpy
 
 _EPS = 1e-12
 
