@@ -13,10 +13,18 @@ from dataclasses import dataclass
 from simulator.program import COMPUTE, Program
 from simulator.scenario.schema import Scenario
 from simulator.strategy.offload import add_grad_copy, add_host_step, add_param_copy
-from simulator.strategy.steps import add_backward, add_forward, add_optimizer, microbatch_sync, with_setup
+from simulator.strategy.steps import (
+    add_backward,
+    add_forward,
+    add_optimizer,
+    microbatch_sync,
+    recompute_name,
+    with_setup,
+)
 from simulator.strategy.units import Unit, gather_params, parameter_tensors
 from simulator.strategy.zero3_fetch import FetchSchedule
 from simulator.strategy.zero3_hooks import ModuleHooks, module_ends
+from simulator.strategy.zero3_waits import Waits
 from simulator.workload.ops import memory_op
 from simulator.workload.transformer import Workload
 
@@ -241,29 +249,55 @@ def _fetched_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], pla
     for r in f.reduces:
         reduces.setdefault(r.block, []).append(r)
 
-    def issue(block, mb: int, ids: dict[int, int], sync: tuple, last: int) -> tuple[int, ...]:
+    def issue(block, mb: int, ids: dict[int, int], sync: tuple, last: int) -> None:
         """The block's own calls (``ids``: this microbatch's so far), issued by its hooks once the host has
-        issued ``last``, the first after ``sync``; the call ids the block's compute waits for."""
+        issued ``last``, the first after ``sync``."""
         for g in issued_in.get(block, ()):
             ids[g] = gather(f.gathers[g], mb, sync if not ids else (), last)
-        return tuple(ids[g] for g in f.waits.get(block, ()))
 
+    def pieces(block, forward: bool, ops: tuple, ids: dict[int, int]) -> list[tuple[tuple, tuple]]:
+        """(ops, gather tasks it waits for) of each piece of a block's compute, cut where a module's hook waits
+        for gathers the compute has not waited for yet (strategy/zero3_waits.py)."""
+        out: list[tuple[tuple, tuple]] = []
+        start, deps = 0, ()
+        for at, g in hook_waits.cuts(block, forward, ops):
+            if at > start:
+                out.append((ops[start:at], deps))
+                start, deps = at, ()
+            deps += (ids[g],)
+        return [*out, (ops[start:], deps)]
+
+    hook_waits = Waits(f)
     sync: tuple[int, ...] = ()
     waits: list[int] = []  # flushes the host has waited for before issuing the next compute
     last = -1  # the compute task the host issued last: the next block's hooks run after it
     for mb in range(gas):
         ids: dict[int, int] = {}
+        hook_waits.reset()
         for i, u in enumerate(us):
-            deps = issue((u.index, "forward"), mb, ids, sync, last)
-            ops = hooked((u.index, "forward"), u.block.forward)
+            block = (u.index, "forward")
+            issue(block, mb, ids, sync, last)
+            ops = hooked(block, u.block.forward)
             ops = with_setup(w, ops, setup) if i == 0 else ops
-            last = add_forward(p, u, mb, deps, ops=ops, sync=i == 0 and microbatch_sync(w))
+            for k, (part, deps) in enumerate(pieces(block, True, ops, ids)):
+                if k == 0:
+                    last = add_forward(p, u, mb, deps, ops=part, sync=i == 0 and microbatch_sync(w))
+                else:
+                    last = p.add_compute(0, "forward", "forward", f"{u.name} forward", deps, part, mb)
         blocking = None
         flushed: list[int] = []  # this microbatch's bucket reductions, in launch order
         for u in reversed(us):
-            deps = issue((u.index, "backward"), mb, ids, sync, last)
-            deps += (blocking,) if blocking is not None else ()
-            ops = hooked((u.index, "backward"), u.block.backward)
+            block = (u.index, "backward")
+            issue(block, mb, ids, sync, last)
+            after = (blocking,) if blocking is not None else ()
+            again = u.block.recompute_ops(u.recompute) if u.is_layer else ()
+            for part, deps in pieces(block, True, again, ids) if again else ():
+                last = p.add_compute(0, "recompute", "backward", recompute_name(u), after + deps, part, mb)
+                after = ()
+                if waits:
+                    p.tasks[last].host_waits = (waits[-1],)
+                    waits = []
+            ops = hooked(block, u.block.backward)
             if plan.backward_extra_bytes_per_param:
                 ops = (
                     memory_op("qgZ quantize gradients", plan.backward_extra_bytes_per_param * u.params),
@@ -272,34 +306,32 @@ def _fetched_iteration(p: Program, s: Scenario, w: Workload, us: list[Unit], pla
             # the unit's backward in pieces, each ending where a module's gradient overflows the bucket: its hook
             # flushes the bucket there, the host first waiting for the flush MAX_REDUCE_EVENTS + 1 earlier
             # (stage3.py __reduce_and_partition_ipg_grads: param_reduce_events.popleft().synchronize()), so it
-            # issues nothing after that module until then
-            flushes = reduces.get((u.index, "backward"), [])
+            # issues nothing after that module until then; and where a module's hook waits for gathers (above)
+            flushes = reduces.get(block, [])
             cuts = module_ends(ops, [r.module for r in flushes])
+            done = [False] * len(flushes)
             start = 0
-            for k, end in enumerate([*sorted(set(cuts)), len(ops)]):
-                if end == start and k:
-                    continue
-                if start == 0:
-                    task = len(p.tasks)  # the recomputation where there is one, else the backward
-                    last = add_backward(p, s, u, mb, deps, ops=ops[:end])
-                else:
-                    after = (blocking,) if blocking is not None else ()  # without overlap_comm
-                    last = task = p.add_compute(
-                        0, "backward", "backward", f"{u.name} backward", after, ops[start:end], mb
+            for part, deps in pieces(block, False, ops, ids):
+                stop = start + len(part)
+                for end in sorted({c for c in cuts if start < c < stop} | {stop}):
+                    last = p.add_compute(
+                        0, "backward", "backward", f"{u.name} backward", after + deps, ops[start:end], mb
                     )
-                if waits:
-                    p.tasks[task].host_waits = (waits[-1],)
-                    waits = []
-                for r, cut in zip(flushes, cuts, strict=True):
-                    if cut != end:
-                        continue
-                    if len(flushed) >= MAX_REDUCE_EVENTS + 1:
-                        waits.append(flushed[-1 - MAX_REDUCE_EVENTS])
-                    rid = _reduce_bucket(p, plan, r.numel, last)
-                    blocking = None if plan.overlap_reduce else rid
-                    reductions.append(rid)
-                    flushed.append(rid)
-                start = end
+                    after, deps, start = (), (), end
+                    if waits:
+                        p.tasks[last].host_waits = (waits[-1],)
+                        waits = []
+                    for j, cut in enumerate(cuts):
+                        if cut != end or done[j]:
+                            continue
+                        done[j] = True
+                        if len(flushed) >= MAX_REDUCE_EVENTS + 1:
+                            waits.append(flushed[-1 - MAX_REDUCE_EVENTS])
+                        rid = _reduce_bucket(p, plan, flushes[j].numel, last)
+                        blocking = None if plan.overlap_reduce else rid
+                        reductions.append(rid)
+                        flushed.append(rid)
+                        after = (blocking,) if blocking is not None else ()  # without overlap_comm
         waits = []  # the backward's epilogue waits for every reduction
         if mb < gas - 1 and reductions:
             # backward ends with the host waiting for its reductions (stage3.py

@@ -41,6 +41,13 @@ def microbatch_sync(w: Workload) -> bool:
     return w.framework.host.syncs.microbatch
 
 
+def recompute_name(u: Unit) -> str:
+    """The name of a unit's recomputation task, with its policy."""
+    return f"{u.name} recompute" + {"full": "", "selective": " (attention)", "op": " (per-op)"}.get(
+        u.recompute, ""
+    )
+
+
 def add_backward(
     p: Program, s: Scenario, u: Unit, mb: int, deps=(), rank: int = 0, ops: tuple | None = None
 ) -> int:
@@ -48,13 +55,12 @@ def add_backward(
     policy: workload/recompute.py)."""
     again = u.block.recompute_ops(u.recompute) if u.is_layer else ()
     if again:
-        what = {"full": "", "selective": " (attention)", "op": " (per-op)"}.get(u.recompute, "")
         rid = p.add(
             rank,
             COMPUTE,
             "recompute",
             "backward",
-            f"{u.name} recompute{what}",
+            recompute_name(u),
             deps,
             ops=again,
             microbatch=mb,
