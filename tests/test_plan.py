@@ -164,7 +164,8 @@ def _screen(nodes: int):
 def test_zero3_estimate_costs_every_deepspeed_call():
     """The screen costs DeepSpeed ZeRO-3 as the simulation's replay of its coordinator issues it: every
     all-gather (per module, prefetch, re-gather) and every bucket's reduce-scatter a ring of its own size, split
-    by the phase whose compute can hide it."""
+    by the phase whose compute can hide it. Here backward gathers nothing (the model is kept from its forward),
+    so backward's calls are its reduce-scatters, one after another."""
     from simulator.strategy.state_bytes import grad_bytes, weight_bytes
     from simulator.strategy.zero import fetch_schedule
 
@@ -190,6 +191,39 @@ def test_zero3_estimate_costs_every_deepspeed_call():
     gas = 2
     exposed = gas * (max(0.0, fwd - 8 * f) + max(0.0, bwd - 8 * (b + rc)))
     assert e.comm_s == pytest.approx(exposed, rel=1e-12) and exposed > 0
+
+
+def test_zero3_backward_gathers_and_reductions_share_the_links_on_two_streams():
+    """With a reuse distance of 0 and no prefetching, every layer is gathered again for its backward, while its
+    gradient buckets are reduce-scattered: the simulation runs the two on the all-gather and the reduction
+    streams at once (strategy/sharded.py), so the screen charges backward the longer of the two streams or the
+    bytes both move over the same links, whichever is longest, not their sum."""
+    from simulator.hardware.cluster import Cluster
+    from simulator.hardware.topology import cluster_spec
+    from simulator.strategy.state_bytes import grad_bytes, weight_bytes
+    from simulator.strategy.zero import fetch_schedule
+    from simulator.study.screen import Screen
+
+    b = base(nodes=16, batch=128)
+    zero = b.parallelism.zero.model_copy(
+        update={"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0, "reduce_bucket_size": 2e6}
+    )
+    b = b.model_copy(update={"parallelism": b.parallelism.model_copy(update={"zero": zero})})
+    screen = Screen(b, Cluster(cluster_spec(b), 16))
+    lay = Layout(1, 1, 1, 128, 1, 1, "zero3", "none")
+    s, w = screen.scenario(lay), screen._block_times(lay)[5]
+    fs = fetch_schedule(s, w)
+    wb, gb = weight_bytes(s), grad_bytes(s, screen.framework)
+    ag = [
+        screen.ring_parts("all_gather", 128, 8, g.numel * wb) for g in fs.gathers if g.block[1] == "backward"
+    ]
+    rs = [screen.ring_parts("reduce_scatter", 128, 8, r.numel * gb) for r in fs.reduces]
+    assert len(ag) > 8 and len(rs) > 8  # every layer re-gathered; buckets of 2e6 elements
+    whole_ag, whole_rs = sum(a + t for a, t in ag), sum(a + t for a, t in rs)
+    moving = sum(t for _, t in ag) + sum(t for _, t in rs)
+    _, bwd = screen._zero3_calls_s(s, w, 128, 8)
+    assert bwd == pytest.approx(max(whole_ag, whole_rs, moving), rel=1e-12)
+    assert bwd < whole_ag + whole_rs
 
 
 def test_fsdp_estimate_pays_one_ring_latency_per_unit():

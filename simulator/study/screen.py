@@ -12,6 +12,7 @@ simulation of the best ``k`` decides.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 from simulator.costs.collectives import CollectiveModel
@@ -285,10 +286,8 @@ class Screen:
                 beside = whole - per - gather
             exposed = per * (gas if lay.kind == "zero2" else 1) + gather
         elif lay.kind == "zero3":
-            # DeepSpeed's coordinator, call by call (strategy/zero3_fetch.py): each call pays the ring's latency,
-            # so the number of calls matters as much as the bytes. Forward's hide under forward's compute,
-            # backward's gathers and reduce-scatters under backward's and the recomputation's (a layout that
-            # cannot fit is not replayed, the screen's costliest step)
+            # DeepSpeed's calls (zero3_fetch.py), each paying the ring's latency: forward's hide under forward, the
+            # rest under backward and recomputation (a layout that cannot fit is not replayed: the costliest step)
             if memory > MEMORY_HEADROOM * self.capacity:
                 fwd = bwd = math.inf
             elif bound:
@@ -348,21 +347,22 @@ class Screen:
         )
 
     def _zero3_calls_s(self, s: Scenario, w, n: int, per_node: int) -> tuple[float, float]:
-        """(forward, backward) seconds of DeepSpeed ZeRO-3's calls for one microbatch, rings over the ``n``
-        data-parallel ranks, counted on a replay of a few layers (zero3_fetch.call_sizes: the whole replay's)."""
+        """(forward, backward) seconds of DeepSpeed ZeRO-3's calls for one microbatch, rings over the ``n`` ranks,
+        counted on a replay of a few layers (zero3_fetch.call_sizes); backward's gathers and reduce-scatters on two
+        streams at once (strategy/sharded.py): latencies overlap, bytes share the links, as FSDP's above."""
         key, knobs = fetch_key(s, w)
         w_b, g_b = weight_bytes(s), grad_bytes(s, self.framework)
         memo = (key, knobs, n, per_node, w_b, g_b)
         if memo not in self._calls:
-            sizes = call_sizes(key, knobs)
-            self._calls[memo] = tuple(
-                sum(
-                    k * self.ring_s(op, n, per_node, numel * (w_b if op == "all_gather" else g_b))
-                    for (op, phase, numel), k in sizes.items()
-                    if phase == want
-                )
-                for want in ("forward", "backward")
+            whole, moving = Counter(), Counter()
+            for (op, phase, numel), k in call_sizes(key, knobs).items():
+                lat, t = self.ring_parts(op, n, per_node, numel * (w_b if op == "all_gather" else g_b))
+                whole[op, phase] += k * (lat + t)
+                moving[phase] += k * t
+            bwd = max(
+                whole["all_gather", "backward"], whole["reduce_scatter", "backward"], moving["backward"]
             )
+            self._calls[memo] = (whole["all_gather", "forward"], bwd)
         return self._calls[memo]
 
     def memory(self, lay: Layout, psi: float, s: Scenario, experts: float = 0.0, edp: int = 1) -> float:
