@@ -23,7 +23,7 @@ from simulator.hardware.placement import Placement
 from simulator.metrics.flops import narayanan_eq3_flops
 from simulator.program import COMPUTE
 from simulator.scenario.schema import Scenario
-from simulator.timeline.timeline import Timeline, intersection_length, length, union
+from simulator.timeline.timeline import Timeline, intersection_length, length, overlap, union
 
 
 @dataclass
@@ -338,14 +338,15 @@ def _rank_metrics(timeline: Timeline, rank_tasks: list, lo: float, hi: float) ->
     aside_waited = sum(waited.values())
     collectives: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     embedded = hidden = 0.0
+    compute_starts = [a for a, _ in compute_u]
     for t in rank_tasks:
         if t.is_collective:
             d = collectives[f"{t.kind}:{t.group}"]
-            own = [(timeline.start[t.id], timeline.end[t.id])]
+            a, b = timeline.start[t.id], timeline.end[t.id]
             d["count"] += 1
-            d["time_s"] += own[0][1] - own[0][0]
+            d["time_s"] += b - a
             d["bytes"] += t.bytes
-            d["exposed_s"] += length(own) - intersection_length(own, compute_u)
+            d["exposed_s"] += max(0.0, b - a) - overlap(a, b, compute_u, compute_starts)
     for t in aside:
         for part in timeline.parts[t.id]:
             if part.kind == "compute":

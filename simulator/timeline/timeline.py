@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -110,6 +111,17 @@ def union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]
 
 def length(intervals: Iterable[tuple[float, float]]) -> float:
     return sum(b - a for a, b in intervals)
+
+
+def overlap(a: float, b: float, ys: list[tuple[float, float]], starts: list[float]) -> float:
+    """How much of [a, b) the sorted, disjoint intervals ``ys`` cover (``starts``: their starts), found by
+    bisection: a timeline's thousands of collectives each against its compute, without a scan from the start."""
+    total = 0.0
+    for y0, y1 in ys[max(0, bisect_right(starts, a) - 1) :]:
+        if y0 >= b:
+            break
+        total += max(0.0, min(b, y1) - max(a, y0))
+    return total
 
 
 def intersection_length(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> float:
