@@ -47,21 +47,17 @@ def covers(fs: FetchSchedule) -> list[int]:
 
 
 def _start(name: str, ops: tuple, forward: bool) -> int | None:
-    """The index of the first op of module ``name`` in ``ops`` (None where the module has no op of its own)."""
+    """The index of the first op of module ``name`` in ``ops`` (None where the module has no op of its own):
+    forward, the op MODULE_OPS names; backward, the first of its gradients (``qkv projection dgrad``)."""
     if name in ATTENTION_MODULES:
-        prefixes = ATTENTION_STARTS[forward]
+        found = (i for i, op in enumerate(ops) if op.name.startswith(ATTENTION_STARTS[forward]))
+    elif name in MODULE_OPS and forward:
+        found = (i for i, op in enumerate(ops) if op.name == MODULE_OPS[name])
     elif name in MODULE_OPS:
-        prefixes = (MODULE_OPS[name] if forward else f"{MODULE_OPS[name]} ",)
+        found = (i for i, op in enumerate(ops) if op.name.startswith(f"{MODULE_OPS[name]} "))
     else:
         return None
-    for i, op in enumerate(ops):
-        if (
-            (op.name == prefixes[0])
-            if forward and name not in ATTENTION_MODULES
-            else op.name.startswith(prefixes)
-        ):
-            return i
-    return None
+    return next(found, None)
 
 
 class Waits:
@@ -74,6 +70,7 @@ class Waits:
         for m, c in zip(fs.modules, cover, strict=True):
             self.modules.setdefault((m.block, m.forward), []).append((m.name, bool(m.params), c))
         self.seen = -1
+        self._kept: dict[tuple, tuple] = {}
 
     def reset(self) -> None:
         """A new microbatch: its trace starts again (the coordinator resets it at each forward)."""
@@ -82,20 +79,29 @@ class Waits:
     def cuts(self, block: Block, forward: bool, ops: tuple) -> list[tuple[int, int]]:
         """(op index, gather index) where the compute of ``block``'s modules that run ``forward`` (forward or
         recomputation; else backward) in ``ops`` must wait for a later gather than any it has waited for this
-        microbatch, in order; op index 0 is the piece's start. A container begins where its next module begins; a module with parameters
-        but no op of its own here (embedding, output layer) at the previous module's start, so it never waits
-        later than it does."""
+        microbatch, in order; op index 0 is the piece's start. A container begins where its next module
+        begins; a module with parameters but no op of its own here (embedding, output layer) at the previous
+        module's start, so it never waits later than it does."""
         mods = self.modules.get((block, forward), [])
-        starts: list[int | None] = [_start(name, ops, forward) for name, _, _ in mods]
         out: dict[int, int] = {}
-        previous = 0
-        for k, (_, has_params, cover) in enumerate(mods):
-            at = starts[k]
-            if at is None and not has_params:  # a container: at its next module's start
-                at = next((s for s in starts[k + 1 :] if s is not None), None)
-            at = previous if at is None else max(at, previous)
-            previous = at
+        for at, (_, _, cover) in zip(self._starts(block, forward, ops), mods, strict=True):
             if cover > self.seen:
                 self.seen = cover
                 out[at] = cover
         return sorted(out.items())
+
+    def _starts(self, block: Block, forward: bool, ops: tuple) -> list[int]:
+        """Where each of the block's modules begins in ``ops`` (kept per ops tuple: every microbatch asks)."""
+        key = (block, forward, id(ops))
+        if key not in self._kept:
+            mods = self.modules.get((block, forward), [])
+            found: list[int | None] = [_start(name, ops, forward) for name, _, _ in mods]
+            starts, previous = [], 0
+            for k, (_, has_params, _) in enumerate(mods):
+                at = found[k]
+                if at is None and not has_params:  # a container: at its next module's start
+                    at = next((s for s in found[k + 1 :] if s is not None), None)
+                previous = previous if at is None else max(at, previous)
+                starts.append(previous)
+            self._kept[key] = (ops, starts)  # the tuple kept alive, so its id is not reused
+        return self._kept[key][1]
