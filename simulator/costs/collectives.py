@@ -142,10 +142,15 @@ class CollectiveModel:
         """The groups of kind ``group`` with a rank in pipeline stage ``stage`` (``()`` where none has)."""
         if group not in self._by_stage:
             groups = self.placement.groups(group)
-            of = self.placement.coordinates("pp")[groups.array]  # every member's stage
-            self._by_stage[group] = {}
-            for x in np.flatnonzero(np.bincount(of.ravel())).tolist():  # (np.unique imports numpy.ma)
-                self._by_stage[group][x] = groups.where((of == x).any(axis=1), ("stage", x))
+            member: dict[int, np.ndarray] = {}  # stage -> which groups have a rank in it
+            rows = max(1, (1 << 15) // max(1, groups.array.shape[1]))  # a few groups' members at a time
+            for lo in range(0, len(groups.array), rows):
+                of = self.placement.coordinates_of(groups.array[lo : lo + rows], "pp")  # each member's stage
+                for x in np.flatnonzero(np.bincount(of.ravel())).tolist():  # (np.unique imports numpy.ma)
+                    member.setdefault(x, np.zeros(len(groups.array), dtype=bool))[lo : lo + rows] = (
+                        of == x
+                    ).any(axis=1)
+            self._by_stage[group] = {x: groups.where(m, ("stage", x)) for x, m in sorted(member.items())}
         return self._by_stage[group].get(stage, ())
 
     def standalone_time_s(self, op: str, group: str, size_bytes: float, stage: int | None = None) -> float:

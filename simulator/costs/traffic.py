@@ -26,6 +26,9 @@ LinkClass = tuple[frozenset, str, str]  # (pipeline stages on the link's nodes, 
 LOADS_CHUNK = 1 << 13
 # Nodes no later chunk touches, read into their link classes together (their sums: 128 bytes a node and GPU)
 CLOSE_ROWS = 1 << 10
+# ... and multiplied into their links this many at a time: a [node x link] block of units, and its copies, for
+# each (at 1,024 nodes and a DGX's ~40 links, 320 KiB each: the heap's peak at 131,072 GPUs)
+NODE_BLOCK = 1 << 8
 
 
 class LinkLoads:
@@ -40,21 +43,35 @@ class LinkLoads:
         # nodes that host the same pipeline stages are interchangeable; others are not (their links carry
         # other stages' traffic at other times), so link classes carry the set of stages of their nodes:
         # ``stage_sets`` the distinct sets (in sorted order), ``node_set`` each node's index into them
-        stage = np.asarray(placement.coordinates("pp"))
-        if stage.size == cluster.num_nodes * gpn:  # every GPU placed: one row per node
-            per_node = stage.reshape(-1, gpn)
-            if (per_node.min(axis=1) == per_node.max(axis=1)).all():  # one stage per node (the usual)
-                present, self.node_set = np.unique(per_node[:, 0], return_inverse=True)
+        if placement.world_size == cluster.num_nodes * gpn:  # every GPU placed: one row per node
+            # each node's first and last GPU's stage, a few thousand nodes at a time (not every GPU at once)
+            block = max(1, (1 << 15) // gpn)
+            lo_hi = [
+                self._stage_range(placement, np.arange(n0, min(n0 + block, cluster.num_nodes)) * gpn, gpn)
+                for n0 in range(0, cluster.num_nodes, block)
+            ]
+            first, same = np.concatenate([f for f, _ in lo_hi]), all(ok for _, ok in lo_hi)
+            if same:  # one stage per node (the usual)
+                present, self.node_set = np.unique(first, return_inverse=True)
                 self.stage_sets = [frozenset((x,)) for x in present.tolist()]
                 self.node_set = self.node_set.ravel().astype(np.int32)
                 return
-            rows, which = np.unique(np.sort(per_node, axis=1), axis=0, return_inverse=True)
+            stage = placement.coordinates("pp")
+            rows, which = np.unique(np.sort(stage.reshape(-1, gpn), axis=1), axis=0, return_inverse=True)
             of_node = [frozenset(rows[i].tolist()) for i in which.ravel().tolist()]
         else:  # fewer ranks than GPUs (part of a node)
+            stage = placement.coordinates("pp")
             of_node = [frozenset(stage[k * gpn : (k + 1) * gpn].tolist()) for k in range(cluster.num_nodes)]
         self.stage_sets = sorted(set(of_node), key=sorted)
         index = {x: i for i, x in enumerate(self.stage_sets)}
         self.node_set = np.array([index[x] for x in of_node], dtype=np.int32)
+
+    @staticmethod
+    def _stage_range(placement: Placement, starts: np.ndarray, gpn: int) -> tuple[np.ndarray, bool]:
+        """(stage of the first GPU of each node starting at GPU ``starts``, whether all of each node's GPUs
+        share it)."""
+        stage = placement.coordinates_of(starts[:, None] + np.arange(gpn), "pp")
+        return stage[:, 0], bool((stage.min(axis=1) == stage.max(axis=1)).all())
 
     @cached_property
     def _leaf_grid(self) -> tuple[int, int]:
@@ -191,8 +208,8 @@ class LinkLoads:
             )
         links, bandwidth, off_map, onto_map, local = self._maps[key]
         rows = np.flatnonzero(done)
-        for at in range(0, len(rows), CLOSE_ROWS):
-            take = rows[at : at + CLOSE_ROWS]
+        for at in range(0, len(rows), NODE_BLOCK):
+            take = rows[at : at + NODE_BLOCK]
             units = sums.out[take] @ off_map + sums.into[take] @ onto_map
             for j, uv in local:
                 units[:, j] += sums.local[uv][take]

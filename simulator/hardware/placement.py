@@ -218,11 +218,16 @@ class Placement:
 
     def coordinates(self, axis: str):
         """Every rank's index along ``axis``, as a numpy array (``coordinate`` for all ranks at once)."""
+        return self.coordinates_of(np.arange(self.world_size, dtype=np.int64), axis)
+
+    def coordinates_of(self, ranks: np.ndarray, axis: str) -> np.ndarray:
+        """The index along ``axis`` of each of ``ranks`` (an array of any shape): only the ranks asked about,
+        where ``coordinates`` lays out every rank (1 MiB and its temporaries at 131,072 GPUs)."""
         sizes = self.sizes
         inner = 1
         for a in reversed(self.axes):
             if a == axis:
-                return np.arange(self.world_size, dtype=np.int64) // inner % sizes[a]
+                return ranks // inner % sizes[a]
             inner *= sizes[a]
         raise ValueError(axis)
 
