@@ -289,14 +289,12 @@ class LinkLoads:
         # each hop is a connection of qps_per_connection flows (a sampled all-to-all rotation stands for
         # ``share`` of them): the ECMP fabric hashes them onto a leaf's uplinks
         flows = np.maximum(share, 1.0) * cl.spec.fabric.qps_per_connection
+        lo = int(min(leaf_a.min(), leaf_b.min()))
+        hi = int(max(leaf_a.max(), leaf_b.max())) + 1
+        at = sums.leaf_slices(lo, hi)  # the leaves this chunk touches, not every leaf of the fabric
         for name, leaf in (("up", leaf_a), ("down", leaf_b)):
-            units = np.bincount(leaf, share, minlength=leaves)
-            count = np.bincount(leaf, flows, minlength=leaves)
-            if name in sums.leaf_units:  # in place: the same sums, no third array per leaf
-                sums.leaf_units[name] += units
-                sums.leaf_flows[name] += count
-            else:
-                sums.leaf_units[name], sums.leaf_flows[name] = units, count
+            sums.leaf_units[name][at] += np.bincount(leaf - lo, share, minlength=hi - lo)
+            sums.leaf_flows[name][at] += np.bincount(leaf - lo, flows, minlength=hi - lo)
 
     def _fabric_by_pairs(self, per_class: dict, sums: Sums) -> None:
         """Each distinct pair of leaf switches' units added along the switch path between them."""
@@ -332,6 +330,7 @@ class LinkLoads:
                 counts, where = np.unique(per_leaf, return_inverse=True)
                 units *= np.array([ecmp_slowdown(c, uplinks) for c in counts.tolist()])[where.ravel()]
         sets, key = self._leaf_classes(leaves, rails)
+        key = key[sums.leaf_lo : sums.leaf_lo + len(up)]  # the leaves the sums hold
         bandwidth = cl.link_info((-1, cl.leaf_of(0), cl.spine)).bandwidth_Bps
         for units, outward in ((up, True), (down, False)):
             peak = np.zeros(len(sets) * rails)
