@@ -133,8 +133,9 @@ def import_time(modules: str, runs: int = 5) -> float:
 
 
 # What the core dependencies the package imports at start-up cost alone: the floor under its start-up (networkx
-# is imported where a graph is built or searched, hardware/cluster.py; rich where something is drawn)
-DEPENDENCIES = "numpy, pydantic, yaml, simpy, typer"
+# is imported where a graph is built or searched, hardware/cluster.py; rich where something is drawn; simpy at the
+# first simulation, engine/engine.py)
+DEPENDENCIES = "numpy, pydantic, yaml, typer"
 
 
 def startup() -> None:
@@ -146,7 +147,7 @@ def startup() -> None:
     whole, first = best_of(quickstart), best_of(quickstart, fresh=True)
     print(
         f"start-up: imports {imports:.3f} s (target 0.15 s), of which the core dependencies alone "
-        f"(numpy, pydantic, pyyaml, simpy, typer) {floor:.3f} s and the package {imports - floor:.3f} s; Python"
+        f"(numpy, pydantic, pyyaml, typer) {floor:.3f} s and the package {imports - floor:.3f} s; Python"
         f" itself starts and exits in {bare:.3f} s"
     )
     print(
