@@ -78,7 +78,7 @@ def simulate_program(
     """``task_duration(task)`` gives a compute task's :class:`TaskCost` (or just ``(seconds, parts)``: no host
     model); ``collective_phases(task)`` a collective's phases."""
     # imported at the first simulation, not with the package: simpy reads its own version through
-    # importlib.metadata at import (simpy/__init__.py, 4.1.2), 11 ms that a command which only checks a file,
+    # importlib.metadata at import (simpy/__init__.py, 4.1.2), 8 ms that a command which only checks a file,
     # lists scenarios or prints help never needs
     import simpy
 
