@@ -46,11 +46,11 @@ class LinkLoads:
         if placement.world_size == cluster.num_nodes * gpn:  # every GPU placed: one row per node
             # each node's first and last GPU's stage, a few thousand nodes at a time (not every GPU at once)
             block = max(1, (1 << 15) // gpn)
-            lo_hi = [
+            blocks = [
                 self._stage_range(placement, np.arange(n0, min(n0 + block, cluster.num_nodes)) * gpn, gpn)
                 for n0 in range(0, cluster.num_nodes, block)
             ]
-            first, same = np.concatenate([f for f, _ in lo_hi]), all(ok for _, ok in lo_hi)
+            first, same = np.concatenate([f for f, _ in blocks]), all(ok for _, ok in blocks)
             if same:  # one stage per node (the usual)
                 present, self.node_set = np.unique(first, return_inverse=True)
                 self.stage_sets = [frozenset((x,)) for x in present.tolist()]
