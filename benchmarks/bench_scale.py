@@ -187,7 +187,7 @@ def scale_175b() -> None:
         goal = f"{target:.2f} s" if target else ""
         print(
             f"{gpus:8,d} {m.iteration_time_s:13.3f} s {walls[0]:10.3f} s {min(walls):8.3f} s"
-            f" {heap / 2**20:7.1f} MiB {goal}"
+            f" {heap / 2**20:7.2f} MiB {goal}"
         )
 
 

@@ -3,6 +3,7 @@
 import pickle
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from hypothesis import assume, given, settings
@@ -325,11 +326,36 @@ def test_vectorised_link_loads_equal_adding_every_hop_along_its_route(
 ):
     """Also summed a few hops at a time (LOADS_CHUNK 5 instead of 16,384): the per-node and per-leaf sums
     over the chunks are the same loads."""
-    from simulator.costs import traffic
+    from simulator.costs import leaf_loads, node_sums, traffic
 
     for chunk in (traffic.LOADS_CHUNK, 5):
         monkeypatch.setattr(traffic, "LOADS_CHUNK", chunk)
         _check_link_loads(topology, nodes, update, placement)
+    # per-leaf sums in blocks of 3 leaves (256 in use): a pattern's leaves spread over many blocks
+    monkeypatch.setattr(node_sums, "LEAF_BLOCK", 3)
+    monkeypatch.setattr(leaf_loads, "LEAF_BLOCK", 3)
+    _check_link_loads(topology, nodes, update, placement)
+
+
+def test_node_links_on_5000_nodes_equal_those_on_8_when_every_node_does_the_same(monkeypatch):
+    """Rows of the per-node sums are indexed in int16 from 128 to 32,767 nodes (costs/node_sums.index_dtype) and
+    widened before row x GPU arithmetic: pipeline neighbours on 5,000 nodes, summed in one chunk (5,000 rows open,
+    where row x 8 would overflow int16), load every NIC and node-local link class as on 8 nodes."""
+    from simulator.costs import traffic
+
+    monkeypatch.setattr(traffic, "LOADS_CHUNK", 1 << 20)
+    spec = load_topology("dgx-a100")
+    loads = []
+    for nodes in (8, 5000):
+        pm = Placement(tp=8, pp=2, dp=nodes // 2)
+        cm = CollectiveModel(Cluster(spec, nodes), pm, "auto")
+        hops = pattern_hops("pairs", pm.groups("pp"), 8, spec.node.nics)
+        assert cm.links.node_set.dtype == np.int8
+        loads.append({c: s for c, s in cm.links.loads(hops).items() if "spine" not in c[1] + c[2]})
+    small, large = loads
+    assert small.keys() == large.keys() and len(small) > 10
+    for c, seconds in small.items():
+        assert large[c] == pytest.approx(seconds, rel=1e-12), c
 
 
 @pytest.mark.parametrize("routing", ["ecmp", "adaptive"])
@@ -648,7 +674,7 @@ def test_distinct_rows_by_projection_are_numpys_distinct_rows_even_where_project
     from simulator.costs.group_shapes import distinct_rows
 
     rng = np.random.default_rng(1)
-    rows = rng.integers(0, 3, size=(500, 6))
+    rows = rng.integers(0, 3, size=(3000, 6))  # read 682 rows at a time: five blocks
     colliding = np.array([[0, 1, 2], [0, 2, 1], [0, 1, 2], [0, 0, 3]])
     for r, w in ((rows, None), (colliding, np.ones(3, dtype=np.int64)), (colliding, None)):
         first, counts = distinct_rows(r, w)
@@ -676,11 +702,12 @@ def test_the_projection_weights_are_fixed_distinct_and_within_int64():
 
 
 def test_patterns_over_131072_gpus_are_summed_in_as_little_memory_as_over_16384():
-    """GPT-3 175B's layout (TP 8, PP 8) at 16,384 and 131,072 GPUs: each pattern over the pipeline groups is made
-    a few groups at a time and each node's sums are dropped once no later groups touch it. At 131,072 GPUs that
-    takes under 2 MiB of heap, within 0.5 MiB of the same pattern over 16,384 GPUs (made at once, the hops and
-    their sums took 6, 10 and 25 MiB; summed over every node at once, 3-4 MiB), and gives the same loads as all
-    its hops summed together."""
+    """GPT-3 175B's layout (TP 8, PP 8) at 16,384 and 131,072 GPUs: each pattern over the pipeline groups, and over
+    a stage's data-parallel groups, is summed as rail families (costs/rails.py), a few groups or part of one at a
+    time, and each node's sums are dropped once no later groups touch it. At 131,072 GPUs every pattern takes
+    under 1 MiB of heap, and the pipeline's within 256 KiB of the same pattern over 16,384 GPUs (per GPU, a stage's
+    data-parallel tree took 1.5 MiB and the pipeline's patterns 1.4-1.6 MiB; made at once, the hops and their
+    sums took 6, 10 and 25 MiB), and gives the same loads as all its hops summed per GPU."""
     import tracemalloc
 
     peaks = {}
@@ -688,24 +715,25 @@ def test_patterns_over_131072_gpus_are_summed_in_as_little_memory_as_over_16384(
         cluster = Cluster(load_topology("dgx-a100"), nodes)
         pm = Placement(tp=8, pp=8, dp=nodes // 8)
         cm = CollectiveModel(cluster, pm, "auto")
-        groups = pm.groups("pp")
         assert (
             cm.links._gpu_paths
         )  # node 0's graph and routes, built once per cluster, outside the measurement
-        for kind in ("pairs", "ring", "tree"):
-            tracemalloc.start()
-            try:
-                loads = cm.links.group_loads(kind, groups)
-                peaks[(nodes, kind)] = tracemalloc.get_traced_memory()[1]
-            finally:
-                tracemalloc.stop()
-            if nodes == 16_384:
-                assert peaks[(nodes, kind)] < 2 * 2**20, (kind, peaks)
-                assert peaks[(nodes, kind)] - peaks[(2048, kind)] < 2**19, (kind, peaks)
-                whole = cm.links.loads(pattern_hops(kind, groups, 8, 8))
-                assert loads.keys() == whole.keys() and loads
-                for c, seconds in whole.items():
-                    assert loads[c] == pytest.approx(seconds, rel=1e-12), (kind, c)
+        for group, groups in (("pp", pm.groups("pp")), ("dp", cm._stage_groups("dp", 3))):
+            for kind in ("pairs", "ring", "tree"):
+                tracemalloc.start()
+                try:
+                    loads = cm.links.group_loads(kind, groups)
+                    peaks[(nodes, group, kind)] = tracemalloc.get_traced_memory()[1]
+                finally:
+                    tracemalloc.stop()
+                if nodes == 16_384:
+                    assert peaks[(nodes, group, kind)] < 2**20, (group, kind, peaks)
+                    if group == "pp":  # (a stage's groups over 2,048 GPUs are too short to fill a chunk)
+                        assert peaks[(nodes, group, kind)] - peaks[(2048, group, kind)] < 2**18, (kind, peaks)
+                    whole = cm.links.loads(pattern_hops(kind, groups, 8, 8))
+                    assert loads.keys() == whole.keys() and loads
+                    for c, seconds in whole.items():
+                        assert loads[c] == pytest.approx(seconds, rel=1e-12), (group, kind, c)
 
 
 @settings(max_examples=200, deadline=None, database=None, derandomize=True)
@@ -770,21 +798,22 @@ def test_link_loads_on_any_small_cluster_are_its_routes_walked_hop_by_hop(
         assert got[c] == pytest.approx(seconds, rel=1e-12), c
 
 
-def test_leaf_sums_hold_the_leaves_touched_and_widen_with_zeros():
-    """The per-leaf sums span the leaves a pattern touched so far (a stage's data-parallel pattern at 131,072
-    GPUs touches 824 of 6,560 leaves), widened on either side with zeros as later hops reach further."""
+def test_leaf_sums_hold_only_the_blocks_of_leaves_a_pattern_touches():
+    """The per-leaf sums are kept in blocks of LEAF_BLOCK leaves, only those a pattern's hops reach: the embedding
+    all-reduce between the first and the last stage touches both ends of the fabric and nothing between. Units
+    add per leaf; flows are counted only when asked for (ECMP)."""
     import numpy as np
 
-    from simulator.costs.node_sums import Sums
+    from simulator.costs.node_sums import LEAF_BLOCK, Sums
 
-    sums = Sums(8, np.full(4, -1, dtype=np.int32))
-    at = sums.leaf_slices(10, 13)
-    assert (sums.leaf_lo, len(sums.leaf_units["up"]), at) == (10, 3, slice(0, 3))
-    sums.leaf_units["up"][at] += [1.0, 2.0, 3.0]
-    at = sums.leaf_slices(8, 9)  # further left: two zeros before
-    assert (sums.leaf_lo, at) == (8, slice(0, 1))
-    sums.leaf_units["up"][at] += [5.0]
-    at = sums.leaf_slices(12, 16)  # further right, overlapping
-    assert at == slice(4, 8)
-    assert sums.leaf_units["up"].tolist() == [5.0, 0.0, 1.0, 2.0, 3.0, 0.0, 0.0, 0.0]
-    assert sums.leaf_flows["down"].tolist() == [0.0] * 8
+    sums = Sums(8, np.full(4, -1, dtype=np.int16))
+    far = 5 * LEAF_BLOCK + 3
+    sums.add_leaves("up", np.array([2, 2, far, 7]), np.array([1.0, 0.5, 4.0, 2.0]), None)
+    blocks = sums.leaf_units["up"]
+    assert sorted(blocks) == [0, 5]  # blocks 1-4 between them never made
+    assert (blocks[0][2], blocks[0][7], blocks[5][3]) == (1.5, 2.0, 4.0)
+    assert float(blocks[0].sum() + blocks[5].sum()) == 7.5
+    assert sums.leaf_flows == {}
+    flows = Sums(8, np.full(4, -1, dtype=np.int16), flows=True)
+    flows.add_leaves("down", np.array([1, 1]), np.array([0.5, 0.5]), np.array([3.0, 3.0]))
+    assert (flows.leaf_units["down"][0][1], flows.leaf_flows["down"][0][1]) == (1.0, 6.0)

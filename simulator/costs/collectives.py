@@ -49,6 +49,21 @@ class Phase:
         return self.latency_s + self.busiest_s
 
 
+def _first(groups):
+    """The first group's ranks: a row of a :class:`Groups` array (a 2,048-rank group as a tuple of Python ints
+    is 80 KiB), else the first tuple."""
+    return groups.array[0] if isinstance(groups, Groups) else groups[0]
+
+
+def _inside_nodes(array: np.ndarray, gpn: int) -> bool:
+    """Whether every group (a row) has its first and last rank on one node, a few thousand groups at a time."""
+    step = 1 << 12
+    return all(
+        (a[:, 0] // gpn == a[:, -1] // gpn).all()
+        for a in (array[lo : lo + step] for lo in range(0, len(array), step))
+    )
+
+
 def tree_steps(n: int, nodes: int) -> tuple[int, int]:
     """(steps inside nodes, steps across the network) of NCCL's tree all-reduce over ``n`` ranks on ``nodes``
     nodes: up and down a chain of n / nodes - 1 NVLink hops and a binary tree of log2(nodes) network hops
@@ -126,12 +141,11 @@ class CollectiveModel:
             gpn = self.cluster.gpus_per_node
             if stage is not None:
                 groups = self._stage_groups(group, stage)
-            elif (groups.array[:, 0] // gpn == groups.array[:, -1] // gpn).all():
+            elif _inside_nodes(groups.array, gpn):
                 # groups inside nodes (tensor parallelism): every node is wired alike and runs the same
                 # collective, so the groups of one node give the cost (they still contend with each other)
-                node_of_first = groups.array[:, 0] // gpn
-                first = int(node_of_first[0])
-                groups = groups.where(node_of_first == first, ("node", first))
+                first = int(groups.array[0, 0] // gpn)
+                groups = groups.where(groups.array[:, 0] // gpn == first, ("node", first))
             phases, source = self._cost(op, groups, size_bytes), MODELLED
             if self.measured is not None and phases:
                 phases, source = self._calibrated(op, groups, size_bytes, phases)
@@ -143,7 +157,7 @@ class CollectiveModel:
         if group not in self._by_stage:
             groups = self.placement.groups(group)
             member: dict[int, np.ndarray] = {}  # stage -> which groups have a rank in it
-            rows = max(1, (1 << 15) // max(1, groups.array.shape[1]))  # a few groups' members at a time
+            rows = max(1, (1 << 12) // max(1, groups.array.shape[1]))  # a few groups' members at a time
             for lo in range(0, len(groups.array), rows):
                 of = self.placement.coordinates_of(groups.array[lo : lo + rows], "pp")  # each member's stage
                 for x in np.flatnonzero(np.bincount(of.ravel())).tolist():  # (np.unique imports numpy.ma)
@@ -164,9 +178,8 @@ class CollectiveModel:
     def _calibrated(self, op: str, groups, size_bytes: float, phases: tuple[Phase, ...]):
         """Phases rescaled so that one group alone takes the measured time: which links the collective loads
         stays the model's, so groups that run together still share them (all DP groups' NICs)."""
-        grp = groups[0][:2] if op == "send_recv" else groups[0]  # one transfer between pipeline neighbours
-        gpn = self.cluster.gpus_per_node
-        nodes = len({g // gpn for g in grp})
+        grp = _first(groups)[:2] if op == "send_recv" else _first(groups)  # one transfer between neighbours
+        nodes = self._nodes(grp)
         if len(grp) % nodes:
             return phases, MODELLED
         hit = self.measured.cost(op, len(grp), nodes, len(grp) // nodes, size_bytes)
@@ -188,10 +201,10 @@ class CollectiveModel:
 
     # -- algorithms -----------------------------------------------------------------------------------------
     def _cost(self, op: str, groups, size_bytes: float) -> tuple[Phase, ...]:
-        n = len(groups[0])
+        n = len(_first(groups))
         if n <= 1 or size_bytes <= 0:
             return ()
-        nodes = self._nodes(groups[0])
+        nodes = self._nodes(_first(groups))
         if op == "send_recv":
             return (self._on_protocol(self._pattern("pairs", groups), 1, size_bytes, *self._split(1, nodes)),)
         if op == "all_to_all":
@@ -241,7 +254,7 @@ class CollectiveModel:
         latency, never for the bandwidth a tree can reach between exactly two nodes (each byte crosses the
         network once each way, against 2(n-1)/n times on the ring): on 2 x 8 A100 with 8 HDR NICs at 1-4 GB
         (NCCL 2.17.1, microsoft/mscclpp docs/performance-ndmv4.md) all-reduce ran at the ring's bus bandwidth."""
-        n = len(groups[0])
+        n = len(_first(groups))
         busbw = self._busbw(self._pattern("ring", groups))
         if not busbw:
             return False
@@ -304,7 +317,7 @@ class CollectiveModel:
         """NCCL double binary tree across nodes, chain inside each node; pipelined, so the bandwidth term is
         the busiest link and the latency 2 x (chain length x intra-node hop + tree depth x network hop)."""
         pattern = self._pattern("tree", groups)
-        steps = tree_steps(len(groups[0]), self._nodes(groups[0]))
+        steps = tree_steps(len(_first(groups)), self._nodes(_first(groups)))
         return self._on_protocol(pattern, 1, size_bytes, *steps, "tree")
 
     def _hierarchical(self, groups, size_bytes: float) -> tuple[Phase, ...]:
@@ -329,12 +342,14 @@ class CollectiveModel:
         return tuple(out)
 
     def _nodes(self, grp) -> int:
+        """Nodes the ranks of ``grp`` (a tuple or an array row) are on."""
         gpn = self.cluster.gpus_per_node
-        return len({g // gpn for g in grp})
-
-    def _spans_nodes(self, grp) -> bool:
-        gpn = self.cluster.gpus_per_node
-        return len({g // gpn for g in grp}) > 1
+        if not isinstance(grp, np.ndarray) or len(grp) < 64:  # a set is quicker on a few ranks
+            return len(
+                {g // gpn for g in grp.tolist()} if isinstance(grp, np.ndarray) else {g // gpn for g in grp}
+            )
+        node = np.sort(grp // gpn)
+        return 1 + int(np.count_nonzero(node[1:] != node[:-1]))
 
     # -- link loads on the graph ----------------------------------------------------------------------------
     def cross_node_fraction(self, op: str, group: str) -> float:

@@ -12,22 +12,37 @@ from simulator.hardware.placement import Groups
 def distinct_rows(rows, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(index of each distinct row's first occurrence, how many rows equal it), in the order the rows first
     occur: what np.unique(rows, axis=0) finds, but sorting one int64 per row (a fixed pseudo-random projection
-    of it) instead of the rows: 16,384 rows of 8 or 64 of 2,048 in a few ms. Rows that project alike are checked
-    equal; np.unique decides where two differ. ``rows``: an array, or an object whose ``[index]`` makes the rows
-    asked for (``len`` and ``width`` say how many and how wide), read a few thousand numbers at a time."""
+    of it) instead of the rows, a few thousand numbers at a time: 16,384 rows of 8 or 64 of 2,048 in a few ms,
+    in memory that does not grow with the rows (the distinct projections seen so far are kept in a dict; a
+    layout's groups come in a handful of shapes). Rows that project alike are checked equal; np.unique decides
+    where two differ. ``rows``: an array, or an object whose ``[index]`` makes the rows asked for (``len`` and
+    ``width`` say how many and how wide)."""
     n, width = len(rows), rows.shape[1] if isinstance(rows, np.ndarray) else rows.width
     if weights is None:
         weights = _projection_weights(width)
-    step = max(1, (1 << 15) // max(1, width))  # rows at a time: 256 KiB of them
-    with np.errstate(over="ignore"):  # wraps around on overflow: still a function of the row
-        keys = np.concatenate([rows[lo : lo + step] @ weights for lo in range(0, n, step)] or [np.zeros(0)])
-    _, first, inverse, counts = np.unique(keys, return_index=True, return_inverse=True, return_counts=True)
-    same = first[inverse.ravel()]  # each row's representative
-    if not all(np.array_equal(rows[lo : lo + step], rows[same[lo : lo + step]]) for lo in range(0, n, step)):
-        whole = rows[0:n]
-        _, first, counts = np.unique(whole, axis=0, return_index=True, return_counts=True)
-    order = np.argsort(first)  # in the order the rows first occur, whatever the projection
-    return first[order], counts[order]
+    step = max(1, (1 << 12) // max(1, width))  # rows at a time: 32 KiB of them
+    first: dict[int, int] = {}  # projection -> its first row
+    counts: dict[int, int] = {}
+    alike = True
+    for lo in range(0, n, step):
+        block = rows[lo : lo + step]
+        with np.errstate(over="ignore"):  # wraps around on overflow: still a function of the row
+            keys = block @ weights
+        distinct, at, inverse, count = np.unique(
+            keys, return_index=True, return_inverse=True, return_counts=True
+        )
+        reps = []
+        for k, i, c in zip(distinct.tolist(), at.tolist(), count.tolist(), strict=True):
+            first.setdefault(k, lo + i)
+            counts[k] = counts.get(k, 0) + c
+            reps.append(first[k])
+        alike = alike and np.array_equal(block, rows[np.asarray(reps)[inverse.ravel()]])
+    if not alike:  # two rows projected alike: sort the rows themselves
+        _, index, number = np.unique(rows[0:n], axis=0, return_index=True, return_counts=True)
+    else:
+        index, number = np.array(list(first.values())), np.array(list(counts.values()))
+    order = np.argsort(index)  # in the order the rows first occur, whatever the projection
+    return index[order], number[order]
 
 
 class _Offsets:

@@ -9,6 +9,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+def index_dtype(largest: int) -> np.dtype:
+    """The narrowest signed integer type holding -1 to ``largest``: per-node index arrays at 16,384 nodes take
+    32 KiB in int16 instead of 64 KiB in int32 (they are the part of a pattern's sums that grows with the
+    cluster)."""
+    for t in (np.int8, np.int16, np.int32):
+        if largest <= np.iinfo(t).max:
+            return np.dtype(t)
+    return np.dtype(np.int64)
+
+
+# Leaves per block of the per-leaf sums (2 KiB a block and sum)
+LEAF_BLOCK = 256
+
+
 @dataclass
 class Sums:
     """What LinkLoads.loads adds up over the chunks of a pattern's hops. Per open node (a row each: ``nodes``
@@ -25,9 +39,10 @@ class Sums:
     out: np.ndarray = field(init=False)  # [row, local GPU]
     into: np.ndarray = field(init=False)
     across: bool = False  # some hop crossed nodes
-    leaf_units: dict = field(default_factory=dict)  # "up" | "down" -> per leaf from ``leaf_lo`` on
-    leaf_flows: dict = field(default_factory=dict)
-    leaf_lo: int = 0  # the first leaf the leaf sums hold: they span the leaves the pattern touched so far
+    flows: bool = False  # whether to count flows per leaf too (ECMP hashes flows, not bytes)
+    rails: tuple | None = None  # rail families (costs/rails.py): one column per node for these local GPUs
+    leaf_units: dict = field(default_factory=dict)  # "up" | "down" -> {block: units of its LEAF_BLOCK leaves}
+    leaf_flows: dict = field(default_factory=dict)  # the same, only with ``flows``
     leaf_pairs: defaultdict = field(default_factory=lambda: defaultdict(float))
 
     def __post_init__(self) -> None:
@@ -42,25 +57,30 @@ class Sums:
         new = new[np.concatenate(([True], new[1:] != new[:-1]))]
         self.row[new] = np.arange(len(self.nodes), len(self.nodes) + len(new), dtype=self.row.dtype)
         self.nodes = np.concatenate((self.nodes, new))
-        grow = lambda a: np.concatenate((a, np.zeros((len(new), *a.shape[1:]))))  # noqa: E731
-        self.local = {uv: grow(w) for uv, w in self.local.items()}
-        self.out, self.into = grow(self.out), grow(self.into)
+        self.local = {uv: _grown(w, len(new)) for uv, w in self.local.items()}
+        self.out, self.into = _grown(self.out, len(new)), _grown(self.into, len(new))
 
-    def leaf_slices(self, lo: int, hi: int) -> slice:
-        """The per-leaf sums widened to hold leaves ``lo`` to ``hi`` - 1 (zeros where new), and where those
-        leaves are in them: a stage's data-parallel pattern at 131,072 GPUs touches 824 of 6,560 leaves."""
-        if not self.leaf_units:
-            self.leaf_lo = lo
-            for d in (self.leaf_units, self.leaf_flows):
-                d["up"], d["down"] = np.zeros(hi - lo), np.zeros(hi - lo)
-        start, end = min(lo, self.leaf_lo), max(hi, self.leaf_lo + len(self.leaf_units["up"]))
-        if (start, end) != (self.leaf_lo, self.leaf_lo + len(self.leaf_units["up"])):
-            before, after = self.leaf_lo - start, end - self.leaf_lo - len(self.leaf_units["up"])
-            for d in (self.leaf_units, self.leaf_flows):
-                for name in ("up", "down"):
-                    d[name] = np.concatenate((np.zeros(before), d[name], np.zeros(after)))
-            self.leaf_lo = start
-        return slice(lo - self.leaf_lo, hi - self.leaf_lo)
+    def add_leaves(self, name: str, leaf: np.ndarray, units: np.ndarray, flows: np.ndarray | None) -> None:
+        """Add ``units`` (and ``flows``) per hop onto leaf ``leaf`` of each hop, ``name`` "up" or "down", in blocks
+        of LEAF_BLOCK leaves: a pattern holds the blocks it touches, not the span between the leaves it touches
+        (the embedding all-reduce between the first and the last stage touches both ends of the fabric)."""
+        block, at = np.divmod(leaf, LEAF_BLOCK)
+        present = np.flatnonzero(np.bincount(block))  # the blocks touched, numbered 0, 1, ... in order
+        if len(present) > 1:
+            number = np.zeros(int(present[-1]) + 1, dtype=np.int64)
+            number[present] = np.arange(len(present))
+            at = number[block] * LEAF_BLOCK + at
+        size = len(present) * LEAF_BLOCK
+        for d, w in ((self.leaf_units, units), (self.leaf_flows, flows)):
+            if w is None:
+                continue
+            blocks = d.setdefault(name, {})
+            rows = np.bincount(at, w, minlength=size).reshape(-1, LEAF_BLOCK)
+            for b, row in zip(present.tolist(), rows, strict=True):
+                if b in blocks:
+                    blocks[b] += row
+                else:
+                    blocks[b] = row.copy()
 
     def close(self, done: np.ndarray) -> None:
         """Drop the rows where ``done`` holds."""
@@ -70,6 +90,14 @@ class Sums:
         self.row[self.nodes] = np.arange(len(self.nodes), dtype=self.row.dtype)
         self.local = {uv: w[keep] for uv, w in self.local.items()}
         self.out, self.into = self.out[keep], self.into[keep]
+
+
+def _grown(a: np.ndarray, rows: int) -> np.ndarray:
+    """``a`` with ``rows`` rows of zeros after it, in one new array (a concatenation with a block of zeros makes
+    the block too: 128 KiB more at once for 2,048 new nodes' [node x GPU] sums)."""
+    out = np.zeros((len(a) + rows, *a.shape[1:]))
+    out[: len(a)] = a
+    return out
 
 
 class Peaks:

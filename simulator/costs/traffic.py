@@ -8,14 +8,14 @@ interchangeable, so their links of one name form a class whose load is its busie
 
 from __future__ import annotations
 
-from collections import defaultdict
 from functools import cached_property
 
 import numpy as np
 
-from simulator.costs.ecmp import slowdown as ecmp_slowdown
 from simulator.costs.hops import hops as pattern_hops
-from simulator.costs.node_sums import Peaks, Sums
+from simulator.costs.leaf_loads import fabric_by_pairs, star_fabric
+from simulator.costs.node_sums import Peaks, Sums, index_dtype
+from simulator.costs.rails import add_rail_hops, rail_chunks, rail_families
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Groups, Placement
 
@@ -45,16 +45,19 @@ class LinkLoads:
         # ``stage_sets`` the distinct sets (in sorted order), ``node_set`` each node's index into them
         if placement.world_size == cluster.num_nodes * gpn:  # every GPU placed: one row per node
             # each node's first and last GPU's stage, a few thousand nodes at a time (not every GPU at once)
-            block = max(1, (1 << 15) // gpn)
+            block = max(1, (1 << 12) // gpn)
             blocks = [
                 self._stage_range(placement, np.arange(n0, min(n0 + block, cluster.num_nodes)) * gpn, gpn)
                 for n0 in range(0, cluster.num_nodes, block)
             ]
-            first, same = np.concatenate([f for f, _ in blocks]), all(ok for _, ok in blocks)
-            if same:  # one stage per node (the usual)
-                present, self.node_set = np.unique(first, return_inverse=True)
+            # one stage per node (the usual): each node's index among the stages present
+            if all(ok for _, ok in blocks):
+                first = np.concatenate([f for f, _ in blocks])
+                present = np.flatnonzero(np.bincount(first))
                 self.stage_sets = [frozenset((x,)) for x in present.tolist()]
-                self.node_set = self.node_set.ravel().astype(np.int32)
+                index = np.zeros(placement.pp, dtype=index_dtype(len(present)))
+                index[present] = np.arange(len(present))
+                self.node_set = index[first]
                 return
             stage = placement.coordinates("pp")
             rows, which = np.unique(np.sort(stage.reshape(-1, gpn), axis=1), axis=0, return_inverse=True)
@@ -64,14 +67,15 @@ class LinkLoads:
             of_node = [frozenset(stage[k * gpn : (k + 1) * gpn].tolist()) for k in range(cluster.num_nodes)]
         self.stage_sets = sorted(set(of_node), key=sorted)
         index = {x: i for i, x in enumerate(self.stage_sets)}
-        self.node_set = np.array([index[x] for x in of_node], dtype=np.int32)
+        self.node_set = np.array([index[x] for x in of_node], dtype=index_dtype(len(self.stage_sets)))
 
     @staticmethod
     def _stage_range(placement: Placement, starts: np.ndarray, gpn: int) -> tuple[np.ndarray, bool]:
         """(stage of the first GPU of each node starting at GPU ``starts``, whether all of each node's GPUs
         share it)."""
         stage = placement.coordinates_of(starts[:, None] + np.arange(gpn), "pp")
-        return stage[:, 0], bool((stage.min(axis=1) == stage.max(axis=1)).all())
+        narrow = index_dtype(placement.pp)  # kept for every node until all are read: 1-2 bytes each
+        return stage[:, 0].astype(narrow), bool((stage.min(axis=1) == stage.max(axis=1)).all())
 
     @cached_property
     def _leaf_grid(self) -> tuple[int, int]:
@@ -115,6 +119,7 @@ class LinkLoads:
         gpn = self.cluster.gpus_per_node
         slices = [slice(lo, lo + LOADS_CHUNK) for lo in range(0, len(src), LOADS_CHUNK)]
         return self._loads(
+            len(slices),
             (np.concatenate((src[c], dst[c])) // gpn for c in slices),
             ((src[c], dst[c], share[c]) for c in slices),
         )
@@ -127,30 +132,42 @@ class LinkLoads:
         gpn, nics = cl.gpus_per_node, cl.spec.node.nics
         if kind == "all_pairs" or not isinstance(groups, Groups) or len(groups) == 0:
             return self.loads(pattern_hops(kind, groups, gpn, nics))
+        # families of groups alike but for their GPU and rail: one group of each, one column per node
+        families = rail_families(groups, gpn)
+        if families is not None:
+            chunks, nodes, count = rail_chunks(kind, families[0], gpn)
+            return self._loads(count, nodes, chunks, families[1])
         # groups at a time: a ring or pipeline pattern has a hop per rank and rail, a tree four per node
         per = max(1, LOADS_CHUNK // (groups.size * (4 if kind == "tree" else 1)))
         spans = range(0, len(groups), per)
         return self._loads(
+            len(spans),
             (groups.array[lo : lo + per] // gpn for lo in spans),  # every rank of a group is on some hop
             (pattern_hops(kind, groups[lo : lo + per], gpn, nics) for lo in spans),
         )
 
-    def _loads(self, chunk_nodes, chunks) -> dict[LinkClass, float]:
-        """``loads`` of the hops in ``chunks`` (each three arrays), ``chunk_nodes`` the nodes each chunk may touch.
+    def _loads(self, count: int, chunk_nodes, chunks, rails: tuple | None = None) -> dict[LinkClass, float]:
+        """``loads`` of the hops in ``chunks`` (``count`` of them, each three arrays), ``chunk_nodes`` the nodes
+        each chunk may touch.
         A node's sums are read into its link classes after the last chunk that touches it, and dropped: the
         per-node arrays hold the nodes a few chunks touch, not every node of the pattern (a pipeline pattern at
         131,072 GPUs touches all 16,384 nodes: 3 MiB of sums at once)."""
         cl = self.cluster
-        last = np.full(cl.num_nodes, -1, dtype=np.int32)  # the last chunk that touches each node
+        last = np.full(cl.num_nodes, -1, dtype=index_dtype(count))  # the last chunk that touches each node
         for i, nodes in enumerate(chunk_nodes):
             last[nodes.ravel()] = i
         touched = int(np.count_nonzero(last >= 0))
-        sums = Sums(cl.gpus_per_node, np.full(cl.num_nodes, -1, dtype=np.int32))
+        ecmp = cl.spine is not None and cl.spec.fabric.routing == "ecmp"
+        row = np.full(cl.num_nodes, -1, dtype=index_dtype(cl.num_nodes))
+        sums = Sums(1 if rails else cl.gpus_per_node, row, flows=ecmp, rails=rails)
         found = Peaks(len(self.stage_sets))
         for i, (src, dst, share) in enumerate(chunks):
             for lo in range(0, len(src), LOADS_CHUNK):
                 c = slice(lo, lo + LOADS_CHUNK)
-                self._add(sums, src[c], dst[c], share[c])
+                if rails:
+                    add_rail_hops(self, sums, src[c], dst[c], share[c])
+                else:
+                    self._add(sums, src[c], dst[c], share[c])
             done = last[sums.nodes] <= i  # no later chunk touches them: read them, a good many at a time
             if np.count_nonzero(done) >= CLOSE_ROWS:
                 self._node_links(found, sums, done)
@@ -160,9 +177,9 @@ class LinkLoads:
         per_class: dict[LinkClass, float] = {}
         if sums.across:
             if cl.spine is not None:
-                self._star_fabric(per_class, sums)
+                star_fabric(self, per_class, sums)
             else:
-                self._fabric_by_pairs(per_class, sums)
+                fabric_by_pairs(self, per_class, sums)
         # the node links' classes in the order one pass over every touched node at once added them (links in
         # batches of as many as a 512 KiB [node x link] array held, each stage set's in turn), so nothing
         # downstream sees another order; links that carried nothing are left out
@@ -192,12 +209,17 @@ class LinkLoads:
         """Each link of the nodes where ``done`` holds: units from hops inside the node, plus those of the GPUs
         whose traffic off or onto the node crosses it (a [GPU x link] map of which GPUs' paths use it); the
         busiest node of each stage set kept in ``found``. CLOSE_ROWS nodes at a time."""
-        key = tuple(sums.local)  # the node-local links used so far: the same for most calls of a pattern
+        # the node-local links used so far (the same for most calls of a pattern), and the families' GPUs
+        key = (tuple(sums.local), sums.rails)
         if key not in self._maps:
             columns = self._columns(sums)
-            off_map, onto_map = np.zeros((sums.gpn, len(columns))), np.zeros((sums.gpn, len(columns)))
+            gpn = self.cluster.gpus_per_node
+            off_map, onto_map = np.zeros((gpn, len(columns))), np.zeros((gpn, len(columns)))
             for j, (_, _, out, into) in enumerate(columns):
                 off_map[out, j], onto_map[into, j] = 1.0, 1.0
+            if sums.rails:  # one column stands for each of the families' GPUs: the links their paths use
+                rows = list(sums.rails)
+                off_map, onto_map = off_map[rows].sum(0, keepdims=True), onto_map[rows].sum(0, keepdims=True)
             local = [(j, c[0]) for j, c in enumerate(columns) if c[0] in sums.local]
             self._maps[key] = (
                 [c[0] for c in columns],
@@ -250,7 +272,7 @@ class LinkLoads:
         share = share.astype(float, copy=False)
         sums.open(np.concatenate((na, nb)))
         nn = len(sums.nodes)
-        ra, rb = sums.row[na], sums.row[nb]
+        ra, rb = sums.row[na].astype(np.int32), sums.row[nb].astype(np.int32)  # rows x GPUs overflow int16
         inside = na == nb
         if inside.any():
             pair = la * gpn + lb
@@ -287,85 +309,10 @@ class LinkLoads:
             return
         leaf_a, leaf_b, share = leaf_a[cross], leaf_b[cross], share[cross]
         # each hop is a connection of qps_per_connection flows (a sampled all-to-all rotation stands for
-        # ``share`` of them): the ECMP fabric hashes them onto a leaf's uplinks
-        flows = np.maximum(share, 1.0) * cl.spec.fabric.qps_per_connection
-        lo = int(min(leaf_a.min(), leaf_b.min()))
-        hi = int(max(leaf_a.max(), leaf_b.max())) + 1
-        at = sums.leaf_slices(lo, hi)  # the leaves this chunk touches, not every leaf of the fabric
+        # ``share`` of them): an ECMP fabric hashes them onto a leaf's uplinks (counted only there)
+        flows = np.maximum(share, 1.0) * cl.spec.fabric.qps_per_connection if sums.flows else None
         for name, leaf in (("up", leaf_a), ("down", leaf_b)):
-            sums.leaf_units[name][at] += np.bincount(leaf - lo, share, minlength=hi - lo)
-            sums.leaf_flows[name][at] += np.bincount(leaf - lo, flows, minlength=hi - lo)
-
-    def _fabric_by_pairs(self, per_class: dict, sums: Sums) -> None:
-        """Each distinct pair of leaf switches' units added along the switch path between them."""
-        cl = self.cluster
-        fabric: dict = defaultdict(float)
-        for p, units in sums.leaf_pairs.items():
-            for link in cl.switch_path(*(cl.leaf_of(x) for x in divmod(p, self._leaf_grid[0]))):
-                fabric[link] += units
-        for link, units in fabric.items():
-            c = (self.stages_of(link), *cl.link_class(link))
-            s = units / cl.link_info(link).bandwidth_Bps
-            if s > per_class.get(c, 0.0):
-                per_class[c] = s
-
-    def _star_fabric(self, per_class: dict, sums: Sums) -> None:
-        """The same for a two-level fat tree (every leaf under one spine): a unit between two leaves climbs its
-        source leaf's uplink and descends the destination's downlink, so each leaf's up and down loads are two
-        sums over the units, whatever the number of leaf pairs. Leaves of one rail whose nodes host the same
-        pipeline stages form a class; its busiest leaf gives the load."""
-        cl = self.cluster
-        if not sums.leaf_units:
-            return
-        leaves, rails = self._leaf_grid
-        up, down = sums.leaf_units["up"], sums.leaf_units["down"]
-        fab = cl.spec.fabric
-        if fab.routing == "ecmp":
-            # a leaf's flows hash onto its uplinks, and the busiest sets the pace
-            uplinks = max(
-                1, round(fab.nodes_per_leaf * (1 if rails > 1 else cl.spec.node.nics) / fab.oversubscription)
-            )
-            for units, name in ((up, "up"), (down, "down")):
-                per_leaf = np.rint(sums.leaf_flows[name])
-                counts, where = np.unique(per_leaf, return_inverse=True)
-                units *= np.array([ecmp_slowdown(c, uplinks) for c in counts.tolist()])[where.ravel()]
-        sets, key = self._leaf_classes(leaves, rails)
-        key = key[sums.leaf_lo : sums.leaf_lo + len(up)]  # the leaves the sums hold
-        bandwidth = cl.link_info((-1, cl.leaf_of(0), cl.spine)).bandwidth_Bps
-        for units, outward in ((up, True), (down, False)):
-            peak = np.zeros(len(sets) * rails)
-            np.maximum.at(peak, key, units / bandwidth)
-            for i in np.nonzero(peak)[0].tolist():
-                leaf_class = cl.link_class((-1, cl.leaf_of(i % rails), cl.spine))
-                link = leaf_class if outward else leaf_class[::-1]
-                c = (sets[i // rails], *link)
-                per_class[c] = max(per_class.get(c, 0.0), float(peak[i]))
-
-    def _leaf_classes(self, leaves: int, rails: int) -> tuple[list[frozenset], np.ndarray]:
-        """The distinct stage sets of the leaves' nodes, and each leaf's class index (set x rails + rail); kept
-        on the object (a functools cache on the method would keep every simulation's object alive)."""
-        if (leaves, rails) in self._leaf_cache:
-            return self._leaf_cache[(leaves, rails)]
-        npl, nn = self.cluster.spec.fabric.nodes_per_leaf, self.cluster.num_nodes
-        starts = np.arange(0, nn, npl)  # each group of nodes under one leaf per rail
-        code = np.minimum.reduceat(self.node_set, starts).astype(np.int64)
-        # a group's stages are its nodes' where they all host the same (the usual), else their union
-        named, index = list(self.stage_sets), {x: i for i, x in enumerate(self.stage_sets)}
-        for g in np.flatnonzero(code != np.maximum.reduceat(self.node_set, starts)).tolist():
-            nodes = self.node_set[g * npl : min((g + 1) * npl, nn)].tolist()
-            union = frozenset().union(*(self.stage_sets[i] for i in nodes))
-            if union not in index:
-                index[union] = len(named)
-                named.append(union)
-            code[g] = index[union]
-        # the distinct sets numbered in the order the leaves first show them
-        distinct, first, inverse = np.unique(code, return_index=True, return_inverse=True)
-        order = np.argsort(first, kind="stable")
-        rank = np.empty(len(distinct), dtype=np.int64)
-        rank[order] = np.arange(len(distinct))
-        key = np.repeat(rank[inverse.ravel()], rails) * rails + np.tile(np.arange(rails), len(starts))
-        self._leaf_cache[(leaves, rails)] = [named[c] for c in distinct[order].tolist()], key
-        return self._leaf_cache[(leaves, rails)]
+            sums.add_leaves(name, leaf, share, flows)
 
     def _class_max(self, found: Peaks, units: np.ndarray, links: list, bandwidth_Bps, nodes) -> None:
         """For each set of pipeline stages and each of ``links`` (the columns of ``units``, one row per node of
