@@ -73,3 +73,19 @@ def ideal_network_cluster(scenario) -> Cluster:
 @pytest.fixture
 def scenario_factory():
     return make
+
+
+def reference_loads(cm, hops) -> dict:
+    """The definition ``LinkLoads.loads`` (costs/traffic.py) computes per route piece with numpy: every hop adds its share to
+    every link of ``cluster.route``; a class's value is its busiest link's units over that link's bandwidth."""
+    cl, load, out = cm.cluster, {}, {}
+    if isinstance(hops, tuple):  # all_pairs: three arrays
+        hops = list(zip(*(x.tolist() for x in hops), strict=True))
+    for a, b, share in hops:
+        for link in cl.route(a, b)[0]:
+            load[link] = load.get(link, 0.0) + share
+    for link, units in load.items():
+        node, u, v = link
+        c = (cm.stages_of(link), *cl.link_class(link))
+        out[c] = max(out.get(c, 0.0), units / cl.link_info(link).bandwidth_Bps)
+    return out

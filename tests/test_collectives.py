@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from conftest import reference_loads
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -280,22 +281,6 @@ def test_same_groups_compares_every_group_in_any_order_once_shifted():
     shared = np.array([[0, 1], [0, 2]])  # not disjoint (first ranks alike): sorted by every rank
     assert same_groups(shared, shared[::-1]) and not same_groups(shared, np.array([[0, 1], [0, 3]]))
     assert not same_groups(a, a[:-1])
-
-
-def reference_loads(cm: CollectiveModel, hops) -> dict:
-    """The definition ``LinkLoads.loads`` (costs/traffic.py) computes per route piece with numpy: every hop adds its share to
-    every link of ``cluster.route``; a class's value is its busiest link's units over that link's bandwidth."""
-    cl, load, out = cm.cluster, {}, {}
-    if isinstance(hops, tuple):  # all_pairs: three arrays
-        hops = list(zip(*(x.tolist() for x in hops), strict=True))
-    for a, b, share in hops:
-        for link in cl.route(a, b)[0]:
-            load[link] = load.get(link, 0.0) + share
-    for link, units in load.items():
-        node, u, v = link
-        c = (cm.stages_of(link), *cl.link_class(link))
-        out[c] = max(out.get(c, 0.0), units / cl.link_info(link).bandwidth_Bps)
-    return out
 
 
 @pytest.mark.parametrize(

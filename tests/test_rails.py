@@ -3,6 +3,7 @@ link loads that walking every hop of every group along its route gives."""
 
 import numpy as np
 import pytest
+from conftest import reference_loads
 
 from simulator.costs.collectives import CollectiveModel
 from simulator.costs.hops import hops as pattern_hops
@@ -10,7 +11,6 @@ from simulator.costs.rails import RAIL_HOPS, rail_families, rail_hops
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Groups, Placement
 from simulator.hardware.topology import load_topology
-from tests.test_collectives import reference_loads
 
 
 def test_families_are_groups_on_the_same_nodes_one_rank_per_node_each_on_one_gpu():
