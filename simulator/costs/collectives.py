@@ -344,12 +344,10 @@ class CollectiveModel:
     def _nodes(self, grp) -> int:
         """Nodes the ranks of ``grp`` (a tuple or an array row) are on."""
         gpn = self.cluster.gpus_per_node
-        if not isinstance(grp, np.ndarray) or len(grp) < 64:  # a set is quicker on a few ranks
-            return len(
-                {g // gpn for g in grp.tolist()} if isinstance(grp, np.ndarray) else {g // gpn for g in grp}
-            )
-        node = np.sort(grp // gpn)
-        return 1 + int(np.count_nonzero(node[1:] != node[:-1]))
+        if isinstance(grp, np.ndarray) and len(grp) >= 64:  # (a set is quicker on a few ranks)
+            node = np.sort(grp // gpn)
+            return 1 + int(np.count_nonzero(node[1:] != node[:-1]))
+        return len({g // gpn for g in (grp.tolist() if isinstance(grp, np.ndarray) else grp)})
 
     # -- link loads on the graph ----------------------------------------------------------------------------
     def cross_node_fraction(self, op: str, group: str) -> float:

@@ -60,6 +60,26 @@ class Sums:
         self.local = {uv: _grown(w, len(new)) for uv, w in self.local.items()}
         self.out, self.into = _grown(self.out, len(new)), _grown(self.into, len(new))
 
+    def add_fabric(
+        self, leaf_a: np.ndarray, leaf_b: np.ndarray, share: np.ndarray, leaves: int, star: bool, qps: int
+    ) -> None:
+        """Hops from leaf switch ``leaf_a`` to ``leaf_b`` (of ``leaves``): on a two-level fat tree (``star``) those
+        between two leaves onto the source leaf's uplink and the destination's downlink, each hop a connection of
+        ``qps`` flows (a sampled all-to-all rotation stands for ``share`` of them) where ECMP hashes flows;
+        otherwise per pair of leaves, to be routed on the switch graph."""
+        if not star:
+            pairs, inverse = np.unique(leaf_a * leaves + leaf_b, return_inverse=True)
+            for p, units in zip(pairs.tolist(), np.bincount(inverse, share).tolist(), strict=True):
+                self.leaf_pairs[p] += units
+            return
+        cross = leaf_a != leaf_b
+        if not cross.any():
+            return
+        leaf_a, leaf_b, share = leaf_a[cross], leaf_b[cross], share[cross]
+        flows = np.maximum(share, 1.0) * qps if self.flows else None
+        self.add_leaves("up", leaf_a, share, flows)
+        self.add_leaves("down", leaf_b, share, flows)
+
     def add_leaves(self, name: str, leaf: np.ndarray, units: np.ndarray, flows: np.ndarray | None) -> None:
         """Add ``units`` (and ``flows``) per hop onto leaf ``leaf`` of each hop, ``name`` "up" or "down", in blocks
         of LEAF_BLOCK leaves: a pattern holds the blocks it touches, not the span between the leaves it touches

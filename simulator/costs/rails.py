@@ -111,24 +111,9 @@ def add_rail_hops(links, sums: Sums, src: np.ndarray, dst: np.ndarray, share: np
     sums.across = True
     npl, rail = cl.spec.fabric.nodes_per_leaf, cl.spec.fabric.rail_optimized
     leaves, rails = links._leaf_grid
-    base_a, base_b = (
-        (na // npl) * rails,
-        (nb // npl) * rails,
-    )  # each GPU's leaf: plus its NIC where rail-optimized
-    near = cl.nearest_nic
-    if cl.spine is None:
-        for g in sums.rails:
-            nic = near[g] if rail else 0
-            pairs, inverse = np.unique((base_a + nic) * leaves + base_b + nic, return_inverse=True)
-            for p, units in zip(pairs.tolist(), np.bincount(inverse, share).tolist(), strict=True):
-                sums.leaf_pairs[p] += units
-        return
-    cross = base_a != base_b  # the same for every GPU of the family: both ends on its rail
-    if not cross.any():
-        return
-    base_a, base_b, share = base_a[cross], base_b[cross], share[cross]
-    flows = np.maximum(share, 1.0) * cl.spec.fabric.qps_per_connection if sums.flows else None
+    # each GPU's leaf: its node's group of leaves, plus its NIC's rail where the fabric is rail-optimized
+    base_a, base_b = (na // npl) * rails, (nb // npl) * rails
+    star, qps = cl.spine is not None, cl.spec.fabric.qps_per_connection
     for g in sums.rails:
-        nic = near[g] if rail else 0
-        sums.add_leaves("up", base_a + nic, share, flows)
-        sums.add_leaves("down", base_b + nic, share, flows)
+        nic = cl.nearest_nic[g] if rail else 0
+        sums.add_fabric(base_a + nic, base_b + nic, share, leaves, star, qps)

@@ -299,20 +299,9 @@ class LinkLoads:
         leaves, rails = self._leaf_grid
         leaf_a = (na // npl) * rails + (nic_a if rail else 0)
         leaf_b = (nb // npl) * rails + (nic_b if rail else 0)
-        if cl.spine is None:
-            pairs, inverse = np.unique(leaf_a * leaves + leaf_b, return_inverse=True)
-            for p, units in zip(pairs.tolist(), np.bincount(inverse, share).tolist(), strict=True):
-                sums.leaf_pairs[p] += units
-            return
-        cross = leaf_a != leaf_b
-        if not cross.any():
-            return
-        leaf_a, leaf_b, share = leaf_a[cross], leaf_b[cross], share[cross]
-        # each hop is a connection of qps_per_connection flows (a sampled all-to-all rotation stands for
-        # ``share`` of them): an ECMP fabric hashes them onto a leaf's uplinks (counted only there)
-        flows = np.maximum(share, 1.0) * cl.spec.fabric.qps_per_connection if sums.flows else None
-        for name, leaf in (("up", leaf_a), ("down", leaf_b)):
-            sums.add_leaves(name, leaf, share, flows)
+        sums.add_fabric(
+            leaf_a, leaf_b, share, leaves, cl.spine is not None, cl.spec.fabric.qps_per_connection
+        )
 
     def _class_max(self, found: Peaks, units: np.ndarray, links: list, bandwidth_Bps, nodes) -> None:
         """For each set of pipeline stages and each of ``links`` (the columns of ``units``, one row per node of
