@@ -8,7 +8,8 @@
 3. the NVLink all-reduce inside one A100 node (2-8 GPUs) against published nccl-tests curves (docs/collectives.md);
 4. the quickstart scenario's MFU, and where its profile comes from;
 5. the 1-trillion-parameter 3,072-GPU run's simulation wall time (best of 3);
-6. held out, never fitted on: vTrain's 109 multi-node Megatron-DeepSpeed runs (simulator/validation/vtrain-multi.yaml),
+6. held out, never fitted on: vTrain's 720 runs on a full 8-GPU node (simulator/validation/vtrain-8gpu.yaml) and 109
+   multi-node Megatron-DeepSpeed runs (simulator/validation/vtrain-multi.yaml),
    the eight public DeepSpeed runs at scale (simulator/validation/deepspeed.yaml), torchtitan's and MosaicML's own
    tables (torchtitan-2024.yaml, llm-foundry.yaml) and one rank measured on an H100 (h100-rank.yaml).
 """
@@ -99,7 +100,7 @@ def trillion() -> None:
 
 def held_out() -> None:
     print("6. held out (never fitted on):")
-    for name in ("vtrain-multi", "deepspeed", "torchtitan-2024", "h100-rank", "llm-foundry"):
+    for name in ("vtrain-8gpu", "vtrain-multi", "deepspeed", "torchtitan-2024", "h100-rank", "llm-foundry"):
         results = run_cases(load_cases(ROOT / "simulator" / "validation" / f"{name}.yaml"))
         s = summarize(results)
         signed = statistics.fmean(r.error_pct for r in results if r.error_pct is not None)

@@ -77,13 +77,32 @@ def projection_ops(s: Scenario, sh: LayerShape) -> tuple[tuple[Op, ...], tuple[O
 
 
 def attention_ops(
-    s: Scenario, sh: LayerShape, context_parallel: str = "fused"
+    s: Scenario, sh: LayerShape, context_parallel: str = "fused", kernels: str = "model"
 ) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
     """(forward, backward) ops of attention's core, between the QKV and the output projection;
-    ``context_parallel``: the framework's ring attention ('fused' or 'torch', frameworks.Framework)."""
+    ``context_parallel``: the framework's ring attention ('fused' or 'torch', frameworks.Framework); ``kernels``:
+    the framework's (``megatron-legacy``: Megatron's softmax falls back to fp32 torch ops where its fused kernel
+    does not take the shape, ``megatron_fused_softmax``)."""
     if s.model.attention == "flash":
         return _flash(s, sh, context_parallel)
-    return _standard(sh)
+    fused = kernels != "megatron-legacy" or megatron_fused_softmax(sh.b, sh.heads, sh.seq, sh.seq)
+    return _standard(sh, fused)
+
+
+def megatron_fused_softmax(b: int, heads: int, sq: int, sk: int) -> bool:
+    """Whether Megatron's FusedScaleMaskSoftmax runs its fused causal kernel for scores [b, heads, sq, sk] on one
+    tensor-parallel rank (fp16 / bf16, fusion on, as by default). megatron/model/fused_softmax.py
+    ``is_kernel_available`` at microsoft/Megatron-DeepSpeed 4822c87e (2023-09; Megatron-LM's legacy model alike):
+    16 < sk <= 4096, sq and sk multiples of 4, and b x heads a multiple of 4 and of the kernel's rows per thread
+    block (fused_kernels/scaled_masked_softmax.h ``get_batch_per_block``: 128 threads in warps as wide as sk's next
+    power of two, at most 32; two rows per warp up to 128 columns). Two heads per rank at micro-batch 1 (16 heads
+    at TP 8) miss it."""
+    rows = b * heads
+    if not (16 < sk <= 4096 and sq % 4 == 0 and sk % 4 == 0 and rows % 4 == 0):
+        return False
+    width = 1 << (sk - 1).bit_length()
+    per_block = (128 // min(width, 32)) * (2 if width <= 128 else 1)
+    return rows % per_block == 0
 
 
 def cp_merge_bytes(n: int, out: float, q: float, kv: float, e: int) -> tuple[float, float]:
@@ -237,21 +256,49 @@ def _torch_ring(
     return fwd, bwd
 
 
-def _standard(sh: LayerShape) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
-    """Megatron-LM's unfused attention: QK^T, scaled masked softmax, dropout and PV as separate kernels."""
+def _standard(sh: LayerShape, fused: bool = True) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
+    """Megatron-LM's unfused attention: QK^T, scaled masked softmax, dropout and PV as separate kernels. The
+    softmax is one fused kernel, or (``fused`` False) ``forward_torch_softmax``'s five fp32 passes each way."""
     b, e, d, seq, heads = sh.b, sh.e, sh.d, sh.seq, sh.heads
     probs = b * heads * seq * seq
+    rows = b * heads * seq
     scores = gemm("attention scores QK^T", seq, seq, d, batch=b * heads)
     context = gemm("attention context PV", seq, sh.dv, seq, batch=b * heads)
-    softmax = memory_op("scaled masked softmax", 2 * e * probs, "softmax", b * heads * seq, seq)
-    dropout = memory_op("attention dropout", (2 * e + 1) * probs, "dropout", b * heads * seq, seq)
-    fwd = (scores, softmax, dropout, context)
+    softmax = (memory_op("scaled masked softmax", 2 * e * probs, "softmax", rows, seq),)
+    softmax_bwd = (memory_op("softmax backward", 3 * e * probs, "softmax", rows, seq, "backward"),)
+    if not fused:
+        softmax, softmax_bwd = torch_softmax(e, probs, rows, seq)
+    dropout = memory_op("attention dropout", (2 * e + 1) * probs, "dropout", rows, seq)
+    fwd = (scores, *softmax, dropout, context)
     bwd = (
         *gemm_backward(context, has_weight=False),
-        memory_op(
-            "attention dropout backward", (2 * e + 1) * probs, "dropout", b * heads * seq, seq, "backward"
-        ),
-        memory_op("softmax backward", 3 * e * probs, "softmax", b * heads * seq, seq, "backward"),
+        memory_op("attention dropout backward", (2 * e + 1) * probs, "dropout", rows, seq, "backward"),
+        *softmax_bwd,
         *gemm_backward(scores, has_weight=False),
+    )
+    return fwd, bwd
+
+
+def torch_softmax(e: int, probs: int, rows: int, seq: int) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
+    """Megatron's softmax without its fused kernel (``FusedScaleMaskSoftmax.forward_torch_softmax``, 4822c87e):
+    with query-key layer scaling (on by default, which forces the softmax into fp32) it runs ``input.float()``,
+    ``input * scale`` (the layer number), ``masked_fill_`` of the causal mask, ``torch.nn.Softmax`` and
+    ``.half()`` / ``.bfloat16()``; autograd runs each one's backward. ``probs`` score elements of ``e`` bytes,
+    fp32 in between."""
+    f32 = 4
+    cast = (e + f32) * probs
+    fwd = (
+        memory_op("softmax input upcast (fp32)", cast, "elementwise", rows, seq),
+        memory_op("softmax scale (x layer number)", 2 * f32 * probs, "elementwise", rows, seq),
+        memory_op("causal mask fill", 2 * f32 * probs, "elementwise", rows, seq),
+        memory_op("softmax (fp32)", 2 * f32 * probs, "softmax", rows, seq),
+        memory_op("softmax output downcast", cast, "elementwise", rows, seq),
+    )
+    bwd = (
+        memory_op("softmax gradient upcast (fp32)", cast, "elementwise", rows, seq, "backward"),
+        memory_op("softmax backward (fp32)", 3 * f32 * probs, "softmax", rows, seq, "backward"),
+        memory_op("causal mask fill backward", 2 * f32 * probs, "elementwise", rows, seq, "backward"),
+        memory_op("softmax scale backward", 2 * f32 * probs, "elementwise", rows, seq, "backward"),
+        memory_op("softmax gradient downcast", cast, "elementwise", rows, seq, "backward"),
     )
     return fwd, bwd

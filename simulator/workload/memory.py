@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 
 from simulator.frameworks import get_framework
 from simulator.scenario.schema import Scenario
+from simulator.workload.attention import megatron_fused_softmax
 from simulator.workload.fp8 import saved_input_bytes
 
 
@@ -136,6 +137,8 @@ def activation_bytes_per_layer(s: Scenario, recompute: str | None = None, moe: b
       tensor + sequence par.    s b h / t (34 + 5 a s / h)
       + selective recompute     34 s b h / t   (attention scores, softmax and dropout are recomputed)
       full recompute            2 s b h        (only the layer input; / t with sequence parallelism)
+    Where Megatron's softmax runs in fp32 torch ops (``attention.megatron_fused_softmax``) its output takes 4
+    bytes, so 5 a s / h becomes 7 a s / h.
     """
     m, p, tr = s.model, s.parallelism, s.training
     sq, b, h, a = (
@@ -172,7 +175,12 @@ def activation_bytes_per_layer(s: Scenario, recompute: str | None = None, moe: b
     mlp = 0.0 if moe or "mlp" in modules else 2 * f_up + lin * f
     sharded = sbh * (2 * q + 2 * kv + 2 * v + lin * out + mlp)  # Q, K, V, projection input, MLP
     if m.attention == "standard" and "core_attn" not in modules:
-        sharded += 5 * a * sq * sq * b  # softmax output, dropout mask, dropout output
+        # softmax output (fp32 where Megatron's fused kernel does not take the shape: attention.torch_softmax),
+        # dropout mask, dropout output
+        fp32 = get_framework(s.framework).kernels == "megatron-legacy" and not megatron_fused_softmax(
+            b, a // t, sq, sq
+        )
+        sharded += (7 if fp32 else 5) * a * sq * sq * b
     if m.attention == "flash":
         sharded += 2 * sbh * out + 4 * sq * b * a  # attention output kept by the kernel + fp32 log-sum-exp
     total = replicated / sp + gathered + sharded / t

@@ -197,7 +197,7 @@ def build_workload(
     gather_in, scatter_out, grad_in, grad_out, regather = tp
     proj_fwd, proj_bwd, proj_params = projection_ops(s, sh)
     proj = linear("attention output projection", tokens, h, heads * sh.dv)
-    attn_fwd, attn_bwd = attention_ops(s, sh, fw.context_parallel)
+    attn_fwd, attn_bwd = attention_ops(s, sh, fw.context_parallel, fw.kernels)
     attention_params = proj_params + heads * sh.dv * h + (h if m.add_bias_linear else 0) + 2 * sh.norm_params
     # the framework's own small kernels beyond the model's (bias adds, layout copies, bias-gradient reductions)
     legacy = fw.kernels == "megatron-legacy"
