@@ -628,3 +628,30 @@ def test_chunk_reduce_scatters_follow_the_order_chunks_finish_and_each_chunk_gat
     )
     assert gathers["chunk 1 param all-gather"] in first_f1.deps
     assert gathers["chunk 0 param all-gather"] not in first_f1.deps
+
+
+@pytest.mark.parametrize("release,whole", [("0.5.3", True), ("0.5.4", False), ("0.16.4", False)])
+def test_deepspeed_pipeline_sends_gradients_whole_before_0_5_4(release, whole):
+    """engine.py partitions the activation it sends over the tensor-parallel group (is_pipe_partitioned: 1/t
+    per rank); the gradient sent back only from v0.5.4 (is_grad_partitioned = False in v0.5.0-v0.5.3): before,
+    every rank sends the whole tensor, t times the bytes. 2 stages, TP 2, micro-batch 1: 1 x seq x hidden x 2
+    bytes, halved."""
+    r = simulate(
+        make(
+            model={**MODEL, "tied_embeddings": False},
+            training={"global_batch_size": 4, "micro_batch_size": 1, "precision": "fp16"},
+            parallelism={
+                "pipeline_parallel": 2,
+                "tensor_parallel": 2,
+                "data_parallel": 1,
+                "pipeline_schedule": "deepspeed",
+                "zero": {"deepspeed_version": release},
+            },
+            cluster={"gpus_per_node": 4},
+        )
+    )
+    sends = [(t.name, op.bytes) for t in r.program.tasks for op in t.ops if op.name == "pipeline send"]
+    act = MODEL["seq_length"] * MODEL["hidden_size"] * 2 / 2
+    assert {b for n, b in sends if n.startswith("activation")} == {act}
+    assert {b for n, b in sends if n.startswith("gradient")} == {act * 2 if whole else act}
+    assert len(sends) == 2 * 4  # each of 4 micro-batches: one activation forward, one gradient back

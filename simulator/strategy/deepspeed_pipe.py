@@ -24,7 +24,7 @@ from simulator.strategy.pipeline.flush import flush_and_step
 from simulator.strategy.pipeline.memory import stage_memory
 from simulator.strategy.pipeline.partition import check, chunk_units, stage_label
 from simulator.strategy.pipeline.step_ids import StepIds
-from simulator.strategy.reduction import HP_GRAD_UPDATE_BYTES_PER_PARAM, bf16_optimizer
+from simulator.strategy.reduction import HP_GRAD_UPDATE_BYTES_PER_PARAM, bf16_optimizer, version
 from simulator.strategy.schedules import Step
 from simulator.strategy.schedules.deepspeed_train import commands
 from simulator.strategy.units import unit_tensors
@@ -65,7 +65,15 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
     # and the receiver all-gathers it over the tensor-parallel group (in the step's ops, as Megatron's
     # scatter-gather)
     act = tokens * mdl.hidden_size * e // par.tensor_parallel
-    send_op = collective_op("pipeline send", "send_recv", "pp", act)
+    # before 0.5.4 the gradients went back whole (engine.py v0.5.0-v0.5.3: is_grad_partitioned = False): every
+    # tensor-parallel rank sends the full tensor, and the receiver's all-gather restores its own output instead
+    whole = version(par.zero.deepspeed_version) < (0, 5, 4)
+    send_ops = {
+        "act": collective_op("pipeline send", "send_recv", "pp", act),
+        "grad": collective_op(
+            "pipeline send", "send_recv", "pp", act * (par.tensor_parallel if whole else 1)
+        ),
+    }
 
     # Each stage's own instructions (F, B and the sends it makes) run in order on its stream; a send is a
     # blocking transfer task costed alone, as Megatron's sends are (pipeline neighbours use their own links).
@@ -134,7 +142,7 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
                     "forward" if k[0] == "act" else "backward",
                     f"{what} {c.microbatch} to stage {to}",
                     deps + ((other,) if other is not None else ()),
-                    (send_op,),
+                    (send_ops[k[0]],),
                     c.microbatch,
                 )
             assert tid == ids[(st, i)]
