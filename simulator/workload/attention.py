@@ -85,8 +85,13 @@ def attention_ops(
     does not take the shape, ``megatron_fused_softmax``)."""
     if s.model.attention == "flash":
         return _flash(s, sh, context_parallel)
-    fused = kernels != "megatron-legacy" or megatron_fused_softmax(sh.b, sh.heads, sh.seq, sh.seq)
-    return _standard(sh, fused)
+    return _standard(sh, not softmax_in_fp32(kernels, sh))
+
+
+def softmax_in_fp32(kernels: str, sh: LayerShape) -> bool:
+    """Does the unfused attention's softmax run as fp32 torch ops (``torch_softmax``)? Megatron's
+    (``megatron-legacy`` kernels) where its fused kernel does not take the rank's scores."""
+    return kernels == "megatron-legacy" and not megatron_fused_softmax(sh.b, sh.heads, sh.seq, sh.seq)
 
 
 def megatron_fused_softmax(b: int, heads: int, sq: int, sk: int) -> bool:

@@ -9,8 +9,9 @@ from dataclasses import asdict, dataclass
 
 from simulator.frameworks import get_framework
 from simulator.scenario.schema import Scenario
-from simulator.workload.attention import megatron_fused_softmax
+from simulator.workload.attention import softmax_in_fp32
 from simulator.workload.fp8 import saved_input_bytes
+from simulator.workload.shape import layer_shape
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ def activation_bytes_per_layer(s: Scenario, recompute: str | None = None, moe: b
       tensor + sequence par.    s b h / t (34 + 5 a s / h)
       + selective recompute     34 s b h / t   (attention scores, softmax and dropout are recomputed)
       full recompute            2 s b h        (only the layer input; / t with sequence parallelism)
-    Where Megatron's softmax runs in fp32 torch ops (``attention.megatron_fused_softmax``) its output takes 4
+    Where Megatron's softmax runs in fp32 torch ops (``attention.softmax_in_fp32``) its output takes 4
     bytes, so 5 a s / h becomes 7 a s / h.
     """
     m, p, tr = s.model, s.parallelism, s.training
@@ -175,11 +176,9 @@ def activation_bytes_per_layer(s: Scenario, recompute: str | None = None, moe: b
     mlp = 0.0 if moe or "mlp" in modules else 2 * f_up + lin * f
     sharded = sbh * (2 * q + 2 * kv + 2 * v + lin * out + mlp)  # Q, K, V, projection input, MLP
     if m.attention == "standard" and "core_attn" not in modules:
-        # softmax output (fp32 where Megatron's fused kernel does not take the shape: attention.torch_softmax),
+        # softmax output (fp32 where Megatron's fused kernel does not take the shape: attention.softmax_in_fp32),
         # dropout mask, dropout output
-        fp32 = get_framework(s.framework).kernels == "megatron-legacy" and not megatron_fused_softmax(
-            b, a // t, sq, sq
-        )
+        fp32 = softmax_in_fp32(get_framework(s.framework).kernels, layer_shape(s))
         sharded += (7 if fp32 else 5) * a * sq * sq * b
     if m.attention == "flash":
         sharded += 2 * sbh * out + 4 * sq * b * a  # attention output kept by the kernel + fp32 log-sum-exp
