@@ -65,7 +65,9 @@ def cases(path: Path) -> list[dict]:
                     },
                     "published": {
                         "metric": "iteration_time_s",
-                        "value": round(float(row["iteration time (ms)"]) / 1000, 9),  # the CSV has microseconds
+                        "value": round(
+                            float(row["iteration time (ms)"]) / 1000, 9
+                        ),  # the CSV has microseconds
                         "source": "vTrain (Bang et al., MICRO 2024; MIT license) data/ground_truth_single.csv "
                         f"row {row_number}",
                         "level": "V1",

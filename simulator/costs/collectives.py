@@ -194,6 +194,14 @@ class CollectiveModel:
         if hit is None or alone <= 0:
             return phases, MODELLED
         seconds, source = hit
+        top = self.measured.largest(op, len(grp), nodes, len(grp) // nodes)
+        if top is not None and size_bytes > top:
+            # above the table's range: its largest row, plus the model's time for the bytes beyond it (the row
+            # holds the latencies and protocol the table measured; more bytes move at the modelled bandwidth,
+            # where an 8-GPU A100 all-reduce of 1 GiB is 8.1-8.2 ms on three public nccl-tests curves and 8.3
+            # modelled, docs/collectives.md; the row's bandwidth carried on gave 11.0)
+            at_top = sum(p.duration_s for p in self._cost(op, one, top))
+            seconds = self.measured.cost(op, len(grp), nodes, len(grp) // nodes, top)[0] + alone - at_top
         f = seconds / alone
         return tuple(
             Phase(p.latency_s * f, {c: s * f for c, s in p.demand_s.items()}) for p in phases

@@ -14,7 +14,8 @@ measured rows), ``modelled`` (the roofline / alpha-beta model; the caller's fall
 * Memory-bound kernels and collectives (one size dimension: elements m x n, or bytes). Log-log interpolation
   between the two measured sizes around the query (equivalently, of the achieved bytes/s); above the largest
   measured size the largest size's bandwidth is kept (never extrapolated upwards), below the smallest the
-  smallest size's time is a floor.
+  smallest size's time is a floor. A collective above its curve's range is the caller's to price
+  (``CollectiveLookup.largest``; costs/collectives.py adds the model's time for the bytes beyond it).
 * 16-bit formats stand in for each other (fp16 rows for a bf16 run, and back): such costs count as
   interpolated.
 """
@@ -248,6 +249,11 @@ class CollectiveLookup:
         curve = self.curves.get(key)
         return (curve_cost(*curve, float(nbytes)), INTERPOLATED) if curve else None
 
+    def largest(self, op: str, ranks: int, nodes: int, ranks_per_node: int) -> float | None:
+        """The largest measured size of this collective, bytes (None where the table has no row of it)."""
+        curve = self.curves.get((op, ranks, nodes, ranks_per_node))
+        return curve[0][-1] if curve else None
+
 
 class Layered:
     """Lookups of several tables, first match wins: a user's table over the shipped one (tables/select.py)."""
@@ -260,4 +266,11 @@ class Layered:
             hit = lookup.cost(*args)
             if hit is not None:
                 return hit
+        return None
+
+    def largest(self, *args) -> float | None:
+        """``CollectiveLookup.largest`` of the table whose cost ``cost`` gives."""
+        for lookup in self.lookups:
+            if lookup.cost(*args, 1.0) is not None:
+                return lookup.largest(*args)
         return None
