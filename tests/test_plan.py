@@ -366,7 +366,8 @@ def test_why_names_a_tie_and_the_lighter_layout():
     assert text.startswith(
         "TP1 PP1 DP8 mbs2 ddp rc:none and TP1 PP1 DP8 mbs2 zero1 rc:none take the same time"
     )
-    assert text.endswith("TP1 PP1 DP8 mbs2 zero1 rc:none needs less memory (30.0 against 20.0 GiB per GPU)")
+    # the lighter layout's own memory first (the sentence read "zero1 needs less memory (30.0 against 20.0)")
+    assert text.endswith("TP1 PP1 DP8 mbs2 zero1 rc:none needs less memory (20.0 against 30.0 GiB per GPU)")
     assert "by 45.00 ms (4.3%)" in why([row("ddp", 1.0, 30.0), row("zero1", 1.045, 20.0)])
 
 

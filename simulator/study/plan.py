@@ -322,11 +322,11 @@ def why(ranked: list[Confirmed]) -> str:
     a, b = ok[0], ok[1]
     gain = b.iteration_time_s - a.iteration_time_s
     if gain <= SAME_TIME * b.iteration_time_s:
-        lighter = a if (a.memory_gib or 0) <= (b.memory_gib or 0) else b
+        lighter, other = (a, b) if (a.memory_gib or 0) <= (b.memory_gib or 0) else (b, a)
         return (
             f"{a.layout.label()} and {b.layout.label()} take the same time within {SAME_TIME:.1%} "
-            f"({seconds(a.iteration_time_s)} and {seconds(b.iteration_time_s)}); "
-            f"{lighter.layout.label()} needs less memory ({a.memory_gib:.1f} against {b.memory_gib:.1f} GiB per GPU)"
+            f"({seconds(a.iteration_time_s)} and {seconds(b.iteration_time_s)}); {lighter.layout.label()} needs "
+            f"less memory ({lighter.memory_gib:.1f} against {other.memory_gib:.1f} GiB per GPU)"
         )
     parts = [
         ("GPU compute", a.compute_s or 0.0, b.compute_s or 0.0),
