@@ -181,16 +181,22 @@ def test_framework_factors_apply_to_measured_kernels_too():
     assert cm.op_time_s(memory_op("gelu", 1.0, "gelu", 2048, 8192)) == pytest.approx(200e-6 + extra)
 
 
-def test_a_measured_collective_sets_the_time_of_one_group_and_keeps_the_models_links():
+def tp8_with_measured_all_reduce(algorithm: str = "auto"):
+    """TP 8 on one node simulated on the pure model, and a collective model over three measured all-reduce rows
+    (1 MiB 40 us, 16 MiB 110 us, 128 MiB 700 us): (scenario, result, measured model)."""
+    from simulator.costs.collectives import CollectiveModel
+
     rows = [
         CollectiveRow("all_reduce", 8, 1, 8, s, us)
         for s, us in ((2**20, 40.0), (2**24, 110.0), (2**27, 700.0))
     ]
     s = make(parallelism={"tensor_parallel": 8}, training={"global_batch_size": 8})
     r = simulate(s.model_copy(update={"kernels": "none"}))
-    from simulator.costs.collectives import CollectiveModel
+    return s, r, CollectiveModel(r.cluster, r.placement, algorithm, CollectiveLookup(rows))
 
-    measured = CollectiveModel(r.cluster, r.placement, "auto", CollectiveLookup(rows))
+
+def test_a_measured_collective_sets_the_time_of_one_group_and_keeps_the_models_links():
+    _, r, measured = tp8_with_measured_all_reduce()
     assert measured.standalone_time_s("all_reduce", "tp", 2**24) == pytest.approx(110e-6, rel=1e-12)
     assert measured.source("all_reduce", "tp", 2**24) == "measured"
     assert measured.standalone_time_s("all_reduce", "tp", 2**22) == pytest.approx(
@@ -202,7 +208,7 @@ def test_a_measured_collective_sets_the_time_of_one_group_and_keeps_the_models_l
     model_phase = r.comm.phases("all_reduce", "tp", 2**24)[0]
     calibrated = measured.phases("all_reduce", "tp", 2**24)[0]
     assert calibrated.demand_s.keys() == model_phase.demand_s.keys()
-    forced = CollectiveModel(r.cluster, r.placement, "ring", CollectiveLookup(rows))
+    forced = tp8_with_measured_all_reduce("ring")[2]
     assert forced.source("all_reduce", "tp", 2**24) == "modelled"  # a forced algorithm is a what-if
 
 
@@ -211,15 +217,7 @@ def test_a_collective_above_the_tables_range_adds_the_models_time_for_the_bytes_
     model(S) - model(top). With the shipped A100 table (Vidur's rows up to 64 MB) an 8-GPU all-reduce of 1 GiB
     lands within 3% of the three public nccl-tests curves of docs/collectives.md (8,140-8,193 us at 1 GiB); the
     top row's bandwidth carried on gave 11.0 ms."""
-    from simulator.costs.collectives import CollectiveModel
-
-    rows = [
-        CollectiveRow("all_reduce", 8, 1, 8, s, us)
-        for s, us in ((2**20, 40.0), (2**24, 110.0), (2**27, 700.0))
-    ]
-    s = make(parallelism={"tensor_parallel": 8}, training={"global_batch_size": 8})
-    r = simulate(s.model_copy(update={"kernels": "none"}))
-    measured = CollectiveModel(r.cluster, r.placement, "auto", CollectiveLookup(rows))
+    s, r, measured = tp8_with_measured_all_reduce()
     model = r.comm.standalone_time_s
     for size in (2**28, 2**30):
         expected = 700e-6 + model("all_reduce", "tp", size) - model("all_reduce", "tp", 2**27)
