@@ -238,7 +238,10 @@ def headline_html(result: Result) -> str:
         f'<div class="tile"><div class="v">{html.escape(v)}</div><div class="k">{html.escape(k)}</div></div>'
         for k, v in cells
     )
-    return f'<h1>{html.escape(result.scenario.name)}</h1><div class="tiles">{tiles}</div>'
+    from simulator.report.table import error_bar_lines
+
+    bar = "".join(f'<p class="k">{html.escape(line.strip())}</p>' for line in error_bar_lines(m))
+    return f'<h1>{html.escape(result.scenario.name)}</h1><div class="tiles">{tiles}</div>{bar}'
 
 
 def cost_sources_html(m: Metrics) -> str:

@@ -45,6 +45,50 @@ def _tokens(n: float) -> str:
 
 _SOURCES = "{0[measured]:.0%} / {0[interpolated]:.0%} / {0[modelled]:.0%}"
 
+
+def _bar(kind: str):
+    """The row's getter: the profile's |error| on held-out measured runs (simulator/validation/accuracy.py)."""
+
+    def get(m: Metrics) -> str:
+        g = (m.accuracy or {}).get(kind)
+        if not g:
+            return "none held out"
+        return f"{g['median_abs_pct']:.1f}% / {g['p90_abs_pct']:.1f}%, {g['n']:,} runs"
+
+    return get
+
+
+def _lean(value: float, more: str, less: str) -> str:
+    """+2.5, 'runs faster', 'runs slower' -> 'runs 2.5% faster'."""
+    verb, rest = (more if value > 0 else less).split(" ", 1)
+    return f"{verb} {abs(value):.1f}% {rest}"
+
+
+def error_bar_lines(m: Metrics) -> list[str]:
+    """Where the error bar comes from: the profile (and GPU generation) whose held-out runs it sums up, the
+    files they come from, and which way the simulation leans on them."""
+    if not m.accuracy:
+        return [
+            f"Error bar: none: no measured run of the {m.framework or 'ideal'} profile is held out of its fit "
+            "(docs/validation.md)."
+        ]
+    lines = []
+    for kind, what, lean in (
+        ("speed", "Speed", ("runs faster", "runs slower")),
+        ("memory", "Memory", ("needs more memory", "needs less memory")),
+    ):
+        g = m.accuracy.get(kind)
+        if not g:
+            continue
+        sets = ", ".join(f"{k} {v:,}" for k, v in g["sets"].items())
+        lines.append(
+            f"{what} error bar: {g['scope']}, {g['n']:,} measured runs never fitted on ({sets}): |error| "
+            f"{g['median_abs_pct']:.1f}% median, {g['p90_abs_pct']:.1f}% p90, {g['max_abs_pct']:.1f}% max; on "
+            f"average the simulation {_lean(g['mean_signed_pct'], *lean)} than measured."
+        )
+    return [*lines, "  (docs/validation.md; simulator/validation/accuracy.yaml)"]
+
+
 # (label, getter, format[, shown only when some result satisfies this]) rows shared by `run` and `compare`
 ROWS = [
     ("Strategy", lambda m: m.strategy, "{}"),
@@ -157,6 +201,13 @@ ROWS = [
         "{}",
         _moe,
     ),
+    ("Held-out error, median / p90", _bar("speed"), "{}"),
+    (
+        "Held-out memory error, med. / p90",
+        _bar("memory"),
+        "{}",
+        lambda m: bool((m.accuracy or {}).get("memory")),
+    ),
     ("Cost table", lambda m: m.cost_tables.get("table") or "none (pure model)", "{}"),
     ("Compute time: measured / interp. / modelled", lambda m: m.cost_sources["compute"], _SOURCES),
     ("Comm. time: measured / interp. / modelled", lambda m: m.cost_sources["communication"], _SOURCES),
@@ -255,7 +306,7 @@ def print_table(results: list[tuple[str, Metrics]], console: Console | None = No
     console = console or Console()
     console.print(metrics_table(results))
     if len(results) == 1:
-        for line in largest_modelled_lines(results[0][1]):
+        for line in (*error_bar_lines(results[0][1]), *largest_modelled_lines(results[0][1])):
             console.print(line, highlight=False, markup=False, soft_wrap=True)
     if len(results) == 1 and len(results[0][1].stages) > 1:
         console.print(stages_table(results[0][1]))

@@ -176,7 +176,7 @@ def plan(
         "top": [c.to_dict() for c in ranked],
         "screen_accuracy": screen_accuracy(ranked),
         "why": why(ranked),
-        "caveat": caveat(base.framework),
+        "caveat": caveat(base.framework, cluster.gpu.architecture),
     }
 
 
@@ -242,12 +242,20 @@ def refine(screen: Screen, estimates: list, need: int) -> list:
     ]
 
 
-def caveat(framework: str) -> str:
-    """What validation says of the profile the plan simulated with (its ``accuracy``, docs/validation.md)."""
+def caveat(framework: str, architecture: str) -> str:
+    """What validation says of the profile the plan simulated with: its error on held-out measured runs
+    (simulator/validation/accuracy.py), then its ``accuracy`` note (docs/validation.md)."""
     from simulator.frameworks import get_framework
+    from simulator.metrics.error_bar import held_out
 
     profile = get_framework(framework)
     text = profile.accuracy or "no published run validates this profile"
+    g = (held_out(profile.name, architecture) or {}).get("speed")
+    if g:
+        text = (
+            f"{g['median_abs_pct']:.1f}% median, {g['p90_abs_pct']:.1f}% p90 |error| on {g['n']:,} held-out "
+            f"measured runs ({g['scope']}, mean signed {g['mean_signed_pct']:+.1f}%: + is simulated faster); {text}"
+        )
     return f"caveat ({profile.name} profile): {text}; docs/validation.md"
 
 
