@@ -270,7 +270,7 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
     if s.training.total_tokens:
         metrics.train = train_metrics(s.training.total_tokens, metrics, s.cluster.price_per_gpu_hour)
     metrics.framework = compute.framework.name
-    metrics.accuracy = held_out(metrics.framework, cluster.gpu.architecture)
+    metrics.accuracy = held_out(metrics.framework, cluster.gpu.architecture, metrics.gpus)
     metrics.wall_s = time.perf_counter() - t0
     return Result(s, workload, program, timeline, cluster, placement, metrics, comm, host, compute)
 

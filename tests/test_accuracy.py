@@ -79,12 +79,27 @@ def test_runs_a_profile_was_fitted_on_are_not_held_out(measured):
 
 
 def test_a_gpu_generation_without_its_own_runs_says_where_the_runs_ran():
-    a100 = error_bar.held_out("megatron-2022", "ampere")["speed"]
-    h100 = error_bar.held_out("megatron-2022", "hopper")["speed"]
-    assert a100["scope"] == "megatron-2022 on ampere" and h100["scope"] == "megatron-2022 on ampere"
-    assert h100["n"] == a100["n"] > 800
-    assert error_bar.held_out("ideal", "ampere") is None
+    a100 = error_bar.held_out("megatron-2022", "ampere", 8)["speed"]
+    h100 = error_bar.held_out("megatron-2022", "hopper", 8)["speed"]
+    assert a100["scope"] == "megatron-2022 on ampere at up to 8 GPUs"
+    assert h100["scope"] == "megatron-2022 on ampere" and h100["n"] > a100["n"] > 700
+    assert error_bar.held_out("ideal", "ampere", 8) is None
     assert get_framework("ideal").fit_cases == ()
+
+
+def test_a_large_job_gets_the_error_of_large_held_out_jobs():
+    """Over 512 GPUs, megatron-2022 on A100 has DeepSpeed's six public runs of 1,024-3,360 GPUs: the bar is theirs,
+    and it says the simulation runs faster than they did; at 64 GPUs it is the 9-512 GPU runs'."""
+    big = [c for c in load_cases(accuracy.HERE / "deepspeed.yaml") if c["cluster"]["num_nodes"] * 8 > 512]
+    bar = error_bar.held_out("megatron-2022", "ampere", 1024)["speed"]
+    assert bar["scope"] == "megatron-2022 on ampere at over 512 GPUs"
+    assert bar["n"] == len(big) == 6 and bar["sets"] == {"deepspeed": 6}
+    assert bar["mean_signed_pct"] > 10
+    assert error_bar.scale_of(513) == "over 512 GPUs" and error_bar.scale_of(512) == "9-512 GPUs"
+    assert (
+        error_bar.held_out("megatron-2022", "ampere", 64)["speed"]["scope"]
+        == "megatron-2022 on ampere at 9-512 GPUs"
+    )
 
 
 def test_run_reports_its_error_bar():

@@ -49,7 +49,10 @@ def test_report_is_self_contained_with_every_panel(report):
         assert title in text
     assert "Iteration time" in text and "Pipeline bubble" in text
     # the error bar under the headline: the profile's held-out measured runs (simulator/validation/accuracy.py)
-    assert "Speed error bar: megatron-2022 on ampere, " in text and "measured runs never fitted on" in text
+    assert (
+        "Speed error bar: megatron-2022 on ampere at 9-512 GPUs, " in text
+        and "measured runs never fitted on" in text
+    )
 
 
 # Chrome trace event format: required fields per phase type (Trace Event Format, "ph" values X, M, s, f, C)

@@ -19,23 +19,35 @@ def stored() -> dict:
     return read_yaml(ACCURACY_FILE, "accuracy file", shipped=True) if ACCURACY_FILE.is_file() else {}
 
 
-def held_out(profile: str, architecture: str) -> dict | None:
-    """The error bar for a run of ``profile`` on ``architecture``: for each kind (speed, memory) the figures of
-    that profile on that GPU generation (from ``MIN_RUNS`` runs), else of the profile on any GPU, with ``scope``
-    saying which; None where no held-out measured run ran the profile."""
+# job sizes the figures are also kept for: a simulation's error grows with what scale adds (docs/validation.md)
+SCALES = ((8, "up to 8 GPUs"), (512, "9-512 GPUs"), (None, "over 512 GPUs"))
+
+
+def scale_of(gpus: int) -> str:
+    return next(label for most, label in SCALES if most is None or gpus <= most)
+
+
+def held_out(profile: str, architecture: str, gpus: int) -> dict | None:
+    """The error bar for a run of ``profile`` on ``architecture`` with ``gpus`` GPUs: for each kind (speed, memory)
+    the figures of that profile on that GPU generation at that scale, else on that generation at any scale (each
+    from ``MIN_RUNS`` runs), else of the profile on every GPU; ``scope`` says which. None where no held-out
+    measured run ran the profile."""
     data = stored()
     out: dict = {}
+    arch = f"{profile} on {architecture}"
     for kind in ("speed", "memory"):
         groups = data.get(kind, {})
-        own = groups.get(f"{profile} on {architecture}")
-        if own and own["n"] >= MIN_RUNS:
-            out[kind] = {"scope": f"{profile} on {architecture}", **own}
-        elif profile in groups:  # every GPU's runs, saying which generations they ran on
-            ran = [k.split(" on ", 1)[1] for k in groups if k.startswith(f"{profile} on ")]
-            scope = (
-                f"{profile} on {', '.join(ran)}"
-                if own is None
-                else f"{profile} on every GPU ({', '.join(ran)})"
-            )
-            out[kind] = {"scope": scope, **groups[profile]}
+        for scope in (f"{arch} at {scale_of(gpus)}", arch):
+            if groups.get(scope, {}).get("n", 0) >= MIN_RUNS:
+                out[kind] = {"scope": scope, **groups[scope]}
+                break
+        else:
+            if profile in groups:  # every GPU's runs, saying which generations they ran on
+                ran = sorted(
+                    {k.split(" on ", 1)[1].split(" at ")[0] for k in groups if k.startswith(f"{profile} on ")}
+                )
+                where = (
+                    f"on {', '.join(ran)}" if architecture not in ran else f"on every GPU ({', '.join(ran)})"
+                )
+                out[kind] = {"scope": f"{profile} {where}", **groups[profile]}
     return out or None

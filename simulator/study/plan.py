@@ -176,7 +176,7 @@ def plan(
         "top": [c.to_dict() for c in ranked],
         "screen_accuracy": screen_accuracy(ranked),
         "why": why(ranked),
-        "caveat": caveat(base.framework, cluster.gpu.architecture),
+        "caveat": caveat(base.framework, cluster.gpu.architecture, gpus),
     }
 
 
@@ -242,7 +242,7 @@ def refine(screen: Screen, estimates: list, need: int) -> list:
     ]
 
 
-def caveat(framework: str, architecture: str) -> str:
+def caveat(framework: str, architecture: str, gpus: int) -> str:
     """What validation says of the profile the plan simulated with: its error on held-out measured runs
     (simulator/validation/accuracy.py), then its ``accuracy`` note (docs/validation.md)."""
     from simulator.frameworks import get_framework
@@ -250,7 +250,7 @@ def caveat(framework: str, architecture: str) -> str:
 
     profile = get_framework(framework)
     text = profile.accuracy or "no published run validates this profile"
-    g = (held_out(profile.name, architecture) or {}).get("speed")
+    g = (held_out(profile.name, architecture, gpus) or {}).get("speed")
     if g:
         text = (
             f"{g['median_abs_pct']:.1f}% median, {g['p90_abs_pct']:.1f}% p90 |error| on {g['n']:,} held-out "

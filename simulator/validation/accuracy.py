@@ -1,5 +1,5 @@
 """The error bar of a simulated run, measured: how far the simulation has been from measured runs it was never
-fitted on, by framework profile and by profile and GPU generation (simulator/metrics/error_bar.py looks a run's up).
+fitted on, by framework profile, GPU generation and job size (simulator/metrics/error_bar.py looks a run's up).
 
 ``accuracy.yaml`` holds the figures. They are written from the validation files that ship in this folder:
 every case of ``HELD_OUT``, except the cases a profile's factors were fitted on (its ``fit_cases`` and its
@@ -21,7 +21,7 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
-from simulator.metrics.error_bar import ACCURACY_FILE, stored
+from simulator.metrics.error_bar import ACCURACY_FILE, scale_of, stored
 
 HERE = Path(__file__).resolve().parent
 # The held-out validation files, by stem (simulator/validation/<stem>.yaml): docs/validation.md describes each.
@@ -80,7 +80,8 @@ def fitted_case_ids() -> set[str]:
 
 
 def measure(progress=None) -> dict:
-    """Run every held-out case and group the errors by profile and by profile and GPU generation;
+    """Run every held-out case and group the errors by profile, by profile and GPU generation, and by those and
+    the job's scale (``scale_of``);
     ``progress(stem, n)`` after each file."""
     from simulator.validation.runner import load_cases, run_cases
 
@@ -100,7 +101,8 @@ def measure(progress=None) -> dict:
                 kind, e = "memory", r.error_pct
             else:
                 continue
-            for key in (r.profile, f"{r.profile} on {r.architecture}"):
+            arch = f"{r.profile} on {r.architecture}"
+            for key in (r.profile, arch, f"{arch} at {scale_of(r.gpus)}"):
                 errors[kind].setdefault(key, []).append((e, stem))
     return {
         kind: {

@@ -54,6 +54,7 @@ class CaseResult:
     message: str = ""
     profile: str = ""  # the framework profile it ran
     architecture: str = ""  # its GPU's generation (ampere, hopper, ...)
+    gpus: int = 0  # the job's GPUs
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -149,7 +150,7 @@ def run_case(case: dict, framework: Framework | None = None, kernels: str | None
             message=f"internal error: {type(e).__name__}: {e}",
         )
     m = r.metrics
-    base.update(profile=m.framework, architecture=r.cluster.gpu.architecture)
+    base.update(profile=m.framework, architecture=r.cluster.gpu.architecture, gpus=m.gpus)
     model = s.model
     mosaic_params = 6 * r.workload.total_params + 12 * model.num_layers * model.hidden_size * model.seq_length
     predicted = predicted_value(m, pub, mosaic_params, s)
