@@ -1,5 +1,5 @@
 """A run's error bar: how far the simulation has been from measured runs of the run's framework profile on its GPU
-generation that nothing was fitted on, as ``simulator/validation/accuracy.yaml`` holds them (written by
+generation, at its job size, that nothing was fitted on, as ``simulator/validation/accuracy.yaml`` holds them (written by
 ``python -m simulator.validation.accuracy``, which says how they are measured and signed)."""
 
 from __future__ import annotations
@@ -8,8 +8,10 @@ from functools import cache
 from pathlib import Path
 
 ACCURACY_FILE = Path(__file__).resolve().parents[1] / "validation" / "accuracy.yaml"
-# a GPU generation's own figures are shown from this many runs; below it, the profile's on every GPU
+# a group's figures are shown from this many runs; below it, the next wider group's
 MIN_RUNS = 5
+# job sizes the figures are also kept for: a simulation's error grows with what scale adds (docs/validation.md)
+SCALES = ((8, "up to 8 GPUs"), (512, "9-512 GPUs"), (None, "over 512 GPUs"))
 
 
 @cache
@@ -17,10 +19,6 @@ def stored() -> dict:
     from simulator.scenario.files import read_yaml
 
     return read_yaml(ACCURACY_FILE, "accuracy file", shipped=True) if ACCURACY_FILE.is_file() else {}
-
-
-# job sizes the figures are also kept for: a simulation's error grows with what scale adds (docs/validation.md)
-SCALES = ((8, "up to 8 GPUs"), (512, "9-512 GPUs"), (None, "over 512 GPUs"))
 
 
 def scale_of(gpus: int) -> str:

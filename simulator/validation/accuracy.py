@@ -81,8 +81,7 @@ def fitted_case_ids() -> set[str]:
 
 def measure(progress=None) -> dict:
     """Run every held-out case and group the errors by profile, by profile and GPU generation, and by those and
-    the job's scale (``scale_of``);
-    ``progress(stem, n)`` after each file."""
+    the job's size (``scale_of``); ``progress(stem, n)`` after each file."""
     from simulator.validation.runner import load_cases, run_cases
 
     fitted = fitted_case_ids()
@@ -118,10 +117,10 @@ def write(path: Path = ACCURACY_FILE, progress=None) -> dict:
 
     data = measure(progress)
     header = (
-        "# How far the simulation has been from measured runs it was never fitted on, by framework profile and by\n"
-        "# profile and GPU generation (speed: positive = simulated faster than measured; memory: positive =\n"
-        "# simulated larger). Written by `python -m simulator.validation.accuracy` (simulator/validation/\n"
-        "# accuracy.py); do not edit by hand. Every `clustersim run` shows its profile's line.\n"
+        "# How far the simulation has been from measured runs it was never fitted on, by framework profile, GPU\n"
+        "# generation and job size (speed: positive = simulated faster than measured; memory: positive = simulated\n"
+        "# larger). Written by `python -m simulator.validation.accuracy` (simulator/validation/accuracy.py); do not\n"
+        "# edit by hand. Every `clustersim run` states its own line (simulator/metrics/error_bar.py).\n"
     )
     path.write_text(header + yaml.safe_dump(data, sort_keys=False, width=120))
     stored.cache_clear()
@@ -129,13 +128,10 @@ def write(path: Path = ACCURACY_FILE, progress=None) -> dict:
 
 
 if __name__ == "__main__":
-    import sys
-
     written = write(progress=lambda stem, n: print(f"{stem}: {n} held-out runs simulated", flush=True))
     for kind, groups in written.items():
         for key, g in groups.items():
             print(
                 f"{kind:6} {key:34} n={g['n']:4}  median {g['median_abs_pct']:5.1f}%  p90 {g['p90_abs_pct']:5.1f}%  "
-                f"signed {g['mean_signed_pct']:+5.1f}%",
-                file=sys.stdout,
+                f"signed {g['mean_signed_pct']:+5.1f}%"
             )
