@@ -20,7 +20,7 @@ from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
 from simulator.hardware.topology import cluster_spec
 from simulator.metrics.additions import fp8_metrics, moe_metrics, train_metrics
-from simulator.metrics.error_bar import held_out
+from simulator.metrics.error_bar import for_run
 from simulator.metrics.metrics import Metrics, finish_metrics, measure
 from simulator.metrics.periodic import NotPeriodic, extrapolate, sample_windows
 from simulator.metrics.sources import source_seconds, summarise_sources
@@ -270,7 +270,7 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
     if s.training.total_tokens:
         metrics.train = train_metrics(s.training.total_tokens, metrics, s.cluster.price_per_gpu_hour)
     metrics.framework = compute.framework.name
-    metrics.accuracy = held_out(metrics.framework, cluster.gpu.architecture, metrics.gpus)
+    metrics.accuracy = for_run(framework, cluster.gpu.architecture, metrics.gpus)
     metrics.wall_s = time.perf_counter() - t0
     return Result(s, workload, program, timeline, cluster, placement, metrics, comm, host, compute)
 

@@ -120,3 +120,20 @@ def test_run_reports_its_error_bar():
     assert "Speed error bar: pytorch-2024 on ampere, 8 measured runs never fitted on (torchtitan-2024 8)" in (
         " ".join(table.output.split())
     )
+
+
+def test_a_profile_of_ones_own_has_no_error_bar():
+    """The bar is the shipped profile's record: the same name with other factors (a calibrated copy) has none, and
+    the table says so."""
+    from simulator.api import simulate
+    from simulator.report.table import error_bar_lines
+    from simulator.scenario.shipped import shipped_scenarios
+
+    shipped = simulate(shipped_scenarios()["quickstart-gpt3-1.3b-ddp-8xa100"])
+    assert shipped.metrics.accuracy["speed"]["scope"] == "pytorch-2024 on ampere"
+    mine = get_framework("pytorch-2024").model_copy(update={"gemm_efficiency": 0.5})
+    m = simulate(shipped.scenario, framework=mine).metrics
+    assert m.accuracy is None
+    assert error_bar_lines(m)[0].startswith(
+        "Error bar: none: the pytorch-2024 profile as run here has no held-out"
+    )

@@ -49,3 +49,16 @@ def held_out(profile: str, architecture: str, gpus: int) -> dict | None:
                 )
                 out[kind] = {"scope": f"{profile} {where}", **groups[profile]}
     return out or None
+
+
+def for_run(framework, architecture: str, gpus: int) -> dict | None:
+    """``held_out`` for a run of ``framework`` (a Framework), when it is the shipped profile of its name: a profile
+    of one's own, or one refitted (calibrate, cross-validation), has no held-out record of its own."""
+    from simulator.errors import ScenarioError
+    from simulator.frameworks import get_framework
+
+    try:
+        shipped = get_framework(framework.name)
+    except ScenarioError:
+        return None
+    return held_out(framework.name, architecture, gpus) if shipped == framework else None

@@ -69,8 +69,8 @@ def error_bar_lines(m: Metrics) -> list[str]:
     files they come from, and which way the simulation leans on them."""
     if not m.accuracy:
         return [
-            f"Error bar: none: no measured run of the {m.framework or 'ideal'} profile is held out of its fit "
-            "(docs/validation.md)."
+            f"Error bar: none: the {m.framework or 'ideal'} profile as run here has no held-out measured runs (a "
+            "bound such as ideal, a profile of your own, or one no validation file runs; docs/validation.md)."
         ]
     lines = []
     for kind, what, lean in (

@@ -246,11 +246,11 @@ def caveat(framework: str, architecture: str, gpus: int) -> str:
     """What validation says of the profile the plan simulated with: its error on held-out measured runs
     (simulator/validation/accuracy.py), then its ``accuracy`` note (docs/validation.md)."""
     from simulator.frameworks import get_framework
-    from simulator.metrics.error_bar import held_out
+    from simulator.metrics.error_bar import for_run
 
     profile = get_framework(framework)
     text = profile.accuracy or "no published run validates this profile"
-    g = (held_out(profile.name, architecture, gpus) or {}).get("speed")
+    g = (for_run(profile, architecture, gpus) or {}).get("speed")
     if g:
         text = (
             f"{g['median_abs_pct']:.1f}% median, {g['p90_abs_pct']:.1f}% p90 |error| on {g['n']:,} held-out "
