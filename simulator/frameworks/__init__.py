@@ -310,6 +310,11 @@ class Framework(BaseModel):
         "over the architecture's).",
     )
 
+    @property
+    def fitted_on(self) -> frozenset[str]:
+        """Every case its factors were fitted on: its own ``fit_cases`` and its per-GPU ones."""
+        return frozenset(self.fit_cases).union(*(f.fit_cases for f in self.gpus.values()))
+
     def on_gpu(self, gpu: str) -> Framework:
         """The profile as it applies on ``gpu``: its architecture's factors (a ``gpus`` key such as ``hopper``),
         then the GPU's own (a catalogue name) over them."""

@@ -70,13 +70,7 @@ def fitted_case_ids() -> set[str]:
     """Every case id a shipped profile's factors were fitted on."""
     from simulator.frameworks import PROFILE_DIR, get_framework
 
-    out: set[str] = set()
-    for path in PROFILE_DIR.glob("*.yaml"):
-        f = get_framework(path.stem)
-        out |= set(f.fit_cases)
-        for g in f.gpus.values():
-            out |= set(g.fit_cases)
-    return out
+    return set().union(*(get_framework(path.stem).fitted_on for path in PROFILE_DIR.glob("*.yaml")))
 
 
 def measure(progress=None) -> dict:

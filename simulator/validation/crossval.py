@@ -42,8 +42,7 @@ def reference(framework: Framework) -> Framework:
 def without(framework: Framework, left_out: set[str], cases: list[dict], profile: str, progress=None):
     """The profile refitted without the ``left_out`` case ids (``cases``: every case it may be refitted on), and
     how."""
-    fitted = set(framework.fit_cases) | {c for f in framework.gpus.values() for c in f.fit_cases}
-    if not fitted & left_out:
+    if not framework.fitted_on & left_out:
         return framework, "unchanged"
     by_id = {str(c["id"]): c for c in cases}
     keep = [by_id[i] for i in framework.fit_cases if i not in left_out and i in by_id]
