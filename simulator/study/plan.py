@@ -176,7 +176,8 @@ def plan(
         "top": [c.to_dict() for c in ranked],
         "screen_accuracy": screen_accuracy(ranked),
         "why": why(ranked),
-        "caveat": caveat(base.framework, cluster.gpu.architecture, gpus),
+        "error_bar": (bar := error_bar(base.framework, cluster.gpu.architecture, gpus)),
+        "caveat": caveat(base.framework, bar),
     }
 
 
@@ -242,15 +243,22 @@ def refine(screen: Screen, estimates: list, need: int) -> list:
     ]
 
 
-def caveat(framework: str, architecture: str, gpus: int) -> str:
-    """What validation says of the profile the plan simulated with: its error on held-out measured runs
-    (simulator/validation/accuracy.py), then its ``accuracy`` note (docs/validation.md)."""
+def error_bar(framework: str, architecture: str, gpus: int) -> dict | None:
+    """The profile's error on held-out measured runs at this GPU generation and job size (metrics/error_bar.py)."""
     from simulator.frameworks import get_framework
     from simulator.metrics.error_bar import for_run
 
+    return for_run(get_framework(framework), architecture, gpus)
+
+
+def caveat(framework: str, bar: dict | None) -> str:
+    """What validation says of the profile the plan simulated with: ``bar``, its error on held-out measured runs,
+    then its ``accuracy`` note (docs/validation.md)."""
+    from simulator.frameworks import get_framework
+
     profile = get_framework(framework)
     text = profile.accuracy or "no published run validates this profile"
-    g = (for_run(profile, architecture, gpus) or {}).get("speed")
+    g = (bar or {}).get("speed")
     if g:
         text = (
             f"{g['median_abs_pct']:.1f}% median, {g['p90_abs_pct']:.1f}% p90 |error| on {g['n']:,} held-out "
