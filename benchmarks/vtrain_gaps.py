@@ -10,8 +10,8 @@ docs/validation.md quotes, so that whoever brings a trace, a log or a rerun of t
    data-parallel all-reduce (the one cost that is paid once per iteration there).
 3. Runs that should agree and do not: model TFLOP/s per GPU (Megatron's formula with full recompute, 96 B s l h^2
    (1 + s/6h + V/16lh)) of layouts on the same 512 GPUs, measured and simulated.
-4. The 720 single-node runs without pipeline or data parallelism: measured and simulated time per layer and
-   micro-batch by TP degree, hidden size and micro-batch, and the signed error. Where the measured time per
+4. The 720 single-node runs without pipeline or data parallelism: measured and simulated iteration time per layer
+   and micro-batch by TP degree, hidden size and micro-batch, and the signed error. Where the measured time per
    micro-batch falls as the micro-batch doubles, the floor is not the host's issue of a fixed set of kernels.
 
 Run: python benchmarks/vtrain_gaps.py        (about 15 s; Markdown)
@@ -97,7 +97,7 @@ def multi_node(rows) -> None:
 
 def single_node(rows) -> None:
     print("\n## The 720 single-node runs (fitted on), no pipeline or data parallelism\n")
-    print("Time per layer and micro-batch, the range over 12-24 layers and the batches run:\n")
+    print("Iteration time / (layers x micro-batches), the range over 12-24 layers and the batches run:\n")
     print("| TP | hidden | micro-batch | measured ms | simulated ms | signed error |")
     print("|---|---|---|---|---|---|")
     groups = defaultdict(list)
