@@ -492,7 +492,9 @@ def test_hops_laid_out_with_numpy_are_the_hops_of_each_group_in_turn(kind, place
         assert any(a // 8 != b // 8 for a, b, _ in got)
 
 
-MULTI_NODE_H100 = {c["id"]: c for c in CURVES.values() if c.get("nodes", 1) > 1 and c["op"] != "all_to_all"}
+MULTI_NODE_H100 = {
+    c["id"]: c for c in CURVES.values() if c.get("nodes", 1) == 10 and c["op"] != "all_to_all"
+}
 
 
 @pytest.mark.parametrize("curve", sorted(MULTI_NODE_H100))
@@ -802,3 +804,41 @@ def test_leaf_sums_hold_only_the_blocks_of_leaves_a_pattern_touches():
     flows = Sums(8, np.full(4, -1, dtype=np.int16), flows=True)
     flows.add_leaves("down", np.array([1, 1]), np.array([0.5, 0.5]), np.array([3.0, 3.0]))
     assert (flows.leaf_units["down"][0][1], flows.leaf_flows["down"][0][1]) == (1.0, 6.0)
+
+
+def test_several_nics_per_gpu_act_as_one_nic_of_their_summed_bandwidth():
+    """AWS p5 (32 x 100 Gb/s EFA for 8 H100): NCCL spreads a GPU's channels over its local NICs and aws-ofi-nccl
+    presents each GPU's four as one device, so a node is 8 NICs of 400 Gb/s: the same all-reduce as a DGX H100's.
+    Fewer GPUs of a node (gpus_per_node) keep their own NICs, never their neighbours'."""
+    from simulator.hardware.topology import apply_overrides
+    from simulator.scenario.cluster import ClusterConfig
+
+    h100 = load_topology("dgx-h100")
+    p5 = apply_overrides(h100, ClusterConfig(topology="dgx-h100", nics_per_node=32, nic_bandwidth_gbps=100))
+    assert (p5.node.nics, p5.node.nic_bandwidth_gbps) == (8, 400)
+
+    def all_reduce_s(spec) -> float:
+        cm = CollectiveModel(Cluster(spec, 2), Placement(dp=16), "ring")
+        return cm.standalone_time_s("all_reduce", "dp", 2**30)
+
+    assert all_reduce_s(p5) == pytest.approx(all_reduce_s(h100), rel=1e-12)
+    two = apply_overrides(load_topology("dgx-a100"), ClusterConfig(topology="dgx-a100", gpus_per_node=2))
+    assert (two.node.gpus, two.node.nics, two.node.nic_bandwidth_gbps) == (2, 8, 200)
+    odd = apply_overrides(h100, ClusterConfig(topology="dgx-h100", nics_per_node=12))
+    assert odd.node.nics == 12  # 12 does not divide by 8 GPUs: left as stated
+
+
+def test_every_curve_added_since_the_first_contact_record_has_one():
+    """Curves added from 2026-12-06 keep the model's times from before any change they prompted
+    (simulator/validation/collective_curves.py); those of 2026-11 predate the record."""
+    from simulator.validation.collective_curves import curves, errors_pct
+
+    recorded = [c for c in curves().values() if "first_contact" in c]
+    assert len(recorded) >= 11
+    for c in recorded:
+        model_us = {int(k): v for k, v in c["first_contact"]["model_us"].items()}
+        assert set(model_us) == {int(s) for s in c["times_us"]}, c["id"]
+        assert len(c["first_contact"]["commit"]) >= 7
+        assert errors_pct(c, model_us), c["id"]  # sizes between 1 MiB and 4 GiB to compare
+    earlier = {c["id"] for c in curves().values() if "first_contact" not in c}
+    assert all(c.startswith(("OCI-", "DGX-", "VTRAIN-", "H100-")) for c in earlier), earlier

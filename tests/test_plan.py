@@ -508,15 +508,15 @@ def test_plan_says_what_validation_says_of_its_profile():
     assert (
         r["caveat"] == "caveat (ideal profile): no published run validates this profile; docs/validation.md"
     )
-    assert r["error_bar"] is None  # a bound has no held-out record
+    assert r["error_bar"] is None  # a bound has no error bar
     from simulator.study.plan import caveat, error_bar
 
     bar = error_bar("megatron-2022", "ampere", 1024)
     assert bar["speed"]["scope"] == "megatron-2022 on ampere at over 512 GPUs"
     assert caveat("megatron-2022", bar).startswith(
         f"caveat (megatron-2022 profile): {bar['speed']['median_abs_pct']:.1f}% median, "
-        f"{bar['speed']['p90_abs_pct']:.1f}% p90 |error| on 6 held-out measured runs (megatron-2022 on ampere at "
-        "over 512 GPUs, mean signed +"
+        f"{bar['speed']['p90_abs_pct']:.1f}% p90 |error| on 6 measured runs the code had not seen (megatron-2022 on "
+        "ampere at over 512 GPUs, mean signed +"
     )
     for name in ("megatron-2021", "megatron-2022", "megatron-core-2024", "llm-foundry-2023", "pytorch-2024"):
         assert "%" in get_framework(name).accuracy, name

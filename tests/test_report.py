@@ -48,10 +48,10 @@ def test_report_is_self_contained_with_every_panel(report):
     ):
         assert title in text
     assert "Iteration time" in text and "Pipeline bubble" in text
-    # the error bar under the headline: the profile's held-out measured runs (simulator/validation/accuracy.py)
+    # the error bar under the headline: its cell's measured runs the code had not seen (validation/accuracy.py)
     assert (
         "Speed error bar: megatron-2022 on ampere at 9-512 GPUs, " in text
-        and "measured runs never fitted on" in text
+        and "measured runs the code had not seen" in text
     )
 
 

@@ -343,3 +343,25 @@ def test_llm_foundrys_throughput_tables_are_held_out_and_hold_at_every_sequence_
     assert len(short) == 140 and statistics.median(abs(e) for e in short) < 8
     long = [results[c["id"]].error_pct for c in cases if c["model"]["seq_length"] >= 16384]
     assert len(long) == 45 and statistics.median(abs(e) for e in long) < 8
+
+
+def test_the_summary_says_which_way_the_simulation_leans_whatever_the_metric():
+    """1.6 s simulated against 2.0 s measured is +25% (faster); 90 tokens/s against 100 is -10%: signed speed +7.5%.
+    A memory case leans apart (+: simulated larger): 44 GiB against 40 is +10%."""
+    from simulator.validation.runner import CaseResult, summarize, summary_line
+
+    def row(metric, published, predicted):
+        return CaseResult("c", "s", metric, published, predicted, 100 * (predicted / published - 1), "ok")
+
+    s = summarize(
+        [
+            row("iteration_time_s", 2.0, 1.6),
+            row("tokens_per_s_per_gpu", 100.0, 90.0),
+            row("peak_memory_gib", 40.0, 44.0),
+        ]
+    )
+    assert s["mean_signed_speed_pct"] == pytest.approx(7.5)
+    assert s["mean_signed_memory_pct"] == pytest.approx(10.0)
+    assert summary_line(s).endswith(
+        "signed speed +7.5% (+: simulated faster), signed memory +10.0% (+: simulated larger)"
+    )

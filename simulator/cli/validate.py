@@ -83,7 +83,14 @@ def validate(
                     ],
                     "summary": {
                         k: summary[k]
-                        for k in ("n", "median_abs_error_pct", "mean_abs_error_pct", "max_abs_error_pct")
+                        for k in (
+                            "n",
+                            "median_abs_error_pct",
+                            "mean_abs_error_pct",
+                            "max_abs_error_pct",
+                            "mean_signed_speed_pct",
+                            "mean_signed_memory_pct",
+                        )
                     },
                     "by_source": runner.summarize_by_source(results),
                 },
@@ -138,19 +145,24 @@ def print_validation(
         status = r.status if r.status == "ok" else f"[red]{r.status}[/red] {r.message[:70]}"
         cases.add_row(r.id, UNITS[r.metric], f"{r.published:,.4g}", predicted, _err(r.error_pct), status)
     console.print(cases)
-    summary = Table(title="Absolute error by source", header_style="bold")
-    for col in ("source", "cases", "median", "mean", "max", "failed"):
+    summary = Table(
+        title="Absolute error by source (signed speed: + where the simulation is faster than measured)",
+        header_style="bold",
+    )
+    for col in ("source", "cases", "median", "mean", "max", "signed speed", "failed"):
         summary.add_column(col, justify="left" if col == "source" else "right")
     for name, s in [*by_source.items(), ("all", overall)]:
         if not s["n"]:
-            summary.add_row(name, "0", "-", "-", "-", str(s["failed"]))
+            summary.add_row(name, "0", "-", "-", "-", "-", str(s["failed"]))
             continue
+        signed = s.get("mean_signed_speed_pct")
         summary.add_row(
             name,
             str(s["n"]),
             f"{s['median_abs_error_pct']:.1f}%",
             f"{s['mean_abs_error_pct']:.1f}%",
             f"{s['max_abs_error_pct']:.1f}%",
+            "-" if signed is None else f"{signed:+.1f}%",
             str(s["failed"]),
         )
     console.print(summary)

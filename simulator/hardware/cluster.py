@@ -61,7 +61,7 @@ class Cluster:
         self.spec = spec
         self.num_nodes = num_nodes
         self.gpus_per_node = spec.node.gpus
-        self.gpu: GPU = get_gpu(spec.node.gpu)
+        self.gpu: GPU = get_gpu(spec.node.gpu).at_power(spec.node.power_w)
         rails = spec.node.nics if spec.fabric.rail_optimized else 1
         self.num_leaves = -(-num_nodes // spec.fabric.nodes_per_leaf) * rails  # fabric_graph's leaves
 

@@ -154,6 +154,14 @@ class GPU(_Data):
         their best measured matmuls."""
         return self.best_efficiency(dtype) / self.gemm.best_efficiency
 
+    def at_power(self, limit_w: float | None) -> GPU:
+        """The part run at a power limit of ``limit_w`` (None: its own): below its ``power_w`` its compute-bound
+        kernels run at ``power_capped_clock`` of their speed (``clock_scale``); HBM and links are unchanged."""
+        if limit_w is None or self.power_w is None or limit_w >= self.power_w:
+            return self
+        scale = self.clock_scale * power_capped_clock(limit_w, self.power_w)
+        return self.model_copy(update={"clock_scale": scale, "power_w": limit_w})
+
     def peak_flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for ``dtype``; a clear error if this GPU has no such tensor-core mode."""
         if dtype not in self.peak_tflops:
@@ -182,6 +190,22 @@ class GPU(_Data):
 def gpu_catalogue() -> dict[str, GPU]:
     """The shipped GPUs by name."""
     return {p.stem: get_gpu(p.stem, "simulator/hardware/gpus") for p in sorted(_GPU_DIR.glob("*.yaml"))}
+
+
+# Sustained tensor clock under a power limit below the part's own (nvidia-smi -pl): (limit / power_w) ** this.
+# The median over nine pairs of MLPerf Inference v4.0 runs of one DGX H100 at 700 W (MaxP) and at per-GPU limits of
+# 300-450 W (MaxQ), mlcommons/inference_results_v4.0 @3c4a1cf, closed/NVIDIA/results/DGX-H100_H100-SXM-80GBx8_TRT
+# [_MaxQ]/*/Offline/performance/run_1/mlperf_log_summary.txt: throughput ratios 0.67-0.82 at 0.43-0.64 of 700 W give
+# exponents 0.23-0.49 (bert 0.48, resnet50 0.47, gptj 0.42, dlrm-v2 0.49, retinanet 0.49, SDXL 0.44, llama2-70b
+# 0.49, 3d-unet 0.35, rnnt 0.23). The capped runs were also re-tuned, so the fit leans to the cap's benefit. A cap
+# lowers the SM clock, not the memory clock: memory-bound kernels and links keep their speed (docs/hardware.md).
+POWER_CAP_EXPONENT = 0.47
+
+
+def power_capped_clock(limit_w: float, rated_w: float) -> float:
+    """The sustained compute clock at ``limit_w`` as a fraction of the part's at its own ``rated_w``: 1 at or
+    above it, (limit / rated) ** POWER_CAP_EXPONENT below (a 350 W limit on a 700 W H100: 0.5 ** 0.47 = 0.722)."""
+    return min(1.0, (limit_w / rated_w) ** POWER_CAP_EXPONENT)
 
 
 @cache

@@ -41,6 +41,13 @@ LATENCY_MAX_US = 1e6
 class NodeSpec(_Spec):
     gpus: PositiveInt = Field(le=1024)
     gpu: str
+    power_w: float | None = Field(
+        None,
+        ge=1,
+        le=1e4,
+        description="Power limit set on every GPU (nvidia-smi -pl), W; below the GPU's own power_w its compute-bound "
+        "kernels slow by (limit / power_w) ** 0.47 (hardware/gpus.py power_capped_clock). Default: the GPU's.",
+    )
     intra_node: Literal["nvswitch", "pcie"]
     nvlink_bandwidth_GBps: float | None = Field(
         None, ge=GBPS_MIN, le=GBPS_MAX, description="Per GPU per direction; default from the GPU."
@@ -147,19 +154,38 @@ def load_topology(name: str) -> TopologySpec:
     return load_named(name, TOPOLOGY_DIR, "cluster.topology", "topology", TopologySpec)
 
 
+def nics_per_gpu_grouped(spec: TopologySpec) -> TopologySpec:
+    """A node with several NICs per GPU (AWS p5: 32 x 100 Gb/s EFA for 8 H100) as one NIC per GPU of their summed
+    bandwidth: NCCL spreads a GPU's channels over its local NICs (src/graph/topo.cc ncclTopoGetLocalNet, v2.20+:
+    channel c takes local NIC ``c % ceil(localNets / localGpus)``), and aws-ofi-nccl presents each GPU's four EFA
+    NICs as one device of four times their speed. Otherwise a GPU would reach the network through one of them only.
+    A count that does not divide by the GPUs is left as it is."""
+    n = spec.node
+    if n.nics <= n.gpus or n.nics % n.gpus:
+        return spec
+    per_gpu = n.nics // n.gpus
+    node = n.model_copy(update={"nics": n.gpus, "nic_bandwidth_gbps": n.nic_bandwidth_gbps * per_gpu})
+    return spec.model_copy(update={"node": node})
+
+
 def apply_overrides(spec: TopologySpec, cfg: ClusterConfig) -> TopologySpec:
     """The topology with the scenario's what-if overrides (GPU type, GPUs/NICs per node, NIC speed)."""
     node: dict = {}
     if cfg.gpu:
         get_gpu(cfg.gpu)  # validates the name
         node["gpu"] = cfg.gpu
-    if cfg.gpus_per_node:
-        if cfg.gpus_per_node > spec.node.gpus:
+    if cfg.power_w is not None:
+        gpu = get_gpu(cfg.gpu or spec.node.gpu)
+        if gpu.power_w is None:
             raise ScenarioError(
-                f"cluster.gpus_per_node ({cfg.gpus_per_node}) exceeds the {spec.node.gpus} GPUs of a "
-                f"'{spec.name}' node"
+                f"cluster.power_w: the GPU {gpu.name} states no power limit (power_w) for its figures, so a limit of "
+                f"{cfg.power_w:g} W has nothing to scale from; add power_w to its GPU file"
             )
-        node["gpus"] = cfg.gpus_per_node
+        node["power_w"] = cfg.power_w
+    if cfg.gpus_per_node and cfg.gpus_per_node > spec.node.gpus:
+        raise ScenarioError(
+            f"cluster.gpus_per_node ({cfg.gpus_per_node}) exceeds the {spec.node.gpus} GPUs of a '{spec.name}' node"
+        )
     if cfg.nics_per_node:
         node["nics"] = cfg.nics_per_node
     if cfg.nic_bandwidth_gbps:
@@ -171,12 +197,12 @@ def apply_overrides(spec: TopologySpec, cfg: ClusterConfig) -> TopologySpec:
     for key in ("routing", "qps_per_connection"):
         if getattr(cfg, key) is not None:
             fabric[key] = getattr(cfg, key)
-    return spec.model_copy(
-        update={
-            "node": spec.node.model_copy(update=node),
-            "fabric": spec.fabric.model_copy(update=fabric),
-        }
-    )
+    # several NICs per GPU are grouped on the whole node, before ``gpus_per_node`` leaves some GPUs out (those
+    # GPUs' NICs are not the others')
+    whole = nics_per_gpu_grouped(spec.model_copy(update={"node": spec.node.model_copy(update=node)}))
+    if cfg.gpus_per_node:
+        whole = whole.model_copy(update={"node": whole.node.model_copy(update={"gpus": cfg.gpus_per_node})})
+    return whole.model_copy(update={"fabric": spec.fabric.model_copy(update=fabric)})
 
 
 def ideal_network(spec: TopologySpec) -> TopologySpec:

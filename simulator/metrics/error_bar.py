@@ -1,6 +1,14 @@
-"""A run's error bar: how far the simulation has been from measured runs of the run's framework profile on its GPU
-generation, at its job size, that nothing was fitted on, as ``simulator/validation/accuracy.yaml`` holds them (written by
-``python -m simulator.validation.accuracy``, which says how they are measured and signed)."""
+"""A run's error bar: how far the simulation has been from measured runs it had not seen, for the run's framework
+profile on its GPU generation at its job size, as ``simulator/validation/accuracy.yaml`` holds them (each run with
+the larger of its error with its source left out of every fit and its error at first contact; written by
+``python -m simulator.validation.accuracy``, which says how they are measured and signed).
+
+Where the run's own cell holds fewer than ``MIN_RUNS`` runs, the bar says so and shows the widest of its
+neighbouring cells (the same profile and GPU generation at another job size, the same profile on another
+generation, another profile on the same generation and job size), never a narrow one: a run the record does not
+cover is a run off the measured path, and the bar must not be tighter than the record next to it. A profile of
+one's own (a file, or one refitted) is an unseen stack: its bar is the widest shipped profile's on its generation.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +16,14 @@ from functools import cache
 from pathlib import Path
 
 ACCURACY_FILE = Path(__file__).resolve().parents[1] / "validation" / "accuracy.yaml"
-# a group's figures are shown from this many runs; below it, the next wider group's
+# a cell's figures are shown from this many runs; below it, the widest neighbouring cell's
 MIN_RUNS = 5
 # job sizes the figures are also kept for: a simulation's error grows with what scale adds (docs/validation.md)
 SCALES = ((8, "up to 8 GPUs"), (512, "9-512 GPUs"), (None, "over 512 GPUs"))
+# the cells that pool every profile's runs (an unseen stack's bar)
+ANY_PROFILE = "any profile"
+# the hardware's upper bound (frameworks/ideal.yaml): no error bar
+BOUND = "ideal"
 
 
 @cache
@@ -25,40 +37,84 @@ def scale_of(gpus: int) -> str:
     return next(label for most, label in SCALES if most is None or gpus <= most)
 
 
-def held_out(profile: str, architecture: str, gpus: int) -> dict | None:
+def _cell(profile: str, architecture: str | None = None, scale: str | None = None) -> str:
+    return " ".join([profile, *([f"on {architecture}"] if architecture else []), *([f"at {scale}"] if scale else [])])
+
+
+def _profiles_and_architectures(groups: dict) -> tuple[set[str], set[str]]:
+    profiles, archs = set(), set()
+    for key in groups:
+        name, _, rest = key.partition(" on ")
+        if name != ANY_PROFILE:
+            profiles.add(name)
+        if rest:
+            archs.add(rest.split(" at ")[0])
+    return profiles, archs
+
+
+def neighbours(profile: str, architecture: str, scale: str, groups: dict, own: bool) -> list[list[str]]:
+    """The cells a run falls back to, ring by ring: first those that differ from its own in one coordinate, then
+    pooled ones. ``own``: a profile of one's own, which no cell holds (only other profiles' cells)."""
+    profiles, archs = _profiles_and_architectures(groups)
+    others = sorted(profiles - {profile})
+    if own:  # every shipped profile's, the one it may be a copy of included
+        return [
+            [_cell(p, architecture, scale) for p in sorted(profiles)],
+            [_cell(p, architecture) for p in sorted(profiles)] + [_cell(ANY_PROFILE, architecture, scale)],
+            [_cell(ANY_PROFILE, architecture), ANY_PROFILE],
+        ]
+    scales = [label for _, label in SCALES if label != scale]
+    return [
+        [_cell(profile, architecture, s) for s in scales]
+        + [_cell(profile, a, scale) for a in sorted(archs - {architecture})]
+        + [_cell(p, architecture, scale) for p in others],
+        [_cell(profile, architecture), profile, _cell(ANY_PROFILE, architecture, scale)],
+        [_cell(ANY_PROFILE, architecture), ANY_PROFILE],
+    ]
+
+
+def held_out(profile: str, architecture: str, gpus: int, own: bool = False) -> dict | None:
     """The error bar for a run of ``profile`` on ``architecture`` with ``gpus`` GPUs: for each kind (speed, memory)
-    the figures of that profile on that GPU generation at that scale, else on that generation at any scale (each
-    from ``MIN_RUNS`` runs), else of the profile on every GPU; ``scope`` says which. None where no held-out
-    measured run ran the profile."""
+    the figures of its cell when it holds ``MIN_RUNS`` runs, else those of the widest neighbouring cell (by p90
+    |error|) that does, with a ``note`` that says so; ``scope`` names the cell shown. ``own``: a profile of one's
+    own. None for the ideal bound, which predicts no measured run, and where no cell applies."""
+    if profile == BOUND:
+        return None
     data = stored()
     out: dict = {}
-    arch = f"{profile} on {architecture}"
+    scale = scale_of(gpus)
+    mine = _cell(profile, architecture, scale)
     for kind in ("speed", "memory"):
         groups = data.get(kind, {})
-        for scope in (f"{arch} at {scale_of(gpus)}", arch):
-            if groups.get(scope, {}).get("n", 0) >= MIN_RUNS:
-                out[kind] = {"scope": scope, **groups[scope]}
+        if not own and groups.get(mine, {}).get("n", 0) >= MIN_RUNS:
+            out[kind] = {"scope": mine, **groups[mine]}
+            continue
+        for ring in neighbours(profile, architecture, scale, groups, own):
+            filled = [c for c in ring if groups.get(c, {}).get("n", 0) >= MIN_RUNS]
+            if filled:
+                widest = max(filled, key=lambda c: (groups[c]["p90_abs_pct"], groups[c]["n"]))
+                have = 0 if own else groups.get(mine, {}).get("n", 0)
+                why = (
+                    f"a profile of your own is an unseen stack ({profile} on {architecture} at {scale})"
+                    if own
+                    else f"only {have} measured run{'s' if have != 1 else ''} for {mine}"
+                )
+                out[kind] = {"scope": widest, "note": f"{why}: the widest neighbouring cell", **groups[widest]}
                 break
-        else:
-            if profile in groups:  # every GPU's runs, saying which generations they ran on
-                ran = sorted(
-                    {k.split(" on ", 1)[1].split(" at ")[0] for k in groups if k.startswith(f"{profile} on ")}
-                )
-                where = (
-                    f"on {', '.join(ran)}" if architecture not in ran else f"on every GPU ({', '.join(ran)})"
-                )
-                out[kind] = {"scope": f"{profile} {where}", **groups[profile]}
     return out or None
 
 
 def for_run(framework, architecture: str, gpus: int) -> dict | None:
-    """``held_out`` for a run of ``framework`` (a Framework), when it is the shipped profile of its name: a profile
-    of one's own, or one refitted (calibrate, cross-validation), has no held-out record of its own."""
+    """``held_out`` for a run of ``framework`` (a Framework): the shipped profile's own cells when it is the
+    shipped profile of its name; a profile of one's own, or one refitted (calibrate, cross-validation), is an
+    unseen stack. The ideal bound has none."""
     from simulator.errors import ScenarioError
     from simulator.frameworks import get_framework
 
+    if framework.name == BOUND:
+        return None
     try:
         shipped = get_framework(framework.name)
     except ScenarioError:
-        return None
-    return held_out(framework.name, architecture, gpus) if shipped == framework else None
+        shipped = None
+    return held_out(framework.name, architecture, gpus, own=shipped != framework)

@@ -78,7 +78,7 @@ class Metrics:
     fp8: dict | None = None
     # with training.total_tokens: days, GPU-hours and (with cluster.price_per_gpu_hour) dollars to train
     train: dict | None = None
-    # the error bar: its profile's error on held-out measured runs (simulator/validation/accuracy.py)
+    # the error bar: the error of its cell on measured runs the code had not seen (simulator/validation/accuracy.py)
     accuracy: dict | None = None
 
     def to_dict(self) -> dict:

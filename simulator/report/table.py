@@ -47,13 +47,15 @@ _SOURCES = "{0[measured]:.0%} / {0[interpolated]:.0%} / {0[modelled]:.0%}"
 
 
 def _bar(kind: str):
-    """The row's getter: the profile's |error| on held-out measured runs (simulator/validation/accuracy.py)."""
+    """The row's getter: the |error| of the run's cell on measured runs the code had not seen
+    (simulator/validation/accuracy.py); a star where the cell shown is a wider neighbour's."""
 
     def get(m: Metrics) -> str:
         g = (m.accuracy or {}).get(kind)
         if not g:
-            return "none held out"
-        return f"{g['median_abs_pct']:.1f}% / {g['p90_abs_pct']:.1f}%, {g['n']:,} runs"
+            return "none"
+        star = "*" if g.get("note") else ""
+        return f"{g['median_abs_pct']:.1f}% / {g['p90_abs_pct']:.1f}%, {g['n']:,} runs{star}"
 
     return get
 
@@ -65,12 +67,13 @@ def _lean(value: float, more: str, less: str) -> str:
 
 
 def error_bar_lines(m: Metrics) -> list[str]:
-    """Where the error bar comes from: the profile (and GPU generation) whose held-out runs it sums up, the
-    files they come from, and which way the simulation leans on them."""
+    """Where the error bar comes from: the cell (profile, GPU generation, job size) whose unseen runs it sums up,
+    why it is another cell's where the run's own holds too few, the files they come from, and which way the
+    simulation leans on them."""
     if not m.accuracy:
         return [
-            f"Error bar: none: the {m.framework or 'ideal'} profile as run here has no held-out measured runs (a "
-            "bound such as ideal, a profile of your own, or one no validation file runs; docs/validation.md)."
+            f"Error bar: none: the {m.framework or 'ideal'} profile is a bound, not a prediction of a measured run "
+            "(docs/validation.md)."
         ]
     lines = []
     for kind, what, lean in (
@@ -81,10 +84,12 @@ def error_bar_lines(m: Metrics) -> list[str]:
         if not g:
             continue
         sets = ", ".join(f"{k} {v:,}" for k, v in g["sets"].items())
+        note = f" ({g['note']})" if g.get("note") else ""
         lines.append(
-            f"{what} error bar: {g['scope']}, {g['n']:,} measured runs never fitted on ({sets}): |error| "
-            f"{g['median_abs_pct']:.1f}% median, {g['p90_abs_pct']:.1f}% p90, {g['max_abs_pct']:.1f}% max; on "
-            f"average the simulation {_lean(g['mean_signed_pct'], *lean)} than measured."
+            f"{what} error bar: {g['scope']}{note}, {g['n']:,} measured runs the code had not seen (each at the "
+            f"worse of first contact and left out of every fit; {sets}): |error| {g['median_abs_pct']:.1f}% median, "
+            f"{g['p90_abs_pct']:.1f}% p90, {g['max_abs_pct']:.1f}% max; on average the simulation "
+            f"{_lean(g['mean_signed_pct'], *lean)} than measured."
         )
     return [*lines, "  (docs/validation.md; simulator/validation/accuracy.yaml)"]
 
@@ -201,9 +206,9 @@ ROWS = [
         "{}",
         _moe,
     ),
-    ("Held-out error, median / p90", _bar("speed"), "{}"),
+    ("Speed error bar, median / p90", _bar("speed"), "{}"),
     (
-        "Held-out memory error, med. / p90",
+        "Memory error bar, median / p90",
         _bar("memory"),
         "{}",
         lambda m: bool((m.accuracy or {}).get("memory")),

@@ -16,6 +16,15 @@ class ClusterConfig(Section):
     num_nodes: PositiveInt = Field(1, le=MAX_GPUS)
     gpus_per_node: PositiveInt | None = Field(None, description="Use only this many GPUs of each node.")
     gpu: str | None = Field(None, description="Replace the topology's GPU with another from the catalogue.")
+    power_w: float | None = Field(
+        None,
+        ge=1,
+        le=1e4,
+        allow_inf_nan=False,
+        description="Power limit set on every GPU (nvidia-smi -pl), watts. Below the GPU's rated power_w its "
+        "compute-bound kernels (GEMMs, attention) slow by (power_w / rated) ** 0.47, fitted on MLPerf's capped runs; "
+        "HBM, NVLink and the network keep their speed (docs/hardware.md). At or above it: no change.",
+    )
     nics_per_node: PositiveInt | None = Field(None, le=64)
     nic_bandwidth_gbps: float | None = Field(
         None, ge=GBPS_MIN, le=GBPS_MAX, description="Per NIC, gigabits per second."

@@ -244,7 +244,8 @@ def refine(screen: Screen, estimates: list, need: int) -> list:
 
 
 def error_bar(framework: str, architecture: str, gpus: int) -> dict | None:
-    """The profile's error on held-out measured runs at this GPU generation and job size (metrics/error_bar.py)."""
+    """The profile's error on measured runs the code had not seen, at this GPU generation and job size
+    (metrics/error_bar.py)."""
     from simulator.frameworks import get_framework
     from simulator.metrics.error_bar import for_run
 
@@ -261,8 +262,9 @@ def caveat(framework: str, bar: dict | None) -> str:
     g = (bar or {}).get("speed")
     if g:
         text = (
-            f"{g['median_abs_pct']:.1f}% median, {g['p90_abs_pct']:.1f}% p90 |error| on {g['n']:,} held-out "
-            f"measured runs ({g['scope']}, mean signed {g['mean_signed_pct']:+.1f}%: + is simulated faster); {text}"
+            f"{g['median_abs_pct']:.1f}% median, {g['p90_abs_pct']:.1f}% p90 |error| on {g['n']:,} measured runs the "
+            f"code had not seen ({g['scope']}{' [' + g['note'] + ']' if g.get('note') else ''}, mean signed "
+            f"{g['mean_signed_pct']:+.1f}%: + is simulated faster); {text}"
         )
     return f"caveat ({profile.name} profile): {text}; docs/validation.md"
 

@@ -20,6 +20,7 @@ from simulator.metrics.flops import megatron_flops
 from simulator.metrics.metrics import Metrics
 from simulator.scenario.files import read_yaml
 from simulator.scenario.loader import load_scenario
+from simulator.validation.signs import SPEED_METRICS, speed_error_pct
 
 DEFAULT_CASES = Path(__file__).parent / "published.yaml"
 
@@ -184,7 +185,17 @@ def run_cases(
 def summarize(results: list[CaseResult]) -> dict:
     """n, median / mean / max absolute error (%) of the cases with a prediction; failed cases counted apart."""
     errors = [abs(r.error_pct) for r in results if r.error_pct is not None]
+    # which way it leans: speed errors signed + where the simulation is faster than measured, whatever the metric
+    # (an iteration time as measured / simulated), memory errors + where it needs more (accuracy.py's signs)
+    speed = [
+        speed_error_pct(r.metric, r.published, r.predicted)
+        for r in results
+        if r.predicted is not None and r.metric in SPEED_METRICS
+    ]
+    memory = [r.error_pct for r in results if r.error_pct is not None and r.metric not in SPEED_METRICS]
     return {
+        "mean_signed_speed_pct": statistics.fmean(speed) if speed else None,
+        "mean_signed_memory_pct": statistics.fmean(memory) if memory else None,
         "n": len(errors),
         "failed": sum(r.status == "failed" for r in results),
         "oom": sum(r.status == "oom" for r in results),
@@ -214,12 +225,23 @@ def gate_failures(summary: dict) -> list[str]:
     return out
 
 
+def lean(summary: dict) -> str:
+    """', signed speed +8.2% (+: simulated faster)' and likewise for memory: the mean signed errors that are there."""
+    out = ""
+    if summary.get("mean_signed_speed_pct") is not None:
+        out += f", signed speed {summary['mean_signed_speed_pct']:+.1f}% (+: simulated faster)"
+    if summary.get("mean_signed_memory_pct") is not None:
+        out += f", signed memory {summary['mean_signed_memory_pct']:+.1f}% (+: simulated larger)"
+    return out
+
+
 def summary_line(summary: dict) -> str:
     if not summary["n"]:
         return "validation: no case could be simulated"
     return (
         f"validation: {summary['n']} cases, median |error| {summary['median_abs_error_pct']:.1f}%, "
         f"mean {summary['mean_abs_error_pct']:.1f}%, max {summary['max_abs_error_pct']:.1f}%"
+        + lean(summary)
         + (f", {summary['failed']} failed" if summary["failed"] else "")
         + (f", {summary['oom']} out of memory" if summary["oom"] else "")
     )
