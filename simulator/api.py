@@ -27,7 +27,7 @@ from simulator.metrics.sources import source_seconds, summarise_sources
 from simulator.program import Program
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import MAX_STAGE_MICROBATCHES, ONEBIT_OPTIMIZERS, Scenario
-from simulator.strategy import build_program
+from simulator.strategy import build_program, check_scenario
 from simulator.strategy.groups import placement_for
 from simulator.tables.lookup import MODELLED
 from simulator.tables.select import resolve_tables
@@ -139,7 +139,7 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
     workload = workload or build_workload(s, framework, cluster.gpus_per_node, cluster.gpu)
     placement = placement_for(s)
     kernels, measured_comm, table_info = table_lookups(
-        resolve_tables(s.kernels, cluster.gpu.name, s.kernels_only), cluster
+        resolve_tables(s.kernels, cluster.gpu.lineage, s.kernels_only), cluster
     )
     comm = CollectiveModel(cluster, placement, s.parallelism.collective_algorithm, measured_comm)
     compute = ComputeModel(
@@ -241,6 +241,7 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
             return *last, metrics
         raise NotPeriodic("no window of micro-batch counts is periodic")
 
+    check_scenario(s)  # on the real micro-batch count, before a periodic replay samples fewer
     windows = []
     if periodic and s.training.optimizer not in ONEBIT_OPTIMIZERS:
         windows = sample_windows(s.gradient_accumulation_steps, s.parallelism.pipeline_parallel)

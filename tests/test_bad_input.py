@@ -416,3 +416,14 @@ def test_a_sweep_of_a_plain_scenario_says_what_to_add(tmp_path):
     sweep = tmp_path / "sw.yaml"
     sweep.write_text("base: {}\nvary: {training.micro_batch_size: [1]}\nout: 5\n")
     assert error_of(["sweep", str(sweep)]) == f"error: {sweep}: out: expected a path (a string), got 5"
+
+
+def test_a_vocabulary_smaller_than_tensor_parallel_is_named():
+    """Issue 63 (found by tests/test_hostile_moe_gpu.py): vocab_size 1 at TP 2 was a ZeroDivisionError in a GEMM
+    of width 0."""
+    from conftest import GPT_SMALL, make
+
+    from simulator.errors import ScenarioError
+
+    with pytest.raises(ScenarioError, match=r"model\.vocab_size \(1\) is smaller than tensor_parallel \(2\)"):
+        make(model={**GPT_SMALL, "vocab_size": 1}, parallelism={"tensor_parallel": 2})

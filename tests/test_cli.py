@@ -356,3 +356,49 @@ def test_the_command_listing_shows_each_summary_as_one_flowing_line():
         summary = info.short_help
         assert summary and "\n" not in summary and "  " not in summary, info.callback.__name__
         assert summary == " ".join(info.callback.__doc__.split("\n\n")[0].split())
+
+
+def test_first_hour_details(tmp_path):
+    """Issue 63: init lists every shipped topology; a 1T model reads 1.01T, not 1.01e+03B; a bf16 run beside an FP8
+    one in compare shows '-' for the FP8 / FP4 MFU, not 0.0%."""
+    from simulator.hardware.topology import TOPOLOGY_DIR
+    from simulator.report.listing import _billions
+    from simulator.report.table import ROWS
+
+    target = tmp_path / "s.yaml"
+    assert CliRunner().invoke(app, ["init", str(target)]).exit_code == 0
+    line = next(x for x in target.read_text().splitlines() if "topology:" in x)
+    assert all(p.stem in line for p in TOPOLOGY_DIR.glob("*.yaml"))
+    assert _billions(1.01e12) == "1.01T" and _billions(1.3e9) == "1.3B"
+    row = next(r for r in ROWS if r[0] == "MFU vs the FP8 / FP4 peak")
+
+    class Bf16:
+        fp8 = None
+
+    assert row[1](Bf16()) == "-"
+
+
+def test_durations_and_long_arguments_in_messages():
+    """Issue 63: --budget 0.5s is below its own '1 s' floor; a long run of blanks is refused at once (the pattern no
+    longer backtracks over it); a 5,000-digit argument is cut in the error line."""
+    from simulator.cli.calibrate import parse_duration
+    from simulator.errors import ScenarioError
+    from simulator.report.console import shortened
+
+    assert parse_duration("1h 30m", "--budget") == 5400 and parse_duration("90", "--budget") == 90
+    with pytest.raises(ScenarioError, match=r"0\.5s is not between 1 s and 30 days"):
+        parse_duration("0.5s", "--budget")
+    with pytest.raises(ScenarioError, match="expected a duration"):
+        parse_duration("1" + " " * 100_000 + "x", "--budget")
+    text = shortened(f"--tp: got '{'9' * 5000}' here")
+    assert text == f"--tp: got '{'9' * 99}...(5,002 characters) here"
+    assert shortened("x" * 300) == "x" * 300  # a long path is shown whole
+    out = CliRunner().invoke(app, ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--tp", "9" * 5000])
+    assert out.exit_code == 2 and len(out.output) < 500, out.output
+
+
+def test_version_is_printed():
+    from importlib.metadata import version
+
+    out = CliRunner().invoke(app, ["--version"])
+    assert out.exit_code == 0 and out.output.strip() == f"clustersim {version('clustersim')}"

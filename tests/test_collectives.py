@@ -492,9 +492,7 @@ def test_hops_laid_out_with_numpy_are_the_hops_of_each_group_in_turn(kind, place
         assert any(a // 8 != b // 8 for a, b, _ in got)
 
 
-MULTI_NODE_H100 = {
-    c["id"]: c for c in CURVES.values() if c.get("nodes", 1) == 10 and c["op"] != "all_to_all"
-}
+MULTI_NODE_H100 = {c["id"]: c for c in CURVES.values() if c.get("nodes", 1) == 10 and c["op"] != "all_to_all"}
 
 
 @pytest.mark.parametrize("curve", sorted(MULTI_NODE_H100))

@@ -1,6 +1,7 @@
 """DeepSpeed JSON configs as input: settings fill the scenario, unmodelled fields are listed, contradictions fail."""
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -240,3 +241,29 @@ def test_a_typical_ds_config_replaces_the_init_starters_defaults(tmp_path, monke
     r = runner.invoke(app, ["run", "named.yaml"])
     assert r.exit_code == 2
     assert "train_batch_size (512) contradicts training.global_batch_size (64)" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "text"),
+    [
+        ("training: 1e3\n", "training: expected a mapping of its fields beside deepspeed_config"),
+        ("parallelism: 5\n", "parallelism: expected a mapping of its fields beside deepspeed_config"),
+        ("parallelism: {zero: 3}\n", "parallelism.zero: expected a mapping"),
+        (
+            "parallelism: {zero: {offload_optimizer: cpu}}\n",
+            "parallelism.zero.offload_optimizer: expected a mapping",
+        ),
+    ],
+)
+def test_a_section_of_the_wrong_type_beside_a_deepspeed_config_is_named(tmp_path, extra, text):
+    """Issue 63: each was a TypeError, AttributeError or ValueError traceback."""
+    (tmp_path / "ds.json").write_text(
+        '{"train_batch_size": 16, "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}}'
+    )
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "name: d\nmodel: {preset: gpt3-125m}\ncluster: {topology: dgx-a100}\ndeepspeed_config: ds.json\n"
+        + extra
+    )
+    with pytest.raises(ScenarioError, match=re.escape(text)):
+        load_scenario(path)

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from simulator.calibration.importers import kineto
 from simulator.cli import app
+from simulator.errors import ScenarioError
 from simulator.tables.io import read_table
 
 runner = CliRunner()
@@ -78,9 +79,8 @@ def test_an_integer_over_python_s_digit_limit_is_one_line_in_every_reader(tmp_pa
         )
         args, label = ["run", str(path)], f"deepspeed_config: {tmp_path / 'ds.json'}"
     message = error_of(args)
-    assert message.startswith(
-        f"error: {label}: a number too long to read (Exceeds the limit (4300 digits)"
-    ), message
+    assert message.startswith(f"error: {label}: a number too long to read ("), message
+    assert "digits" in message
 
 
 def test_kineto_traces_are_bounded_in_size_nesting_and_numbers(tmp_path, monkeypatch):
@@ -293,3 +293,18 @@ def test_a_cpu_trace_labelled_as_a_gpu_is_warned(tmp_path):
         "the trace has no GPU kernels (a CPU trace): its rows are CPU times, labelled a100-sxm4-80gb"
         in r.stderr
     )
+
+
+def test_a_gzip_bomb_is_refused_by_its_ratio_before_it_fills_memory(monkeypatch):
+    """Issue 63: a bomb was inflated to the 512 MiB limit before the refusal; now it stops once it has inflated
+    GUNZIP_MAX_RATIO times what it consumed (past GUNZIP_RATIO_AFTER: 32 MiB; 1 MiB here), and a trace-like file
+    inflating ten times passes."""
+    from simulator.scenario import files
+
+    monkeypatch.setattr(files, "GUNZIP_RATIO_AFTER", 1 << 20)
+    monkeypatch.setattr(files, "_GUNZIP_STEP", 1 << 20)
+    bomb = gzip.compress(b"\0" * (16 << 20))
+    with pytest.raises(ScenarioError, match=r"times its compressed size \(over 300: a gzip bomb"):
+        files.gunzip(bomb, "bomb.gz", 512 << 20)
+    events = b",".join(b'{"name":"op%d","ph":"X","ts":%d,"dur":5}' % (i, i) for i in range(100_000))
+    assert files.gunzip(gzip.compress(events), "t.gz", 512 << 20) == events

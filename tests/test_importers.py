@@ -304,3 +304,29 @@ def test_imported_nccl_tests_rows_drive_the_collective_cost(tmp_path):
         alpha_beta_us(1 << 24, 8) * 1e-6, rel=1e-3
     )
     assert res.comm.source("all_reduce", "tp", 1 << 24) == "measured"
+
+
+def test_nccl_tests_json_whose_args_name_no_program_asks_for_the_op(tmp_path):
+    """Issue 63: args [" "] was an IndexError; without a program name the operation must come from --op."""
+    doc = {
+        "version": 3,
+        "args": [" "],
+        "config": {"devices": [{"rank": r, "hostname": "h0"} for r in range(8)]},
+        "results": [{"size": 4096, "count": 1024, "type": "float", "out_of_place": {"time": 25.5}}],
+    }
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ScenarioError, match="pass --op"):
+        parse_nccl_tests(path)
+    assert [r.op for r in parse_nccl_tests(path, "all_gather")] == ["all_gather"]
+
+
+def test_a_trace_number_longer_than_a_float_is_refused_as_one_line():
+    """Issue 63: a 400-digit duration in a Kineto trace was an OverflowError in float()."""
+    from simulator.scenario.files import parse_json
+
+    with pytest.raises(ScenarioError, match="an integer of 400 digits exceeds what a float holds"):
+        parse_json('{"traceEvents": [{"ph": "X", "dur": ' + "9" * 400 + "}]}", "trace.json")
+    assert parse_json('{"dur": 123456789012345678901234567890}', "t") == {
+        "dur": 123456789012345678901234567890
+    }

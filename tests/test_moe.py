@@ -478,3 +478,54 @@ def test_group_sizes_from_the_axes_are_the_built_groups_sizes(placement):
         assert placement.group_size(kind) == len(placement.groups(kind)[0]), kind
     with pytest.raises(ValueError, match="unknown group kind"):
         placement.group_size("xp")
+
+
+def _moe(**fields):
+    return {**SMALL_MOE, "moe": {**SMALL_MOE["moe"], **fields}}
+
+
+@pytest.mark.parametrize(
+    ("model", "par", "text"),
+    [
+        # issue 63: each a ZeroDivisionError or a silent floor before
+        (_moe(ffn_hidden_size=2), {"expert_tensor_parallel": 4, "tensor_parallel": 4, "sequence_parallel": True},
+         "model.moe.ffn_hidden_size (2, one routed expert's MLP) is not divisible by expert_tensor_parallel (4)"),
+        (_moe(ffn_hidden_size=1030), {"expert_tensor_parallel": 4, "tensor_parallel": 4, "sequence_parallel": True},
+         "is not divisible by expert_tensor_parallel (4)"),
+        (_moe(shared_expert_ffn_hidden_size=1030), {"tensor_parallel": 4, "sequence_parallel": True},
+         "model.moe.shared_expert_ffn_hidden_size (1030) is not divisible by tensor_parallel (4)"),
+        (_moe(layer_freq=3), {}, "model.moe makes no layer a mixture of experts"),
+        (_moe(num_experts=8, top_k=4, num_groups=4, group_topk=1),
+         {}, "group_topk x num_experts / num_groups = 1 x 8 / 4 = 2 experts to a token, fewer than top_k (4)"),
+        (_moe(num_experts=8, top_k=2, load={"imbalance": 5}), {}, "exceeds num_experts / top_k = 8 / 2 = 4"),
+    ],
+)  # fmt: skip
+def test_expert_shapes_and_routing_megatron_refuses_are_refused_naming_the_field(model, par, text):
+    with pytest.raises(ScenarioError) as e:
+        scenario(model, **par)
+    assert text in str(e.value) and "\n" not in str(e.value)
+
+
+def test_deepep_is_refused_on_a_gpu_it_does_not_run_on():
+    with pytest.raises(
+        ScenarioError, match="dispatcher deepep: DeepEP's kernels run on NVIDIA SM80 and SM90"
+    ):
+        load_scenario(
+            {
+                "model": SMALL_MOE,
+                "cluster": {"topology": "dgx2-v100", "num_nodes": 1, "gpus_per_node": 8},
+                "training": {"global_batch_size": 16, "micro_batch_size": 2, "precision": "fp16"},
+                "parallelism": {"expert_parallel": 2, "moe": {"dispatcher": "deepep"}},
+            }
+        )
+
+
+def test_no_expert_receives_more_than_every_token_once_under_any_skew():
+    """Zipf skew 8 over 64 experts would give the first 98% of the copies; at top-4 it gets at most a quarter (each
+    token once) and the rest is spread in proportion: the busiest rank computes at most tokens x experts per rank."""
+    shares = expert_shares(ExpertLoadConfig(skew=8.0, seed=1), 64, top_k=4)
+    assert sum(shares) == pytest.approx(1.0)
+    assert max(shares) == pytest.approx(0.25)
+    moe = MoeConfig(num_experts=64, top_k=4, load=ExpertLoadConfig(skew=8.0))
+    load = expert_load(moe, tokens=1000, ep=8, etp=1)
+    assert max(load.rows) <= 1000 * 8 * (1 + 1e-9)  # one expert: every token of the 8 source ranks once

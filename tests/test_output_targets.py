@@ -141,3 +141,17 @@ def test_sweep_results_where_a_directory_sits_is_one_error_before_anything_runs(
         f"error: --out {tmp_path}: results.csv there is not a regular file (the sweep writes its results to it)"
     )
     assert not (tmp_path / "points.jsonl").exists()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_report_target_that_refuses_the_bytes_is_one_error_line_after_the_work(tmp_path):
+    """Issue 63: /dev/full passes the up-front check (a character device is written through) and refuses the
+    bytes: sweep --report and compare --report end with one error line and exit 2, no traceback; the sweep's
+    points are kept and the line says where."""
+    line = error_of(["compare", "quickstart", "quickstart", "--report", "/dev/full"])
+    assert "output /dev/full: cannot write" in line
+    out = tmp_path / "sw"
+    sweep = ["sweep", "quickstart", "--vary", "training.micro_batch_size=1,2", "--out", str(out)]
+    line = error_of([*sweep, "--report", "/dev/full"])
+    assert "cannot write" in line and f"the sweep's points and results are in {out}" in line
+    assert (out / "points.jsonl").is_file()

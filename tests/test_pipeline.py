@@ -3,7 +3,7 @@
 from dataclasses import replace
 
 import pytest
-from conftest import ideal_network_cluster, make
+from conftest import GPT_SMALL, ideal_network_cluster, make
 
 from simulator import simulate
 from simulator.errors import ScenarioError
@@ -168,7 +168,10 @@ def test_pipeline_with_tensor_parallel_scatter_gather_sends_one_t_th():
             },
             "interleaved-1f1b needs the microbatches per pipeline",
         ),
-        ({"pipeline_parallel": 2, "virtual_pipeline_stages": 2}, "needs pipeline_schedule: interleaved-1f1b"),
+        (
+            {"pipeline_parallel": 2, "virtual_pipeline_stages": 2, "pipeline_schedule": "gpipe"},
+            "needs pipeline_schedule: interleaved-1f1b",
+        ),
         (
             {"pipeline_parallel": 2, "zero_stage": 3},
             "zero_stage 3 with pipeline_parallel (2) is not supported",
@@ -655,3 +658,35 @@ def test_deepspeed_pipeline_sends_gradients_whole_before_0_5_4(release, whole):
     assert {b for n, b in sends if n.startswith("activation")} == {act}
     assert {b for n, b in sends if n.startswith("gradient")} == {act * 2 if whole else act}
     assert len(sends) == 2 * 4  # each of 4 micro-batches: one activation forward, one gradient back
+
+
+@pytest.mark.parametrize("periodic", [True, False])
+def test_interleaved_needs_a_multiple_of_pp_micro_batches_with_or_without_the_periodic_replay(periodic):
+    """Issue 63: 1,002 micro-batches on PP 4 is refused whether the replay is exact or periodic (the periodic one
+    samples a few counts that are multiples of 4; the check must see the real count)."""
+    s = make(
+        model={**GPT_SMALL, "num_layers": 16},
+        training={"global_batch_size": 2004, "micro_batch_size": 1},
+        parallelism={
+            "pipeline_parallel": 4,
+            "data_parallel": 2,
+            "pipeline_schedule": "interleaved-1f1b",
+            "virtual_pipeline_stages": 2,
+        },
+    )
+    with pytest.raises(ScenarioError, match=r"= 1002, to be a multiple of pipeline_parallel \(4\)"):
+        simulate(s, periodic=periodic)
+
+
+def test_virtual_stages_without_a_schedule_run_interleaved_as_megatron_infers():
+    """Megatron's get_forward_backward_func picks the interleaved schedule whenever virtual stages are set; a
+    schedule named beside them is the user's, and 1F1B with virtual stages is refused naming both."""
+    layout = {"pipeline_parallel": 4, "data_parallel": 2, "virtual_pipeline_stages": 2}
+    model, training = {**GPT_SMALL, "num_layers": 16}, {"global_batch_size": 16}
+    s = make(model=model, training=training, parallelism=layout)
+    assert s.parallelism.pipeline_schedule == "interleaved-1f1b"
+    explicit = make(model=model, training=training, parallelism={**layout, "pipeline_schedule": "1f1b"})
+    with pytest.raises(
+        ScenarioError, match=r"virtual_pipeline_stages \(2\) needs pipeline_schedule: interleaved"
+    ):
+        simulate(explicit)

@@ -874,3 +874,34 @@ def test_an_estimate_does_not_depend_on_which_layout_of_its_shape_came_first():
     first = [one.estimate(lay).iteration_s for lay in (flat, interleaved)]
     second = [other.estimate(lay).iteration_s for lay in (interleaved, flat)][::-1]
     assert first == second
+
+
+def test_a_plan_with_nothing_to_run_exits_3_and_says_why():
+    """Issue 63: every layout invalid (EP 16 over 8 experts) or none fitting (GPT-3 175B on 8 A100 without
+    sharding) is exit 3 with the reason or the leanest layout's memory, not exit 0 with an empty table."""
+    from typer.testing import CliRunner
+
+    from simulator.cli import app
+
+    def plan_cli(model: str, gpus: str, topology: str, *extra: str):
+        args = ["plan", "--model", model, "--gpus", gpus, "--topology", topology, "--global-batch-size", "64"]
+        return CliRunner().invoke(app, [*args, *extra])
+
+    moe = plan_cli("mixtral-8x7b", "16", "dgx-h100", "--ep", "16")
+    assert moe.exit_code == 3, moe.output
+    assert "every one of the" in moe.output and "expert_parallel (16) does not divide" in moe.output
+    big = plan_cli("gpt3-175b", "8", "dgx-a100", "--sharding", "ddp")
+    assert big.exit_code == 3, big.output
+    text = " ".join(big.output.split())
+    assert "none of the" in text and "fits in 80.0 GiB per GPU by the estimate; the leanest," in text
+
+
+def test_top_1_says_how_many_fit_not_that_only_one_does():
+    from simulator.study.plan import why
+
+    r = plan(base(), 8, top=1, options={"micro_batch_sizes": (1, 2), "shardings": ("ddp", "zero1")})
+    assert r["fit_in_memory"] > 1
+    assert (
+        r["why"] == f"one layout simulated (--top 1) of the {r['fit_in_memory']:,} that fit by the estimate"
+    )
+    assert why([]) == "no simulated layout runs: each is out of memory or invalid (their rows say why)"

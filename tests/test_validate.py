@@ -3,10 +3,12 @@
 import json
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from simulator import load_scenario, simulate
 from simulator.cli import app
+from simulator.errors import ScenarioError
 from simulator.validation.runner import load_cases, summarize
 
 runner = CliRunner()
@@ -365,3 +367,21 @@ def test_the_summary_says_which_way_the_simulation_leans_whatever_the_metric():
     assert summary_line(s).endswith(
         "signed speed +7.5% (+: simulated faster), signed memory +10.0% (+: simulated larger)"
     )
+
+
+def test_case_ids_are_names_and_each_names_one_case(tmp_path):
+    """Issue 63: a duplicate id, or a list as an id, is refused naming the case (errors, first-contact records and
+    cross-validation key cases by id)."""
+    case = {
+        "model": {"preset": "gpt3-125m"},
+        "cluster": {"topology": "dgx-a100"},
+        "training": {"global_batch_size": 8, "micro_batch_size": 1},
+        "published": {"metric": "iteration_time_s", "value": 1.0},
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"cases": [{"id": "A", **case}, {"id": "A", **case}]}))
+    with pytest.raises(ScenarioError, match=r"cases\[1\]\.id 'A' is also cases\[0\]'s"):
+        load_cases(path)
+    path.write_text(yaml.safe_dump({"cases": [{"id": ["A"], **case}]}))
+    with pytest.raises(ScenarioError, match=r"cases\[0\]\.id must be a name"):
+        load_cases(path)

@@ -28,6 +28,28 @@ finally:
         gc.enable()
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Simulate LLM training on GPU clusters.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"clustersim {version('clustersim')}")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            print("clustersim (not installed: run from a source tree)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the installed version and exit."
+    ),
+) -> None:
+    """Simulate LLM training on GPU clusters."""
+
+
 app.add_typer(calibrate_app, name="calibrate")
 for command in (
     run.run,

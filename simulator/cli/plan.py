@@ -307,17 +307,24 @@ def plan(
                     options["dask"] = dask
                 result = run_plan(base, n, top=top, batch=global_batch_size, options=options)
     except ScenarioError as e:
-        fail(str(e))
+        fail(str(e), getattr(e, "exit_code", 2))
     seq_len = base.model.seq_length
     for r in result["top"]:
         if total_tokens and r.get("iteration_time_s"):
             r["days_to_train"] = total_tokens / (global_batch_size * seq_len / r["iteration_time_s"]) / 86400
-    written = write_layouts(result, write_scenario) if write_scenario is not None else []
+    try:  # the directory was checked up front; a full disk can still refuse the files
+        written = write_layouts(result, write_scenario) if write_scenario is not None else []
+    except ScenarioError as e:
+        fail(str(e))
     pick = next((r for r in result["top"] if r["status"] == "ok"), None)
     emitted = emit_text(pick, emit) if emit and pick else None
     if json_out:
         extra = {"written": [str(w) for w in written], **({"emit": {emit: emitted}} if emitted else {})}
         print(json.dumps({**result, **extra}, indent=2, default=str))
+        if (
+            pick is None
+        ):  # every simulated layout out of memory or invalid: nothing to run (errors.NothingFits)
+            raise typer.Exit(3)
         return
     from rich import box
     from rich.console import Console
@@ -389,3 +396,5 @@ def plan(
     elif emitted:
         c.print(f"\n{emit} for #1 ({pick['layout']}):", markup=False, highlight=False)
         print(emitted)
+    if pick is None:  # every simulated layout out of memory or invalid: nothing to run (errors.NothingFits)
+        raise typer.Exit(3)

@@ -169,7 +169,10 @@ def init(
         if paths.exists(path, "init") and not force:
             fail(f"{path}: exists (use --force to overwrite)")
         check_output_file(path, "init")
-        write_atomic(path, STARTER.format(name=path, stem=path.stem))
+        from simulator.hardware.topology import TOPOLOGY_DIR
+
+        shipped = ", ".join(sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml")))
+        write_atomic(path, STARTER.format(name=path, stem=path.stem, topologies=shipped))
     except ScenarioError as e:
         fail(str(e))
     from rich.console import Console
@@ -210,7 +213,10 @@ def compare(
     if report:
         from simulator.report.compare_html import write_compare_report
 
-        write_compare_report(results, report)
+        try:  # a target checked up front may still fail to take the bytes (a full disk, /dev/full)
+            write_compare_report(results, report)
+        except ScenarioError as e:
+            fail(str(e))
     if json_out:
         print(json.dumps([{"name": n, **m.to_dict()} for n, m in results], indent=2))
     else:

@@ -116,7 +116,12 @@ def sweep(
     if report is not None:
         from simulator.study.report import write_sweep_report
 
-        write_sweep_report(rows, list(plan.fields), report, f"Sweep of {plan.base.get('name', base.stem)}")
+        try:  # a target checked up front may still fail to take the bytes (a full disk, /dev/full); the points stay
+            write_sweep_report(
+                rows, list(plan.fields), report, f"Sweep of {plan.base.get('name', base.stem)}"
+            )
+        except ScenarioError as e:
+            fail(f"{e} (the sweep's points and results are in {out})")
     for line in outcome.bad_records[:8]:
         note("warning", f"{line}; its point is simulated again")
     if len(outcome.bad_records) > 8:

@@ -217,7 +217,7 @@ class ComputeModel:
         self.gpu = gpu
         self.precision = precision
         self.peak = gpu.peak_flops(precision)
-        self.framework = (framework or Framework(name="ideal")).on_gpu(gpu.name)
+        self.framework = (framework or Framework(name="ideal")).on_gpu(gpu.lineage, gpu.architecture)
         self.kernels = kernels
         sd = gpu.speed_sd if speed_sd is None else speed_sd
         self.slowest = slowest_gpu_factor(sd, gpus) / gpu.clock_scale

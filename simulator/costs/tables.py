@@ -45,14 +45,14 @@ def _one(table: CostTable, cluster) -> tuple[KernelLookup | None, CollectiveLook
         if key not in table.lookups:
             table.lookups[key] = KernelLookup(table.kernels, partial(shape_roofline_s, gpu))
         kernels = table.lookups[key]
-        if table.meta.gpu not in (None, gpu.name):
+        if table.meta.gpu not in (None, gpu.lineage):
             device = table.meta.device.model or "an unnamed device"
             notes.append(f"kernels measured on {table.meta.gpu} ({device}), used for {gpu.name} as asked")
             warnings.warn(f"--kernels {table.label}: {notes[-1]}", CostTableWarning, stacklevel=4)
     key = ("collectives", cluster.spec.model_dump_json())
     if key not in table.lookups:
         nvlink = cluster.spec.node.nvlink_bandwidth_GBps or gpu.nvlink_bandwidth_GBps
-        rows, why = collective_rows_for(table, cluster.spec, nvlink, cluster.gpu.name)
+        rows, why = collective_rows_for(table, cluster.spec, nvlink, cluster.gpu.lineage)
         table.lookups[key] = (CollectiveLookup(rows) if rows else None, len(rows), why)
     colls, used, why = table.lookups[key]
     if why:

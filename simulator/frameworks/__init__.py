@@ -315,11 +315,14 @@ class Framework(BaseModel):
         """Every case its factors were fitted on: its own ``fit_cases`` and its per-GPU ones."""
         return frozenset(self.fit_cases).union(*(f.fit_cases for f in self.gpus.values()))
 
-    def on_gpu(self, gpu: str) -> Framework:
+    def on_gpu(self, gpu: str, architecture: str | None = None) -> Framework:
         """The profile as it applies on ``gpu``: its architecture's factors (a ``gpus`` key such as ``hopper``),
-        then the GPU's own (a catalogue name) over them."""
+        then the GPU's own (a catalogue name) over them. ``architecture``: the GPU's generation where the caller
+        has the GPU (a GPU file of one's own has a name the catalogue does not know)."""
         entries = [self.gpus[gpu]] if gpu in self.gpus else []
-        if any(key in get_args(Architecture) for key in self.gpus):
+        if architecture is not None:
+            entries = ([self.gpus[architecture]] if architecture in self.gpus else []) + entries
+        elif any(key in get_args(Architecture) for key in self.gpus):
             from simulator.errors import ScenarioError
             from simulator.hardware.gpus import get_gpu
 
@@ -339,16 +342,15 @@ class Framework(BaseModel):
 AUTO = "auto"
 
 
-def default_framework(scenario, gpu: str) -> str:
+def default_framework(scenario, architecture: str) -> str:
     """The realistic profile for a scenario that names none: its stack and the GPU's era. Megatron (tensor,
     pipeline or context parallelism): Megatron-Core with Transformer Engine on Hopper, Megatron-LM's eager layer
     before; otherwise (PyTorch FSDP2, DDP, DeepSpeed ZeRO) eager PyTorch with torchtitan's FSDP2. llm-foundry-2023
-    is MPT's own 2023 code (FSDP1, Triton attention, a fused loss): named, never picked."""
+    is MPT's own 2023 code (FSDP1, Triton attention, a fused loss): named, never picked. ``architecture``: the
+    GPU's generation (a GPU file of one's own has a name the catalogue does not know)."""
     p = scenario.parallelism
     if p.tensor_parallel > 1 or p.pipeline_parallel > 1 or p.context_parallel > 1:
-        from simulator.hardware.gpus import get_gpu
-
-        recent = get_gpu(gpu).architecture in ("hopper", "blackwell", "cdna3", "cdna4")
+        recent = architecture in ("hopper", "blackwell", "cdna3", "cdna4")
         return "megatron-core-2024" if recent else "megatron-2022"
     return "pytorch-2024"
 

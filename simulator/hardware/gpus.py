@@ -23,19 +23,30 @@ _GPU_DIR = Path(__file__).parent / "gpus"
 DEFAULT_SPEED_SD = 0.015
 
 
+# The least fraction of a peak any efficiency may state: below it a kernel's time is no measurement but a typo
+# (an efficiency of 5e-324 made times infinite and JSON output invalid), as for the topology's link efficiencies.
+MIN_EFFICIENCY = 0.01
+# The memory-bound kernel kinds a GPU file may give its own HBM fraction (memory_kernels), the workload's names
+# for them (tables/format.py KERNEL_OPS less its GEMMs, attention and optimizer steps; tests/test_bad_input.py)
+MEMORY_KERNEL_KINDS = (
+    "softmax", "dropout", "layernorm", "rmsnorm", "gelu", "swiglu", "relu", "squared_relu", "bias_dropout_add",
+    "residual_add", "elementwise", "embedding", "cross_entropy",
+)  # fmt: skip
+
+
 class _Data(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)
 
 
 class GemmProfile(_Data):
-    max_efficiency: float = Field(gt=0, le=1)
+    max_efficiency: float = Field(ge=MIN_EFFICIENCY, le=1)
     k_half: float = Field(ge=0, le=1e5)
     tiles: tuple[tuple[int, int, float], ...] = Field(
         min_length=1
     )  # (tile_m, tile_n, relative efficiency of that tile shape)
     # the fastest any GEMM runs, as a fraction of peak: the best shape-searched large matmul measured on this
     # GPU (MAMF); no table row or framework factor makes a GEMM faster
-    best_efficiency: float = Field(1.0, gt=0, le=1)
+    best_efficiency: float = Field(1.0, ge=MIN_EFFICIENCY, le=1)
     # the same for other tensor-core types, as a fraction of that type's dense peak (MAMF of an FP8 matmul); a
     # GEMM of that type runs at its shape's efficiency x this / best_efficiency (the bf16 shape model, scaled)
     best_efficiency_by_dtype: dict[str, float] = {}
@@ -43,11 +54,15 @@ class GemmProfile(_Data):
     @model_validator(mode="after")
     def _check(self) -> GemmProfile:
         for tm, tn, eff in self.tiles:
-            if tm < 1 or tn < 1 or not 0 < eff <= 1:
-                raise ValueError(f"tiles: ({tm}, {tn}, {eff}): sizes must be >= 1 and efficiency in (0, 1]")
+            if tm < 1 or tn < 1 or not MIN_EFFICIENCY <= eff <= 1:
+                raise ValueError(
+                    f"tiles: ({tm}, {tn}, {eff}): sizes must be >= 1 and efficiency in [{MIN_EFFICIENCY}, 1]"
+                )
         for dtype, eff in self.best_efficiency_by_dtype.items():
-            if not 0 < eff <= 1:
-                raise ValueError(f"best_efficiency_by_dtype.{dtype}: {eff} is not a fraction in (0, 1]")
+            if not MIN_EFFICIENCY <= eff <= 1:
+                raise ValueError(
+                    f"best_efficiency_by_dtype.{dtype}: {eff} is not a fraction in [{MIN_EFFICIENCY}, 1]"
+                )
         return self
 
 
@@ -56,8 +71,8 @@ class KernelBandwidth(BaseModel):
     workload counts for it (simulator/workload/)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)
-    forward: float = Field(gt=0, le=1)
-    backward: float = Field(gt=0, le=1)
+    forward: float = Field(ge=MIN_EFFICIENCY, le=1)
+    backward: float = Field(ge=MIN_EFFICIENCY, le=1)
 
 
 # Tensor-core generations: which low-precision formats the GPU runs (Transformer Engine v2.18
@@ -97,17 +112,59 @@ class GPU(_Data):
     # power-capped or re-clocked part (sustained tensor clock / the clock the peak is quoted at)
     clock_scale: float = Field(1.0, ge=0.05, le=1.5)
     gemm: GemmProfile
-    memory_efficiency: float = Field(ge=0.01, le=1)
-    memory_kernels: dict[str, KernelBandwidth] = {}  # per kernel kind; others reach memory_efficiency
+    memory_efficiency: float = Field(ge=MIN_EFFICIENCY, le=1)
+    memory_kernels: dict[
+        Literal[MEMORY_KERNEL_KINDS], KernelBandwidth
+    ] = {}  # per kind; others: memory_efficiency
     # None: no FlashAttention kernel for this GPU (FlashAttention-1 needs sm75+, FlashAttention-2 sm80+;
     # Dao et al. 2022, Dao 2023, Dao-AILab/flash-attention README); ``attention: auto`` then runs standard attention
-    flash_attention_efficiency: float | None = Field(None, gt=0, le=1)
+    flash_attention_efficiency: float | None = Field(None, ge=MIN_EFFICIENCY, le=1)
     kernel_launch_s: float = Field(ge=0, le=1e-3)
     sources: str = Field(min_length=1)
     notes: str = ""  # what is derived rather than published, and caveats (RCCL, unverified figures)
     # spread of sustained compute speed across GPUs of this SKU, standard deviation as a fraction of the
     # typical GPU's: a job's compute-bound kernels run at its slowest GPU's speed (simulator/costs/variability.py)
     speed_sd: float = Field(DEFAULT_SPEED_SD, ge=0, le=0.5)
+    base: str | None = Field(
+        None,
+        description="A shipped GPU this file derives from: the base's numbers with this file's over them (a "
+        "mapping such as gemm: or memory_kernels: key by key), and the base's cost table and per-GPU profile "
+        "factors (docs/hardware.md).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive(cls, data):
+        """``base: NAME``: the shipped GPU's fields, this file's over them."""
+        if not isinstance(data, dict) or data.get("base") is None:
+            return data
+        base = data["base"]
+        if not isinstance(base, str) or base not in _catalogue_names():
+            raise ValueError(
+                f"base: {base!r} is not a shipped GPU; one of {', '.join(sorted(_catalogue_names()))}"
+            )
+        merged = get_gpu(base).model_dump(exclude={"base"})
+        for key, value in data.items():
+            if isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key] = {**merged[key], **value}
+            else:
+                merged[key] = value
+        return merged
+
+    @property
+    def lineage(self) -> str:
+        """The shipped GPU whose name-keyed data (its cost table, per-GPU profile factors) applies to this one:
+        itself where it is shipped; its ``base``; a shipped GPU with the very same numbers (a copy under another
+        name); else its own name, which nothing shipped is keyed by."""
+        if self.name in _catalogue_names():
+            return self.name
+        if self.base:
+            return self.base
+        mine = self.model_dump(exclude=_IDENTITY)
+        twin = next(
+            (g.name for g in gpu_catalogue().values() if g.model_dump(exclude=_IDENTITY) == mine), None
+        )
+        return twin or self.name
 
     @model_validator(mode="after")
     def _check(self) -> GPU:
@@ -184,6 +241,15 @@ class GPU(_Data):
     @property
     def hbm_bytes_per_s(self) -> float:
         return self.hbm_bandwidth_GBps * 1e9
+
+
+# what names and describes a GPU rather than what it does: a file that differs only in these is a copy
+_IDENTITY = {"name", "display_name", "device_names", "sources", "notes", "base"}
+
+
+@cache
+def _catalogue_names() -> frozenset[str]:
+    return frozenset(p.stem for p in _GPU_DIR.glob("*.yaml"))
 
 
 @cache

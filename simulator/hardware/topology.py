@@ -114,7 +114,7 @@ class LinkEfficiency(_Spec):
     memory: float = Field(0.8, ge=EFFICIENCY_MIN, le=1)
     nvls: float | None = Field(
         None,
-        gt=0,
+        ge=EFFICIENCY_MIN,
         le=2,
         description="NVLink SHARP all-reduce bus bandwidth / nominal NVLink bandwidth per GPU per direction "
         "(measured; above 1 because the switch reduces); null: the NVSwitch has no NVLS (or it is off).",

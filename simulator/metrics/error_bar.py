@@ -38,7 +38,9 @@ def scale_of(gpus: int) -> str:
 
 
 def _cell(profile: str, architecture: str | None = None, scale: str | None = None) -> str:
-    return " ".join([profile, *([f"on {architecture}"] if architecture else []), *([f"at {scale}"] if scale else [])])
+    return " ".join(
+        [profile, *([f"on {architecture}"] if architecture else []), *([f"at {scale}"] if scale else [])]
+    )
 
 
 def _profiles_and_architectures(groups: dict) -> tuple[set[str], set[str]]:
@@ -99,7 +101,11 @@ def held_out(profile: str, architecture: str, gpus: int, own: bool = False) -> d
                     if own
                     else f"only {have} measured run{'s' if have != 1 else ''} for {mine}"
                 )
-                out[kind] = {"scope": widest, "note": f"{why}: the widest neighbouring cell", **groups[widest]}
+                out[kind] = {
+                    "scope": widest,
+                    "note": f"{why}: the widest neighbouring cell",
+                    **groups[widest],
+                }
                 break
     return out or None
 

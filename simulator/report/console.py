@@ -3,6 +3,7 @@ simulator's own warnings. User text is escaped: brackets in a key or a file name
 
 from __future__ import annotations
 
+import re
 import warnings
 from contextlib import contextmanager
 
@@ -72,11 +73,21 @@ err = LazyConsole(stderr=True)
 OWN_WARNINGS = (DeepSpeedConfigWarning, CostTableWarning, HfConfigWarning)
 
 
-def fail(message: str) -> None:
-    """One line on stderr (several problems joined by '; '), exit status 2."""
+def fail(message: str, code: int = 2) -> None:
+    """One line on stderr (several problems joined by '; '), exit status ``code`` (2: bad input; 3: a plan with
+    nothing to run, errors.NothingFits)."""
     one_line = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
-    err.print(f"[bold red]error:[/bold red] {escape(one_line)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    err.print(f"[bold red]error:[/bold red] {escape(shortened(one_line))}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+_LONG_WORD = re.compile(r"\S{1001,}")
+
+
+def shortened(text: str) -> str:
+    """``text`` with every word of over 1,000 characters cut to its first 100 and its length (an error message that
+    echoes a 5,000-digit argument stays one readable line; a path of a few hundred is shown whole)."""
+    return _LONG_WORD.sub(lambda m: f"{m.group()[:100]}...({len(m.group()):,} characters)", text)
 
 
 def note(label: str, text: str, style: str = "yellow") -> None:

@@ -30,6 +30,8 @@ def model_label(s: Scenario) -> str:
 
 
 def _billions(n: int) -> str:
+    if n >= 1e12:  # 1T, not 1.01e+03B
+        return f"{n / 1e12:.3g}T"
     return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
 
 

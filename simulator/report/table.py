@@ -128,8 +128,8 @@ ROWS = [
     ("MFU (vs the 16-bit dense peak)", lambda m: m.mfu, "{:.1%}"),
     (
         "MFU vs the FP8 / FP4 peak",
-        lambda m: (m.fp8 or {}).get("mfu_vs_low_precision_peak", 0.0),
-        "{:.1%}",
+        lambda m: f"{m.fp8['mfu_vs_low_precision_peak']:.1%}" if m.fp8 else "-",  # a bf16 run beside: none
+        "{}",
         _fp8,
     ),
     (

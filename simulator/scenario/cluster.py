@@ -15,7 +15,11 @@ class ClusterConfig(Section):
     topology: str = Field(..., description="Name of a file in topologies/ (without .yaml) or a path to one.")
     num_nodes: PositiveInt = Field(1, le=MAX_GPUS)
     gpus_per_node: PositiveInt | None = Field(None, description="Use only this many GPUs of each node.")
-    gpu: str | None = Field(None, description="Replace the topology's GPU with another from the catalogue.")
+    gpu: str | None = Field(
+        None,
+        min_length=1,
+        description="Replace the topology's GPU with another from the catalogue, or a GPU file.",
+    )
     power_w: float | None = Field(
         None,
         ge=1,

@@ -146,9 +146,26 @@ def merge_deepspeed_config(
     scenario states otherwise is a contradiction, unless ``override`` (``run --deepspeed-config``: the config
     the user hands in on the command line replaces the scenario's values, each replacement said once)."""
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    # the sections the config fills must be mappings before anything is merged into them
+    for name, value in (("training", data.get("training")), ("parallelism", data.get("parallelism"))):
+        if value is not None and not isinstance(value, dict):
+            raise ScenarioError(
+                f"{name}: expected a mapping of its fields beside {label}, got {type(value).__name__} ({str(value)[:40]!r})"
+            )
+    zero_given = (data.get("parallelism") or {}).get("zero")
+    if zero_given is not None and not isinstance(zero_given, dict):
+        raise ScenarioError(
+            f"parallelism.zero: expected a mapping of its fields beside {label}, got {type(zero_given).__name__}"
+        )
     training = data.setdefault("training", {})
     parallelism = data.setdefault("parallelism", {})
     zero = dict(parallelism.get("zero") or {})
+    for key in ("offload_optimizer", "offload_param"):
+        if zero.get(key) is not None and not isinstance(zero[key], dict):
+            raise ScenarioError(
+                f"parallelism.zero.{key}: expected a mapping such as {{device: cpu}} beside {label}, got "
+                f"{type(zero[key]).__name__} ({str(zero[key])[:40]!r})"
+            )
     unmodelled: list[str] = []
 
     sources: dict[str, str] = {}  # scenario field -> the ds_config key that set it, for validation messages

@@ -121,25 +121,46 @@ def read_text(path: Path, what: str | None = None, limit: int = MAX_FILE_BYTES) 
     return decode(read_bytes(path, what, limit), _label(path, what))
 
 
+# a gzip file inflating more than this many times its compressed size, past GUNZIP_RATIO_AFTER bytes, is a bomb,
+# refused before it reaches the size limit in memory (profiler traces inflate 10-50 times; zeros about 1,000)
+GUNZIP_MAX_RATIO = 300
+GUNZIP_RATIO_AFTER = 32 * 2**20
+_GUNZIP_STEP = 8 * 2**20
+
+
 def gunzip(raw: bytes, label: str, limit: int) -> bytes:
-    """A gzip file's content, refused past ``limit`` bytes as it inflates (a 1 MB file can inflate to 1 GiB)."""
+    """A gzip file's content, refused past ``limit`` bytes as it inflates (a 1 MB file can inflate to 1 GiB), or as
+    soon as it has inflated over ``GUNZIP_MAX_RATIO`` times what it consumed (a bomb, stopped at 32 MiB)."""
     d = zlib.decompressobj(wbits=31)
+    parts: list[bytes] = []
+    size, pending = 0, raw
     try:
-        out = d.decompress(raw, limit + 1)
+        while pending and not d.eof:
+            chunk = d.decompress(pending, _GUNZIP_STEP)
+            parts.append(chunk)
+            size += len(chunk)
+            pending = d.unconsumed_tail
+            consumed = len(raw) - len(pending)
+            if size > limit:
+                raise ScenarioError(f"{label}: inflates to more than {limit / 2**20:.0f} MiB (the limit)")
+            if size > GUNZIP_RATIO_AFTER and size > GUNZIP_MAX_RATIO * consumed:
+                raise ScenarioError(
+                    f"{label}: inflates {size / max(consumed, 1):,.0f} times its compressed size (over "
+                    f"{GUNZIP_MAX_RATIO}: a gzip bomb, not a trace)"
+                )
     except zlib.error:
         raise ScenarioError(f"{label}: truncated or corrupt gzip file") from None
-    if len(out) > limit or d.unconsumed_tail:
-        raise ScenarioError(f"{label}: inflates to more than {limit / 2**20:.0f} MiB (the limit)")
     if not d.eof:
         raise ScenarioError(f"{label}: truncated or corrupt gzip file (it ends early)")
-    return out
+    return b"".join(parts)
 
 
 def parse_json(text: str, label: str) -> object:
     """JSON text parsed, with every way a hostile file fails as one ScenarioError: syntax (with the line),
-    nesting past Python's recursion limit, an integer literal over Python's 4,300-digit limit."""
+    nesting past Python's recursion limit, an integer literal longer than any float holds (over 308 digits: a
+    duration or size of 400 digits made float() raise OverflowError in the trace readers)."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_int=_bounded_int)
     except json.JSONDecodeError as e:
         ends = " (the file ends there: truncated?)" if e.pos >= len(e.doc.rstrip()) else ""
         raise ScenarioError(f"{label}: not valid JSON: line {e.lineno}: {e.msg}{ends}") from None
@@ -147,6 +168,14 @@ def parse_json(text: str, label: str) -> object:
         raise ScenarioError(f"{label}: nested too deep to read") from None
     except ValueError as e:  # "Exceeds the limit (4300 digits) for integer string conversion"
         raise ScenarioError(f"{label}: {_digits(e)}") from None
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > 308:
+        raise ValueError(
+            f"an integer of {len(text.lstrip('-')):,} digits exceeds what a float holds (308 digits)"
+        )
+    return int(text)
 
 
 def _digits(e: ValueError) -> str:

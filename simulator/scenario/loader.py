@@ -83,7 +83,7 @@ def _from_deepspeed(message: str, err: dict, sources: dict[str, str]) -> str:
 
 
 def _paths_relative_to(data: dict, base_dir: Path | None) -> dict:
-    """Topology and framework files named by a relative path are found beside the scenario file (names of
+    """Topology, GPU and framework files named by a relative path are found beside the scenario file (names of
     shipped ones are left as they are)."""
     if base_dir is None:
         return data
@@ -94,8 +94,9 @@ def _paths_relative_to(data: dict, base_dir: Path | None) -> dict:
         return value
 
     cluster = data.get("cluster")
-    if isinstance(cluster, dict) and "topology" in cluster:
-        data = {**data, "cluster": {**cluster, "topology": resolved(cluster["topology"])}}
+    if isinstance(cluster, dict):
+        files = {key: resolved(cluster[key]) for key in ("topology", "gpu") if key in cluster}
+        data = {**data, "cluster": {**cluster, **files}}
     if "framework" in data:
         data = {**data, "framework": resolved(data["framework"])}
     return data

@@ -106,6 +106,16 @@ class MoeConfig(Section):
             raise ValueError(f"model.moe.num_experts ({e}) is not divisible by num_groups ({g})")
         if g is not None and gk > g:
             raise ValueError(f"model.moe.group_topk ({gk}) exceeds num_groups ({g})")
+        if g is not None and gk * (e // g) < k:
+            raise ValueError(
+                f"model.moe: group-limited routing offers group_topk x num_experts / num_groups = {gk} x {e} / {g} = "
+                f"{gk * (e // g)} experts to a token, fewer than top_k ({k})"
+            )
+        if self.load.imbalance > e / k:
+            raise ValueError(
+                f"model.moe.load.imbalance ({self.load.imbalance:g}) exceeds num_experts / top_k = {e} / {k} = "
+                f"{e / k:g}: an expert receives each token at most once, so at most 1 / top_k of the routed copies"
+            )
         if self.pad_to_capacity and self.capacity_factor is None:
             raise ValueError(
                 "model.moe.pad_to_capacity needs a capacity_factor (dropless routing has no capacity)"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from typing import Literal
 
-from pydantic import Field, PositiveInt, field_validator
+from pydantic import Field, PositiveInt, field_validator, model_validator
 
 from simulator.scenario.section import Section
 
@@ -254,6 +254,19 @@ class ParallelismConfig(Section):
         description="Ranks each expert's MLP is split over (ETP). Default: tensor_parallel (Megatron-Core).",
     )
     moe: MoeParallelConfig = Field(default_factory=MoeParallelConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _interleaved_when_virtual(cls, data):
+        """Virtual stages without a schedule run interleaved 1F1B, as Megatron infers it: its
+        get_forward_backward_func picks the interleaved schedule whenever virtual_pipeline_model_parallel_size is set
+        (megatron/core/pipeline_parallel/schedules.py, core_v0.13.0). A schedule named beside them is kept (and
+        checked)."""
+        if isinstance(data, dict) and "pipeline_schedule" not in data:
+            v = data.get("virtual_pipeline_stages")
+            if isinstance(v, int) and not isinstance(v, bool) and v > 1:
+                return {**data, "pipeline_schedule": "interleaved-1f1b"}
+        return data
 
     @field_validator("tp_comm_overlap", mode="before")
     @classmethod

@@ -10,6 +10,9 @@ from simulator.hardware.gpus import GPU, get_gpu
 from simulator.hardware.topology import cluster_spec
 from simulator.scenario.schema import MAX_GPUS, MAX_MICROBATCHES, Scenario
 
+# deepseek-ai/DeepEP README: Ampere (SM80), Hopper (SM90) and later NVIDIA parts; no ROCm build
+DEEPEP_ARCHITECTURES = ("ampere", "hopper", "blackwell")
+
 
 def resolve_cluster_degrees(scenario: Scenario) -> Scenario:
     """Derive data_parallel from the GPU count, or check the product of all degrees against it."""
@@ -22,11 +25,21 @@ def resolve_cluster_degrees(scenario: Scenario) -> Scenario:
             f"cluster.gpu: {gpu.name} has no NVLink, but a '{spec.name}' node connects its GPUs by NVSwitch; "
             "use a topology with intra_node: pcie (e.g. pcie-8gpu)"
         )
+    moe = scenario.parallelism.moe
+    if (
+        scenario.model.moe is not None
+        and moe.dispatcher == "deepep"
+        and gpu.architecture not in DEEPEP_ARCHITECTURES
+    ):
+        raise ScenarioError(
+            f"parallelism.moe.dispatcher deepep: DeepEP's kernels run on NVIDIA SM80 and SM90 and later (its "
+            f"README), not on {gpu.name} ({gpu.architecture}); use alltoall"
+        )
     if scenario.training.precision == "fp8":
         scenario = resolve_fp8(scenario, gpu)
     gpu.peak_flops(scenario.training.precision)  # errors if the GPU lacks this precision
     if scenario.framework == AUTO:
-        scenario = scenario.model_copy(update={"framework": default_framework(scenario, gpu.name)})
+        scenario = scenario.model_copy(update={"framework": default_framework(scenario, gpu.architecture)})
     framework = get_framework(scenario.framework)  # errors on an unknown name
     flash = gpu.flash_attention_efficiency is not None
     if scenario.model.attention == "flash" and not flash:

@@ -119,6 +119,12 @@ class Scenario(Section):
             raise ValueError(
                 f"model.ffn_hidden_size ({m.ffn_size}) is not divisible by tensor_parallel ({tp})"
             )
+        # Megatron pads the vocabulary to a multiple of 128 x TP: one below TP is a typo, not a model
+        if m.vocab_size < tp:
+            raise ValueError(
+                f"model.vocab_size ({m.vocab_size}) is smaller than tensor_parallel ({tp}): a rank's share of the "
+                "embedding and output layer would be empty"
+            )
         if sorted(p.rank_order.split("-")) != ["cp", "dp", "pp", "tp"]:
             raise ValueError(
                 f"parallelism.rank_order ({p.rank_order}) must name tp, cp, dp and pp once each, innermost first"
@@ -203,6 +209,25 @@ class Scenario(Section):
         if e % ep:
             raise ValueError(
                 f"parallelism.expert_parallel ({ep}) does not divide model.moe.num_experts ({e})"
+            )
+        if not m.moe_layers:
+            raise ValueError(
+                f"model.moe makes no layer a mixture of experts: num_layers ({m.num_layers}), first_dense_layers "
+                f"({m.moe.first_dense_layers}) and layer_freq ({m.moe.layer_freq}) leave every layer dense"
+            )
+        # Megatron-Core splits each expert's MLP over ETP and the shared experts' over TP with divide(), which
+        # asserts an exact split (megatron/core/utils.py divide; moe/experts.py, moe/shared_experts.py)
+        width = m.expert_ffn_size
+        if width % p.etp:
+            raise ValueError(
+                f"model.moe.ffn_hidden_size ({width}, one routed expert's MLP) is not divisible by "
+                f"expert_tensor_parallel ({p.etp})"
+            )
+        shared = m.moe.shared_expert_ffn_hidden_size
+        if shared and shared % p.tensor_parallel:
+            raise ValueError(
+                f"model.moe.shared_expert_ffn_hidden_size ({shared}) is not divisible by tensor_parallel "
+                f"({p.tensor_parallel})"
             )
         if p.tensor_parallel > 1 and not p.sequence_parallel:
             raise ValueError(

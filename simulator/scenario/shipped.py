@@ -71,7 +71,7 @@ name: {stem}
 model:
   preset: gpt3-1.3b          # or a Hugging Face config.json: {{hf_config: path/config.json, seq_length: 4096}}
 cluster:
-  topology: dgx-a100         # shipped: dgx-a100, dgx-h100, dgx2-v100, pcie-8gpu, ethernet-2node; or a path
+  topology: dgx-a100         # shipped: {topologies}; or a path
   num_nodes: 1
 training:
   global_batch_size: 64      # sequences per optimizer step

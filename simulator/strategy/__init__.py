@@ -11,6 +11,16 @@ from simulator.strategy.runtime_memory import add_runtime_memory
 from simulator.workload.transformer import Workload
 
 
+def check_scenario(s: Scenario) -> None:
+    """The strategy's own checks of the scenario as the user wrote it (a ScenarioError names what is wrong): run
+    before any replay, so that a check on the micro-batch count sees the real count, not the few a periodic
+    replay samples (api.simulate)."""
+    if s.parallelism.pipeline_parallel > 1 and s.training.optimizer not in ONEBIT_OPTIMIZERS:
+        from simulator.strategy.pipeline.partition import check
+
+        check(s)
+
+
 def build_program(s: Scenario, w: Workload, cluster: Cluster, phase: str | None = None) -> Program:
     """``phase``: for optimizers whose steps differ over training (1-bit Adam), which kind of step. Every rank's
     memory includes what runs outside its tensors (CUDA context, NCCL buffers, allocator reserve). Strategies

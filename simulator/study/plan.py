@@ -11,14 +11,13 @@ import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
-
-from simulator.errors import ScenarioError
+from simulator.errors import NothingFits, ScenarioError
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.topology import cluster_spec
 from simulator.scenario.schema import Scenario
 from simulator.study.layouts import Layout, candidates
 from simulator.study.screen import Screen
+from simulator.study.screen_check import accuracy_line, screen_accuracy  # noqa: F401  (plan's API)
 
 
 @dataclass
@@ -87,16 +86,31 @@ def plan(
     t0 = time.perf_counter()
     estimates = []
     invalid = 0
+    reasons: dict[str, int] = {}  # why layouts were refused, the first few
     for lay in layouts:
         try:
             estimates.append(screen.estimate(lay, bound=True))
-        except ScenarioError:
+        except ScenarioError as e:
             invalid += 1
+            if len(reasons) < 3:
+                reasons[str(e).splitlines()[0]] = reasons.get(str(e).splitlines()[0], 0) + 1
+    if not estimates:
+        raise NothingFits(
+            f"plan: every one of the {len(layouts):,} layouts screened is invalid for this model and cluster, e.g. "
+            + "; ".join(reasons)
+        )
     t1 = time.perf_counter()
     estimates = refine(screen, estimates, 3 * top)
     t2 = time.perf_counter()
     rate = len(layouts) / max(t2 - t0, 1e-9)
     fitting = sorted((e for e in estimates if e.fits), key=lambda e: e.iteration_s)
+    if not fitting:
+        lean = min(estimates, key=lambda e: e.memory_gib)
+        raise NothingFits(
+            f"plan: none of the {len(estimates):,} valid layouts fits in {capacity_gib:.1f} GiB per GPU by the "
+            f"estimate; the leanest, {lean.layout.label()}, needs {lean.memory_gib:.1f} GiB: more GPUs (or "
+            "memory per GPU), a smaller micro-batch, recompute or sharding"
+        )
     confirmed: list[Confirmed] = []
     folded = 0
     jobs = max(1, int(o.get("jobs", 1)))
@@ -175,60 +189,10 @@ def plan(
         "memory_budget_gib": capacity_gib,
         "top": [c.to_dict() for c in ranked],
         "screen_accuracy": screen_accuracy(ranked),
-        "why": why(ranked),
+        "why": why(ranked, len(fitting)),
         "error_bar": (bar := error_bar(base.framework, cluster.gpu.architecture, gpus)),
         "caveat": caveat(base.framework, bar),
     }
-
-
-def screen_accuracy(confirmed: list[Confirmed]) -> dict:
-    """How the screen's estimates compare with the simulation over the simulated layouts that ran: Spearman's
-    rank correlation (ties at their mean rank; None under three layouts or where either side is all one value)
-    and the largest and mean |estimate / simulated - 1|, with the layout of the largest."""
-    ok = [c for c in confirmed if c.status == "ok" and c.iteration_time_s]
-    if not ok:
-        return {
-            "simulated": 0,
-            "rank_correlation": None,
-            "max_error": None,
-            "mean_error": None,
-            "worst": None,
-        }
-    est = np.array([c.estimate_s for c in ok])
-    sim = np.array([c.iteration_time_s for c in ok])
-    error = np.abs(est / sim - 1)
-    rho = None
-    if len(ok) >= 3 and np.ptp(est) > 0 and np.ptp(sim) > 0:
-        rho = float(np.corrcoef(_ranks(est), _ranks(sim))[0, 1])
-    worst = int(error.argmax())
-    return {
-        "simulated": len(ok),
-        "rank_correlation": rho,
-        "max_error": float(error[worst]),
-        "mean_error": float(error.mean()),
-        "worst": ok[worst].layout.label(),
-    }
-
-
-def accuracy_line(acc: dict) -> str | None:
-    """:func:`screen_accuracy` as one line for a reader (None under two simulated layouts)."""
-    if acc["simulated"] < 2:
-        return None
-    rho = f"rank correlation {acc['rank_correlation']:.2f}, " if acc["rank_correlation"] is not None else ""
-    return (
-        f"screen against simulation over the {acc['simulated']} simulated: {rho}estimates within "
-        f"{acc['max_error']:.1%} (mean {acc['mean_error']:.1%}; largest: {acc['worst']})"
-    )
-
-
-def _ranks(x: np.ndarray) -> np.ndarray:
-    """Ranks 1..n of ``x``, equal values at their mean rank."""
-    order = np.argsort(x, kind="stable")
-    ranks = np.empty(len(x))
-    ranks[order] = np.arange(1, len(x) + 1)
-    _, inverse = np.unique(x, return_inverse=True)
-    inverse = inverse.ravel()
-    return (np.bincount(inverse, ranks) / np.bincount(inverse))[inverse]
 
 
 def refine(screen: Screen, estimates: list, need: int) -> list:
@@ -332,11 +296,16 @@ def shape(lay: Layout) -> tuple:
     return (lay.tp, lay.pp, lay.cp, lay.dp, lay.v, lay.mbs, lay.ep, lay.etp)
 
 
-def why(ranked: list[Confirmed]) -> str:
-    """One sentence on why the best beats the runner-up, from their simulated parts (or that they tie)."""
+def why(ranked: list[Confirmed], fitting: int | None = None) -> str:
+    """One sentence on why the best beats the runner-up, from their simulated parts (or that they tie);
+    ``fitting``: how many layouts fit by the estimate."""
     ok = [c for c in ranked if c.status == "ok"]
     if len(ok) < 2:
-        return "only one layout fits" if ok else "no screened layout fits in memory"
+        if not ok:
+            return "no simulated layout runs: each is out of memory or invalid (their rows say why)"
+        if fitting is not None and fitting > 1 and len(ranked) == 1:
+            return f"one layout simulated (--top 1) of the {fitting:,} that fit by the estimate"
+        return "only one layout fits" if fitting in (None, 1) else "only one simulated layout fits in memory"
     a, b = ok[0], ok[1]
     gain = b.iteration_time_s - a.iteration_time_s
     if gain <= SAME_TIME * b.iteration_time_s:

@@ -69,7 +69,7 @@ class Screen:
         self.contention = sm_slowdown(cluster.gpu.sm_count, channels)
         # the kernel and collective tables the simulation would use (api.simulate)
         self.kernels, self.measured_comm, _ = table_lookups(
-            resolve_tables(base.kernels, cluster.gpu.name, base.kernels_only), cluster
+            resolve_tables(base.kernels, cluster.gpu.lineage, base.kernels_only), cluster
         )
         # every layout uses all ``gpus``: its kernels run at the slowest one's pace (api.simulate)
         self.compute = ComputeModel(
@@ -189,7 +189,7 @@ class Screen:
                 dp += 1
             one = Cluster(self.cluster.spec, max(1, math.ceil(inner * dp / self.gpn)))
             measured = table_lookups(
-                resolve_tables(self.base.kernels, one.gpu.name, self.base.kernels_only), one
+                resolve_tables(self.base.kernels, one.gpu.lineage, self.base.kernels_only), one
             )[1]
             placement = Placement(lay.tp, lay.cp, dp, 1, ep=lay.ep, etp=lay.etp)
             self._tp_comm[key] = CollectiveModel(one, placement, "auto", measured)

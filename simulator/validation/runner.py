@@ -72,8 +72,21 @@ def load_cases(path: str | Path | None = None) -> list[dict]:
     cases = data.get("cases") if isinstance(data, dict) else None
     if not isinstance(cases, list) or not cases:
         raise ScenarioError(f"--cases: {path}: expected a list under 'cases:'")
+    seen: dict[str, int] = {}
     for i, c in enumerate(cases):
         where = f"--cases: {path}: cases[{i}]"
+        case_id = c.get("id") if isinstance(c, dict) else None
+        if case_id is not None:
+            if isinstance(case_id, bool) or not isinstance(case_id, str | int):
+                raise ScenarioError(
+                    f"{where}.id must be a name (text or a number), got {type(case_id).__name__}"
+                )
+            if str(case_id) in seen:
+                raise ScenarioError(
+                    f"{where}.id {str(case_id)[:80]!r} is also cases[{seen[str(case_id)]}]'s: ids name one case each "
+                    "(errors and first-contact records are kept by id)"
+                )
+            seen[str(case_id)] = i
         pub = c.get("published") if isinstance(c, dict) else None
         if not isinstance(pub, dict) or "metric" not in pub or "value" not in pub:
             raise ScenarioError(f"{where} needs published.metric and published.value")

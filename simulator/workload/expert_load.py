@@ -33,11 +33,34 @@ class ExpertLoad:
         return sum(self.rows)
 
 
-def expert_shares(load: ExpertLoadConfig, experts: int) -> list[float]:
-    """Fraction of the routed token copies each expert receives (sums to 1)."""
+def at_most_once(shares: list[float], top_k: int) -> list[float]:
+    """The shares with none above 1 / top_k (an expert receives each token at most once: at most ``tokens`` of the
+    ``tokens x top_k`` routed copies), the excess spread over the others in proportion to their shares (the
+    router's top-k picks the next experts instead)."""
+    cap = 1.0 / top_k
+    out = list(shares)
+    while True:
+        over = [i for i, s in enumerate(out) if s > cap * (1 + 1e-12)]
+        if not over:
+            return out
+        excess = sum(out[i] - cap for i in over)
+        for i in over:
+            out[i] = cap
+        free = [i for i, s in enumerate(out) if s < cap * (1 - 1e-12)]
+        room = sum(out[i] for i in free)
+        if not free or room <= 0:
+            return out
+        for i in free:
+            out[i] += excess * out[i] / room
+
+
+def expert_shares(load: ExpertLoadConfig, experts: int, top_k: int = 1) -> list[float]:
+    """Fraction of the routed token copies each expert receives (sums to 1), none above 1 / ``top_k``."""
     if load.skew is not None:
         weights = [1.0 / (i + 1) ** load.skew for i in range(experts)]
         random.Random(load.seed).shuffle(weights)
+        total = sum(weights)
+        return at_most_once([w / total for w in weights], top_k)
     elif load.imbalance > 1.0:
         hot = min(load.imbalance, float(experts))  # one expert at ``imbalance`` x the mean, the others equal
         weights = [hot] + [(experts - hot) / max(experts - 1, 1)] * (experts - 1)
@@ -57,7 +80,7 @@ def capacity(moe: MoeConfig, tokens: float) -> int | None:
 def expert_load(moe: MoeConfig, tokens: float, ep: int, etp: int) -> ExpertLoad:
     """The busiest expert-parallel rank of a layer whose ranks each route ``tokens`` tokens."""
     e, k = moe.num_experts, moe.top_k
-    per_source = [tokens * k * p for p in expert_shares(moe.load, e)]  # copies from one source rank
+    per_source = [tokens * k * p for p in expert_shares(moe.load, e, k)]  # copies from one source rank
     cap = capacity(moe, tokens)
     kept = per_source if cap is None else [min(c, cap) for c in per_source]
     computed = [cap] * e if moe.pad_to_capacity and cap is not None else kept

@@ -173,8 +173,15 @@ def _parse_json(
     results = data.get("results") if isinstance(data, dict) else None
     if not isinstance(results, list):
         raise ScenarioError(f"{path}: no 'results' list (not nccl-tests JSON output)")
-    program = " ".join(str(a) for a in data.get("args") or [])
-    op = _op_from(f"Collective test starting: {Path(program.split()[0]).name}" if program else "", path, op)
+    args = data.get("args")
+    if args is not None and not isinstance(args, list):
+        raise ScenarioError(
+            f"{path}: a field of the wrong type (TypeError: args is the command line as a list of words, "
+            f"got {type(args).__name__})"
+        )
+    program = " ".join(str(a) for a in args or [])
+    words = program.split()  # args of blanks only ([" "]) name no program
+    op = _op_from(f"Collective test starting: {Path(words[0]).name}" if words else "", path, op)
     config = data.get("config") if isinstance(data.get("config"), dict) else {}
     devices = [d for d in config.get("devices") or [] if isinstance(d, dict)]
     n = ranks or len(devices)
