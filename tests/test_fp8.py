@@ -295,3 +295,20 @@ def test_calibrate_kernels_dtype_fp8_needs_a_gpu():
     )
     assert r.exit_code == 2
     assert "--dtype fp8: FP8 GEMMs run on a GPU with FP8 tensor cores" in r.output
+
+
+def test_a_grouped_expert_gemm_quantizes_every_local_experts_operands():
+    """Issue 61: the cast before a grouped GEMM of 4 local experts moves 4 experts' rows and 4 weights (it was
+    charged for one). Hand count, delayed recipe on an H100 (TN-only: transposed copies), Transformer Engine, one
+    micro-batch: (4 x 512 x 1024 inputs) x cast_bytes(input) + (4 x 1024 x 2048 weights) x cast_bytes(weight)."""
+    from simulator.workload.fp8 import Fp8Plan, quantized
+    from simulator.workload.ops import gemm
+
+    plan = Fp8Plan("delayed", "transformer-engine", True, False, 1)
+    experts = gemm("fc1 experts", 512, 2048, 1024, batch=4, linear=True, grouped=True)
+    one = gemm("fc1 one expert", 512, 2048, 1024, batch=1, linear=True)
+    cast4, cast1 = quantized((experts,), plan, False)[0], quantized((one,), plan, False)[0]
+    assert cast4.bytes == pytest.approx(
+        4 * 512 * 1024 * plan.cast_bytes("input") + 4 * 1024 * 2048 * plan.cast_bytes("weight")
+    )
+    assert cast4.bytes == pytest.approx(4 * cast1.bytes)

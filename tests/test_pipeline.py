@@ -690,3 +690,14 @@ def test_virtual_stages_without_a_schedule_run_interleaved_as_megatron_infers():
         ScenarioError, match=r"virtual_pipeline_stages \(2\) needs pipeline_schedule: interleaved"
     ):
         simulate(explicit)
+
+
+def test_interleaved_without_virtual_stages_is_refused_not_run_as_1f1b():
+    """Issue 62: it ran as plain 1F1B without a word."""
+    s = make(
+        model={**GPT_SMALL, "num_layers": 16},
+        training={"global_batch_size": 16},
+        parallelism={"pipeline_parallel": 4, "data_parallel": 2, "pipeline_schedule": "interleaved-1f1b"},
+    )
+    with pytest.raises(ScenarioError, match="interleaved-1f1b needs virtual_pipeline_stages >= 2"):
+        simulate(s)

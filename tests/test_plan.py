@@ -2,12 +2,14 @@
 
 import json
 import math
+import re
 
 import pytest
 from typer.testing import CliRunner
 
 from simulator import load_scenario
 from simulator.cli import app
+from simulator.errors import ScenarioError
 from simulator.study.layouts import Layout, candidates, hsdp_shards
 from simulator.study.plan import Confirmed, plan, screen_accuracy
 
@@ -425,7 +427,7 @@ def test_emit_gives_the_pick_in_each_framework_s_own_names():
         "--recompute-granularity full",
     ]:
         assert arg in megatron, arg
-    ds = json.loads(emit_text(row, "deepspeed").split("\n//")[0])
+    ds = json.loads(emit_text(row, "deepspeed"))  # valid JSON alone: the notes go beside it
     assert ds == {
         "train_batch_size": 256,
         "train_micro_batch_size_per_gpu": 1,
@@ -476,7 +478,7 @@ def test_emit_states_hsdp_as_torchtitan_s_replicate_and_shard_degrees():
     have no hybrid switch and say so, naming their nearest."""
     import tomllib
 
-    from simulator.study.emit import emit_text
+    from simulator.study.emit import emit_notes, emit_text
 
     row = {"tp": 1, "pp": 1, "cp": 1, "dp": 64, "v": 1, "mbs": 2, "sharding": "hsdp", "shard": 8}
     row |= {"recompute": "full", "ep": 1, "etp": 1, "scenario": {"training": {"global_batch_size": 256}}}
@@ -485,8 +487,8 @@ def test_emit_states_hsdp_as_torchtitan_s_replicate_and_shard_degrees():
     megatron = emit_text(row, "megatron")
     assert "--use-torch-fsdp2" in megatron and "# HSDP (shard groups of 8 ranks, 8 replicas)" in megatron
     ds = emit_text(row, "deepspeed")
-    assert json.loads(ds.split("\n//")[0])["zero_optimization"] == {"stage": 3}
-    assert "zero_hpz_partition_size: 8" in ds
+    assert json.loads(ds)["zero_optimization"] == {"stage": 3}
+    assert any("zero_hpz_partition_size: 8" in n for n in emit_notes(row, "deepspeed"))
 
 
 def test_confirming_on_a_process_pool_gives_the_same_plan():
@@ -905,3 +907,58 @@ def test_top_1_says_how_many_fit_not_that_only_one_does():
         r["why"] == f"one layout simulated (--top 1) of the {r['fit_in_memory']:,} that fit by the estimate"
     )
     assert why([]) == "no simulated layout runs: each is out of memory or invalid (their rows say why)"
+
+
+def test_emit_states_the_planned_precision_in_megatrons_names():
+    """Issue 62: an FP8 plan emitted --bf16 alone. Megatron-LM's switches (arguments.py): --fp8-format and
+    --fp8-recipe, or --fp4-format e2m1 --fp4-recipe nvfp4; DeepSpeed's JSON stays valid and says so beside it."""
+    from simulator.study.emit import emit_notes, emit_text
+
+    row = {"tp": 2, "pp": 1, "cp": 1, "dp": 4, "v": 1, "mbs": 1, "sharding": "zero1", "recompute": "none"}
+    for recipe, want in [
+        ("delayed", "--fp8-format hybrid --fp8-recipe delayed"),
+        ("mxfp8", "--fp8-format e4m3 --fp8-recipe mxfp8"),
+        ("nvfp4", "--fp4-format e2m1 --fp4-recipe nvfp4"),
+    ]:
+        r = {
+            **row,
+            "scenario": {
+                "training": {"global_batch_size": 64, "precision": "fp8", "fp8": {"recipe": recipe}}
+            },
+        }
+        args = " ".join(line.rstrip(" \\") for line in emit_text(r, "megatron").splitlines())
+        assert "--bf16" in args and want in args, args
+        json.loads(emit_text(r, "deepspeed"))
+        assert any(want in n for n in emit_notes(r, "deepspeed"))
+    plain = {**row, "scenario": {"training": {"global_batch_size": 64}}}
+    assert "--fp8" not in emit_text(plain, "megatron")
+
+
+def test_plan_from_a_scenario_keeps_its_gpus_per_node(tmp_path):
+    """Issue 62: 64 GPUs of each 72-GPU NVL72 rack (docs/hardware.md): the plan's nodes are the scenario's 64, and
+    128 GPUs are two of them (it refused 128 as not a whole number of 72-GPU nodes)."""
+    from typer.testing import CliRunner
+
+    from simulator.cli import app
+
+    path = tmp_path / "nvl.yaml"
+    path.write_text(
+        "name: r\nmodel: {preset: llama3-8b}\ncluster: {topology: gb200-nvl72, num_nodes: 2, gpus_per_node: 64}\n"
+        "training: {global_batch_size: 128, micro_batch_size: 1}\nparallelism: {}\n"
+    )
+    out = CliRunner().invoke(app, ["plan", "--scenario", str(path), "--top", "1", "--json"])
+    assert out.exit_code == 0, out.output
+    cluster = json.loads(out.stdout)["top"][0]["scenario"]["cluster"]
+    assert (cluster["num_nodes"], cluster["gpus_per_node"]) == (2, 64)
+
+
+def test_no_layout_says_which_dimension_failed():
+    """Issue 62: 'no layout divides' now names the dimension: TP against the heads, PP against the layers, the
+    micro-batches against a rank's batch."""
+    for options, text in [
+        ({"tp": (3,)}, "no tensor-parallel size (3) fits a 8-GPU node and divides the"),
+        ({"pp": (5,)}, "no pipeline size (5) divides the"),
+        ({"micro_batch_sizes": (3,)}, "no micro-batch size (3) divides a data-parallel rank's batch"),
+    ]:
+        with pytest.raises(ScenarioError, match=re.escape(text)):
+            plan(base(), 8, top=1, options=options)

@@ -3,7 +3,6 @@ search constraints, the layouts written as scenarios and the pick emitted for a 
 
 import json
 import os
-import re
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -86,30 +85,6 @@ def stand_in(data: dict, own, gpus: int) -> None:
     data["training"]["global_batch_size"] = dp * own.training.micro_batch_size * p.pipeline_parallel
 
 
-def write_layouts(result: dict, directory: Path) -> list[Path]:
-    """Each simulated layout that fits, as a scenario file ``NN-layout.yaml`` in ``directory``, with what the
-    simulation gave in a header comment; returns the paths written."""
-
-    import yaml
-
-    from simulator.report.output import write_atomic
-
-    out = []
-    for i, r in enumerate(result["top"], 1):
-        if r["status"] != "ok" or not r.get("scenario"):
-            continue
-        slug = re.sub(r"[^a-z0-9]+", "-", r["layout"].lower()).strip("-")
-        path = directory / f"{i:02d}-{slug}.yaml"
-        head = (
-            f"# clustersim plan, layout {i}: {r['layout']}\n"
-            f"# simulated {r['iteration_time_s']:.3f} s per iteration, MFU {r['mfu']:.1%}, "
-            f"{r['memory_gib']:.1f} GiB per GPU; run it: clustersim run {path.name}\n"
-        )
-        write_atomic(path, head + yaml.safe_dump(r["scenario"], sort_keys=False))
-        out.append(path)
-    return out
-
-
 def plan(
     model: Annotated[
         str | None, typer.Option("--model", help="A preset name or a Hugging Face config.json.")
@@ -139,7 +114,11 @@ def plan(
         int | None, typer.Option("--seq", min=1, help="Sequence length (default: the model's).")
     ] = None,
     precision: Annotated[
-        str | None, typer.Option("--precision", help="bf16 (default), fp16 or fp32.")
+        str | None,
+        typer.Option(
+            "--precision",
+            help="bf16 (default), fp16, fp32 or fp8 (the GPU's FP8 recipe as Transformer Engine picks it; the FP8 peak from Hopper).",
+        ),
     ] = None,
     attention: Annotated[
         str | None,
@@ -217,7 +196,7 @@ def plan(
     """Search parallel layouts (TP, PP, CP, DP, virtual stages, micro-batch, ZeRO / FSDP, recompute) for a
     model on N GPUs: screen every one with a fast estimate, confirm the best by simulation."""
     from simulator.hardware.topology import load_topology
-    from simulator.study.emit import FRAMEWORKS, emit_text
+    from simulator.study.emit import FRAMEWORKS, emit_notes, emit_text, write_layouts
     from simulator.study.plan import accuracy_line
     from simulator.study.plan import plan as run_plan
 
@@ -275,7 +254,10 @@ def plan(
             check_output_dir(write_scenario, "--write-scenario")
         total_tokens = parse_tokens(tokens) if tokens is not None else None
         with shown_warnings():
-            gpn = load_topology(topology).node.gpus
+            # a scenario's cluster.gpus_per_node (64 of an NVL72 rack's 72, docs/hardware.md) is the node the plan uses
+            given = data["cluster"].get("gpus_per_node")
+            gpn = given if isinstance(given, int) and not isinstance(given, bool) and given > 0 else None
+            gpn = min(gpn or 10**9, load_topology(topology).node.gpus)
             nodes = max(1, gpus // gpn)
             if gpus > gpn and gpus % gpn:
                 fail(f"--gpus ({gpus}) is not a whole number of {gpn}-GPU nodes of {topology}")
@@ -318,8 +300,12 @@ def plan(
         fail(str(e))
     pick = next((r for r in result["top"] if r["status"] == "ok"), None)
     emitted = emit_text(pick, emit) if emit and pick else None
+    beside = emit_notes(pick, emit) if emit and pick else []
     if json_out:
-        extra = {"written": [str(w) for w in written], **({"emit": {emit: emitted}} if emitted else {})}
+        extra = {
+            "written": [str(w) for w in written],
+            **({"emit": {emit: emitted}, "emit_notes": beside} if emitted else {}),
+        }
         print(json.dumps({**result, **extra}, indent=2, default=str))
         if (
             pick is None
@@ -396,5 +382,7 @@ def plan(
     elif emitted:
         c.print(f"\n{emit} for #1 ({pick['layout']}):", markup=False, highlight=False)
         print(emitted)
+        for line in beside:  # beside the file, on stderr: a JSON config takes no comments
+            note("note", line, "cyan")
     if pick is None:  # every simulated layout out of memory or invalid: nothing to run (errors.NothingFits)
         raise typer.Exit(3)

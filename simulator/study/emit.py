@@ -22,6 +22,8 @@ Overlap switches, recompute modules and torch.compile come from the planned scen
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 from simulator.study.layouts import OFFLOAD, STAGES
 
@@ -29,10 +31,18 @@ FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
 
 
 def emit_text(row: dict, framework: str) -> str:
-    """The text for ``framework`` of one of plan's rows (its layout fields and runnable scenario)."""
+    """The text for ``framework`` of one of plan's rows (its layout fields and runnable scenario): Megatron-LM's
+    arguments (with '#' comment lines), DeepSpeed's config as JSON alone (JSON has no comments: what it cannot say
+    is in ``emit_notes``), torchtitan's TOML (with '#' comments)."""
     if framework not in FRAMEWORKS:
         raise ValueError(framework)
     return {"megatron": megatron, "deepspeed": deepspeed, "torchtitan": torchtitan}[framework](row)
+
+
+def emit_notes(row: dict, framework: str) -> list[str]:
+    """What goes beside the emitted file rather than in it (DeepSpeed's: the Megatron-DeepSpeed arguments for TP /
+    PP and what the config has no key for)."""
+    return deepspeed_notes(row) if framework == "deepspeed" else []
 
 
 def _common(row: dict) -> dict:
@@ -46,6 +56,7 @@ def _common(row: dict) -> dict:
         "seq": model.get("seq_length"),
         "layers": model.get("num_layers"),
         "precision": training.get("precision", "bf16"),
+        "recipe": (training.get("fp8") or {}).get("recipe", "delayed"),
         "tp_overlap": s.get("parallelism", {}).get("tp_comm_overlap", False),
         "a2a_overlap": s.get("parallelism", {}).get("moe", {}).get("overlap_a2a", False),
         "compile": training.get("compile", False),
@@ -79,6 +90,7 @@ def megatron(row: dict) -> str:
     if c["seq"]:
         args.append(f"--seq-length {c['seq']}")
     args.append({"bf16": "--bf16", "fp16": "--fp16"}.get(c["precision"], "--bf16"))
+    args += low_precision_args(c)
     sharding = row["sharding"]
     if sharding == "zero1":
         args.append("--use-distributed-optimizer")
@@ -111,6 +123,23 @@ def megatron(row: dict) -> str:
     return "\n".join([*notes, " \\\n".join(args)])
 
 
+# Transformer Engine's recipes' default formats (transformer_engine/common/recipe/__init__.py, v2.x): DelayedScaling
+# and Float8CurrentScaling HYBRID (E4M3 forward, E5M2 gradients), MXFP8BlockScaling and Float8BlockScaling E4M3
+FP8_FORMATS = {"delayed": "hybrid", "tensorwise": "hybrid", "mxfp8": "e4m3", "blockwise": "e4m3"}
+
+
+def low_precision_args(c: dict) -> list[str]:
+    """Megatron-LM's FP8 / FP4 switches for the planned precision (megatron/training/arguments.py, main 2025:
+    --fp8-format {e4m3, hybrid}, --fp8-recipe {tensorwise, delayed, mxfp8, blockwise}, --fp4-format e2m1,
+    --fp4-recipe nvfp4); a bf16 run has none."""
+    if c["precision"] != "fp8":
+        return []
+    recipe = c["recipe"] if c["recipe"] != "auto" else "delayed"
+    if recipe == "nvfp4":
+        return ["--fp4-format e2m1", "--fp4-recipe nvfp4"]
+    return [f"--fp8-format {FP8_FORMATS[recipe]}", f"--fp8-recipe {recipe}"]
+
+
 def deepspeed(row: dict) -> str:
     c = _common(row)
     sharding = row["sharding"]
@@ -123,21 +152,33 @@ def deepspeed(row: dict) -> str:
     }
     if sharding.endswith("-offload"):  # ZeRO-Offload: zero/offload_config.py, device and pin_memory
         config["zero_optimization"].update(OFFLOAD)
-    lines = [json.dumps(config, indent=2)]
+    return json.dumps(config, indent=2)
+
+
+def deepspeed_notes(row: dict) -> list[str]:
+    c = _common(row)
+    sharding = row["sharding"]
+    notes = []
     if sharding == "fsdp":
-        lines.append("// PyTorch FSDP's full sharding is DeepSpeed's ZeRO-3")
+        notes.append("PyTorch FSDP's full sharding is DeepSpeed's ZeRO-3")
     elif sharding == "hsdp":
-        lines.append(
-            f"// HSDP (shard groups of {row['shard']} ranks) has no DeepSpeed equivalent: ZeRO-3 shards over all "
+        notes.append(
+            f"HSDP (shard groups of {row['shard']} ranks) has no DeepSpeed equivalent: ZeRO-3 shards over all "
             f"ranks; ZeRO++'s zero_hpz_partition_size: {row['shard']} keeps a secondary weight shard per group"
         )
     extra = [f"--tensor-model-parallel-size {row['tp']}", f"--pipeline-model-parallel-size {row['pp']}"]
     if row["recompute"] == "full":
         extra.append("--checkpoint-activations")
     if row["v"] > 1 or row["cp"] > 1 or row.get("ep", 1) > 1:
-        lines.append("// virtual stages, context and expert parallelism: Megatron-Core's (--emit megatron)")
-    lines.append("// Megatron-DeepSpeed arguments: " + " ".join(extra))
-    return "\n".join(lines)
+        notes.append("virtual stages, context and expert parallelism: Megatron-Core's (--emit megatron)")
+    if c["precision"] == "fp8":
+        notes.append(
+            "FP8 is Transformer Engine's, switched on in the model code (DeepSpeed's config has no FP8 key): "
+            + " ".join(low_precision_args(c))
+            + " in Megatron-LM's names"
+        )
+    notes.append("Megatron-DeepSpeed arguments: " + " ".join(extra))
+    return notes
 
 
 def torchtitan(row: dict) -> str:
@@ -187,3 +228,27 @@ def torchtitan(row: dict) -> str:
     if c["compile"] or (c["tp_overlap"] and row["tp"] > 1):
         lines += ["", "[compile]", "enable = true"]
     return "\n".join(lines)
+
+
+def write_layouts(result: dict, directory: Path) -> list[Path]:
+    """Each simulated layout that fits, as a scenario file ``NN-layout.yaml`` in ``directory``, with what the
+    simulation gave in a header comment; returns the paths written."""
+
+    import yaml
+
+    from simulator.report.output import write_atomic
+
+    out = []
+    for i, r in enumerate(result["top"], 1):
+        if r["status"] != "ok" or not r.get("scenario"):
+            continue
+        slug = re.sub(r"[^a-z0-9]+", "-", r["layout"].lower()).strip("-")
+        path = directory / f"{i:02d}-{slug}.yaml"
+        head = (
+            f"# clustersim plan, layout {i}: {r['layout']}\n"
+            f"# simulated {r['iteration_time_s']:.3f} s per iteration, MFU {r['mfu']:.1%}, "
+            f"{r['memory_gib']:.1f} GiB per GPU; run it: clustersim run {path.name}\n"
+        )
+        write_atomic(path, head + yaml.safe_dump(r["scenario"], sort_keys=False))
+        out.append(path)
+    return out

@@ -225,3 +225,44 @@ def _expert_layouts(moe, tp: int, cp: int, dp: int, o: dict) -> list[tuple[int, 
     eps = o.get("ep", divisors(moe.num_experts))
     etps = o.get("etp", sorted({1, tp}))
     return [(ep, etp) for ep in eps for etp in etps if ranks % (ep * etp) == 0]
+
+
+def why_none(
+    base: Scenario, gpus: int, gpn: int, options: dict | None = None, batch: int | None = None
+) -> str:
+    """Which dimension left ``candidates`` empty: the first of TP, PP, TP x CP x PP against the GPUs, the batch
+    against the data-parallel sizes, the micro-batches, and the expert layouts that no choice passes."""
+    o = options or {}
+    m, batch = base.model, batch or base.training.global_batch_size
+    tps = [
+        t
+        for t in o.get("tp", divisors(gpn))
+        if t <= gpn and not (m.num_attention_heads % t or m.ffn_size % t)
+    ]
+    tps = [t for t in tps if m.query_groups % t == 0]
+    if not tps:
+        return (
+            f"no tensor-parallel size ({', '.join(map(str, o.get('tp', divisors(gpn))))}) fits a {gpn}-GPU node and "
+            f"divides the {m.num_attention_heads} heads, {m.query_groups} query groups and FFN width {m.ffn_size}"
+        )
+    pps = [p for p in o.get("pp", divisors(m.num_layers, o.get("max_pp", 64))) if m.num_layers % p == 0]
+    if not pps:
+        return f"no pipeline size ({', '.join(map(str, o.get('pp', ())))}) divides the {m.num_layers} layers"
+    cps = o.get("cp", [1])
+    shapes = [(t, c, p) for t in tps for c in cps for p in pps if gpus % (t * c * p) == 0]
+    if not shapes:
+        return f"no TP ({tps}) x CP ({cps}) x PP ({pps}) divides the {gpus} GPUs"
+    dps = sorted({gpus // (t * c * p) for t, c, p in shapes})
+    if all(batch % dp for dp in dps):
+        return f"the global batch ({batch}) divides by none of the data-parallel sizes these leave ({dps})"
+    mbss = o.get("micro_batch_sizes")
+    if mbss and all(batch % dp or (batch // dp) % mbs for dp in dps for mbs in mbss):
+        return f"no micro-batch size ({', '.join(map(str, mbss))}) divides a data-parallel rank's batch"
+    if m.moe is not None and not any(
+        _expert_layouts(m.moe, t, c, gpus // (t * c * p), o) for t, c, p in shapes
+    ):
+        return (
+            f"no expert-parallel size ({', '.join(map(str, o.get('ep', ())))}) folds the {m.moe.num_experts} "
+            "experts over these layouts"
+        )
+    return "every combination is refused by the shardings, recompute or HSDP groups given"

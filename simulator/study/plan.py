@@ -15,7 +15,7 @@ from simulator.errors import NothingFits, ScenarioError
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.topology import cluster_spec
 from simulator.scenario.schema import Scenario
-from simulator.study.layouts import Layout, candidates
+from simulator.study.layouts import Layout, candidates, why_none
 from simulator.study.screen import Screen
 from simulator.study.screen_check import accuracy_line, screen_accuracy  # noqa: F401  (plan's API)
 
@@ -81,7 +81,8 @@ def plan(
             else ""
         )
         raise ScenarioError(
-            f"plan: no layout divides this model, batch and GPU count (within the constraints given{hsdp})"
+            f"plan: no layout divides this model, batch and GPU count (within the constraints given{hsdp}): "
+            + why_none(base, gpus, gpn, o, batch)
         )
     t0 = time.perf_counter()
     estimates = []

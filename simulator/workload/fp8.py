@@ -181,13 +181,16 @@ def quantized(ops: tuple[Op, ...], plan: Fp8Plan, tp_amax: bool) -> tuple[Op, ..
         backward = op.direction == "backward"
         if not op.name.endswith("wgrad"):
             tensor = "grad" if backward else "input"
-            elements = rows * inner  # X (forward) or dY (dgrad) as this GEMM's left operand
+            # X (forward) or dY (dgrad) as this GEMM's left operand; a grouped GEMM's ``batch`` local experts each
+            # quantize their own rows and their own weight (TE GroupedLinear casts every GEMM's operands)
+            experts = op.batch
+            elements = experts * rows * inner
             nbytes = elements * (plan.norm_fused_cast_bytes if fused else plan.cast_bytes(tensor))
             what = "output gradient" if backward else "input"
             if not backward:  # the weight: once per step for the cache (TE), every micro-batch for torchao
                 share = 1.0 / plan.microbatches if plan.te else 1.0
                 if not (plan.te and plan.param_gather):  # quantized primaries: nothing to cast
-                    nbytes += inner * cols * plan.cast_bytes("weight") * share
+                    nbytes += experts * inner * cols * plan.cast_bytes("weight") * share
                     what += " and weight"
             # no table kind: Transformer Engine's fused cast kernels are not what PyTorch's casts would time
             name = f"{op.name}: quantize {what} ({plan.recipe})"

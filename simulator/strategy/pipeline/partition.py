@@ -14,6 +14,11 @@ def check(s: Scenario) -> None:
     """One clear message per combination the modelled frameworks do not support."""
     p, m = s.parallelism, s.model
     pp, v = p.pipeline_parallel, p.virtual_pipeline_stages
+    if v < 2 and p.pipeline_schedule == "interleaved-1f1b":
+        raise ScenarioError(
+            "parallelism: pipeline_schedule interleaved-1f1b needs virtual_pipeline_stages >= 2 (without them "
+            "Megatron runs plain 1F1B: set pipeline_schedule: 1f1b, or virtual stages)"
+        )
     if v > 1 and p.pipeline_schedule != "interleaved-1f1b":
         raise ScenarioError(
             f"parallelism.virtual_pipeline_stages ({v}) needs pipeline_schedule: interleaved-1f1b "
