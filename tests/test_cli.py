@@ -379,15 +379,17 @@ def test_first_hour_details(tmp_path):
 
 
 def test_durations_and_long_arguments_in_messages():
-    """Issue 63: --budget 0.5s is below its own '1 s' floor; a long run of blanks is refused at once (the pattern no
-    longer backtracks over it); a 5,000-digit argument is cut in the error line."""
+    """Issue 63: --budget's message said 'between 1 s and 30 days' and took 0.5 s: it now says the range it takes
+    (above 0, at most 30 days); a long run of blanks is refused at once (the pattern no longer backtracks over it);
+    a 5,000-digit argument is cut in the error line."""
     from simulator.cli.calibrate import parse_duration
     from simulator.errors import ScenarioError
     from simulator.report.console import shortened
 
     assert parse_duration("1h 30m", "--budget") == 5400 and parse_duration("90", "--budget") == 90
-    with pytest.raises(ScenarioError, match=r"0\.5s is not between 1 s and 30 days"):
-        parse_duration("0.5s", "--budget")
+    assert parse_duration("0.5s", "--budget") == 0.5  # the message states the range it keeps: above 0
+    with pytest.raises(ScenarioError, match=r"0s is not a duration above 0 and at most 30 days"):
+        parse_duration("0s", "--budget")
     with pytest.raises(ScenarioError, match="expected a duration"):
         parse_duration("1" + " " * 100_000 + "x", "--budget")
     text = shortened(f"--tp: got '{'9' * 5000}' here")

@@ -529,3 +529,35 @@ def test_no_expert_receives_more_than_every_token_once_under_any_skew():
     moe = MoeConfig(num_experts=64, top_k=4, load=ExpertLoadConfig(skew=8.0))
     load = expert_load(moe, tokens=1000, ep=8, etp=1)
     assert max(load.rows) <= 1000 * 8 * (1 + 1e-9)  # one expert: every token of the 8 source ranks once
+
+
+def test_deepep_across_nodes_reports_its_expert_parallel_communication():
+    """Issue 61: DeepEP's RDMA and NVLink legs run on sub-groups (ep%8, ep/8) the metric did not count: it read
+    0.000 s while the all-to-all was exposed."""
+    model = {**SMALL_MOE, "moe": {"num_experts": 16, "top_k": 2}}
+    m = simulate(scenario(model, nodes=2, expert_parallel=16, moe={"dispatcher": "deepep"})).metrics
+    legs = {k: v for k, v in m.comm_by_collective.items() if k.startswith("all_to_all:ep")}
+    assert set(legs) == {"all_to_all:ep%8", "all_to_all:ep/8"}
+    assert (
+        m.moe["expert_comm_s"] == pytest.approx(sum(v["time_s"] for v in legs.values()))
+        and m.moe["expert_comm_s"] > 0
+    )
+    assert m.moe["expert_comm_exposed_s"] == pytest.approx(sum(v["exposed_s"] for v in legs.values()))
+
+
+def test_node_limited_routing_narrows_the_nodes_a_token_reaches():
+    """Issue 61: DeepSeek-V3 (256 experts, top-8, 8 groups, group_topk 4) on 8 nodes: a token picks 4 groups (one
+    per node) and about 8 / 4 = 2 experts in each, so it reaches 4 nodes, where uniform routing over all 256 gives
+    8 (1 - C(224, 8) / C(256, 8)) = 5.29; DeepEP's RDMA bytes fall with it."""
+    from simulator.workload.expert_load import destinations, distinct_groups
+
+    dsv3 = MoeConfig(num_experts=256, top_k=8, num_groups=8, group_topk=4, score_function="sigmoid")
+    assert distinct_groups(256, 8, 8) == pytest.approx(8 * (1 - math.comb(224, 8) / math.comb(256, 8)))
+    assert distinct_groups(256, 8, 8) == pytest.approx(5.29, abs=0.01)
+    assert destinations(dsv3, 8) == pytest.approx(4.0)
+    # 16 nodes: each group spans 2 of them, 2 experts per chosen group over its 2 nodes
+    assert destinations(dsv3, 16) == pytest.approx(4 * distinct_groups(32, 2, 2))
+    # 4 nodes: 2 groups per node, 4 of 8 groups chosen uniformly over the nodes
+    assert destinations(dsv3, 4) == pytest.approx(distinct_groups(8, 4, 4))
+    plain = MoeConfig(num_experts=256, top_k=8)
+    assert destinations(plain, 8) == distinct_groups(256, 8, 8)

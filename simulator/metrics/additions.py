@@ -10,8 +10,14 @@ EXPERT_GROUPS = ("ep", "etp", "etp+ep")  # the dispatchers' groups (workload/moe
 
 def moe_metrics(load, comm_by_collective: dict) -> dict:
     """What a mixture-of-experts run adds: the busiest expert-parallel rank's rows over the mean rank's, the
-    fraction of routed token copies the capacity dropped, and the dispatch / combine communication's time."""
-    expert = [v for k, v in comm_by_collective.items() if k.split(":", 1)[1] in EXPERT_GROUPS]
+    fraction of routed token copies the capacity dropped, and the dispatch / combine communication's time (DeepEP's
+    RDMA and NVLink legs included)."""
+    # DeepEP's two legs run on sub-groups of the expert group: "ep%8" across nodes (RDMA), "ep/8" inside them
+    expert = [
+        v
+        for k, v in comm_by_collective.items()
+        if k.split(":", 1)[1].replace("%", "/").split("/")[0] in EXPERT_GROUPS
+    ]
     return {
         "busiest_rank_load": load.imbalance,
         "tokens_dropped_fraction": load.dropped,

@@ -11,7 +11,7 @@ from dataclasses import replace
 from simulator.frameworks import Framework
 from simulator.scenario.schema import Scenario
 from simulator.workload.block import present
-from simulator.workload.expert_load import ExpertLoad, distinct_groups
+from simulator.workload.expert_load import ExpertLoad, destinations, distinct_groups
 from simulator.workload.ops import Op, collective_op, gemm, memory_op, sync_op
 from simulator.workload.shape import LayerShape
 
@@ -168,11 +168,16 @@ def deepep(
     group = "etp+ep" if p.etp > 1 else "ep"
     per_node = min(gpus_per_node or size, size)
     nodes = max(size // per_node, 1)
-    ranks = distinct_groups(experts_seen, k, size) * load.received  # destination ranks per token
+    # destination ranks per token (node-limited routing narrows them: expert_load.destinations)
+    ranks = (
+        destinations(moe, size) if p.etp == 1 else distinct_groups(experts_seen, k, size)
+    ) * load.received
     ops_f: list[Op] = []
     ops_b: list[Op] = []
     if size > 1 and nodes > 1:
-        by_node = distinct_groups(experts_seen, k, nodes) * load.received
+        by_node = (
+            destinations(moe, nodes) if p.etp == 1 else distinct_groups(experts_seen, k, nodes)
+        ) * load.received
         across = collective_op(
             "deepep rdma (dispatch)", "all_to_all", f"{group}%{per_node}", T * h * e * by_node
         )

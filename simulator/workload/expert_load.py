@@ -110,3 +110,23 @@ def distinct_groups(experts: int, top_k: int, groups: int) -> float:
     per = experts // groups
     miss = math.comb(experts - per, top_k) / math.comb(experts, top_k) if experts - per >= top_k else 0.0
     return groups * (1.0 - miss)
+
+
+def destinations(moe: MoeConfig, groups: int) -> float:
+    """Expected distinct ``groups`` (expert-parallel ranks, or nodes) one token's top-k experts fall in, the experts
+    laid out contiguously over them (Megatron's ``local_expert_indices``). With group-limited routing (DeepSeek's
+    node-limited routing: ``num_groups``, ``group_topk``) a token first picks ``group_topk`` of ``num_groups``
+    contiguous expert groups, each scored by its best ``top_k / group_topk`` experts, then its top-k among them
+    (Megatron-Core ``moe_utils.group_limited_topk``, core_v0.13.0): each chosen group takes about ``top_k /
+    group_topk`` of the token's experts. Groups that span several destinations spread their share uniformly over
+    them; destinations that hold several groups receive the chosen ones uniformly. Without it: uniform over all
+    experts (``distinct_groups``)."""
+    e, k = moe.num_experts, moe.top_k
+    g, gk = moe.num_groups, moe.group_topk
+    if g is None or gk is None or groups <= 1:
+        return distinct_groups(e, k, groups)
+    if groups % g == 0:  # each group spans groups / g destinations
+        return min(gk * distinct_groups(e // g, max(k // gk, 1), groups // g), distinct_groups(e, k, groups))
+    if g % groups == 0:  # each destination holds g / groups groups
+        return min(distinct_groups(g, gk, groups), distinct_groups(e, k, groups))
+    return distinct_groups(e, k, groups)
