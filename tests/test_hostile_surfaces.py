@@ -3,7 +3,7 @@
 output targets. The contract is test_hostile.py's: exit 0, 2 (one ``error:`` line, nothing written) or 3, never a
 traceback or a hang; and a character device given as an output is still one afterwards.
 
-Default run: 25 examples per generator; ``pytest -m slow``: 800 each (5,600 cases)."""
+Default run: 25 examples per generator; ``pytest -m slow``: 1,000 each (7,000 cases)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from test_hostile import HOSTILE as SHARED
 from test_hostile import _dump, _fresh, _run, check_cli, mutated
 from test_importers import gpu_trace, old_layout
 
-FAST, SLOW = 25, 800
+FAST, SLOW = 25, 1000
 HOSTILE = SHARED.map(copy.deepcopy)  # its sampled [] and {} are shared objects: a copy each time, or cycles
 BASE = {"name": "hostile", **copy.deepcopy(TINY)}
 TABLE_META = {"name": "t", "gpu": "a100-sxm4-80gb", "description": "d", "method": "m"}

@@ -962,3 +962,28 @@ def test_no_layout_says_which_dimension_failed():
     ]:
         with pytest.raises(ScenarioError, match=re.escape(text)):
             plan(base(), 8, top=1, options=options)
+
+
+def test_a_layout_the_scenario_refuses_is_not_counted_as_fitting_nor_shown(monkeypatch):
+    """Issue 63: the screen counted layouts as fitting that the scenario's own checks then refused, and showed them
+    as 'invalid' rows in place of layouts that run. Here the scenario refuses every ZeRO-1 layout: none is shown,
+    the count of fitting layouts drops by those tried, and the rows are the next layouts that run."""
+    from simulator.study.screen import Screen
+
+    real = Screen.scenario
+
+    def refusing(self, lay):
+        if lay.sharding == "zero1":
+            raise ScenarioError("parallelism: zero1 refused for this test")
+        return real(self, lay)
+
+    options = {"micro_batch_sizes": (1, 2), "shardings": ("ddp", "zero1")}
+    before = plan(base(), 8, top=3, options=options)
+    monkeypatch.setattr(Screen, "scenario", refusing)
+    after = plan(base(), 8, top=3, options=options)
+    assert all(t["status"] == "ok" and "zero1" not in t["layout"] for t in after["top"])
+    assert after["fit_in_memory"] < before["fit_in_memory"]
+    assert (
+        after["screened_invalid"] - before["screened_invalid"]
+        == before["fit_in_memory"] - after["fit_in_memory"]
+    )

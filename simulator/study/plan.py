@@ -10,6 +10,7 @@ import math
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
+from itertools import islice
 
 from simulator.errors import NothingFits, ScenarioError
 from simulator.hardware.cluster import Cluster
@@ -139,24 +140,38 @@ def plan(
     # confirm layouts until ``top`` differ in shape or simulated time (at most 3 x top simulations): the screen
     # cannot tell sharding variants of one shape apart (their estimates tie), the simulation can. With ``jobs``
     # processes, as many are simulated at once and folded in estimate order, as one by one would.
-    queue = fitting[: 3 * top]
+    refused: dict[str, int] = {}  # fitting by the estimate, refused by the scenario's own checks: not counted
+
+    def loadable():
+        """The fitting layouts whose scenario loads (at most 3 x top of them), in estimate order."""
+        taken = 0
+        for e in fitting:
+            if taken >= 3 * top:
+                return
+            try:
+                sc = screen.scenario(e.layout)
+            except ScenarioError as err:
+                why_not = str(err).splitlines()[0]
+                refused[why_not] = refused.get(why_not, 0) + 1
+                continue
+            taken += 1
+            yield e, sc
+
+    queue = loadable()
     try:
-        while queue and len(confirmed) < top:
-            batch_ = queue[: min(jobs, top - len(confirmed))]
-            queue = queue[len(batch_) :]
+        while len(confirmed) < top:
+            pairs = list(islice(queue, min(jobs, top - len(confirmed))))
+            if not pairs:
+                break
             if progress:
                 progress(len(confirmed), min(top, len(fitting)))
-            scenarios = []
-            for e in batch_:
-                try:
-                    scenarios.append(screen.scenario(e.layout))
-                except ScenarioError as err:
-                    scenarios.append(err)
-            todo = [sc for sc in scenarios if not isinstance(sc, ScenarioError)]
+            batch_ = [e for e, _ in pairs]
+            scenarios = [sc for _, sc in pairs]
+            todo = scenarios
             done = confirm_all(todo)
             outcomes = iter(done)
             for e, sc in zip(batch_, scenarios, strict=True):
-                got = sc if isinstance(sc, ScenarioError) else next(outcomes)
+                got = next(outcomes)
                 if isinstance(got, (ScenarioError, str)):
                     confirmed.append(
                         Confirmed(
@@ -175,22 +190,28 @@ def plan(
         if pool is not None:
             pool.shutdown(cancel_futures=True)
         stack.close()
+    if not confirmed and refused:
+        raise NothingFits(
+            f"plan: the {sum(refused.values()):,} layouts that fit by the estimate and were tried are all refused by "
+            "the scenario's own checks, e.g. " + "; ".join(list(refused)[:3])
+        )
     ranked = sorted(
         confirmed,
         key=lambda c: (c.status != "ok", c.iteration_time_s if c.iteration_time_s is not None else math.inf),
     )
+    fit = len(fitting) - sum(refused.values())  # those the scenario checks refused do not fit
     return {
         "screened": len(layouts),
         "screened_per_s": rate,
         "zero3_replay_s": t2 - t1,  # of the screen: DeepSpeed's coordinator replayed where ZeRO-3 could rank
-        "screened_invalid": invalid,
-        "fit_in_memory": len(fitting),
+        "screened_invalid": invalid + sum(refused.values()),
+        "fit_in_memory": fit,
         "collapsed": folded,
         "confirmed": len(confirmed),
         "memory_budget_gib": capacity_gib,
         "top": [c.to_dict() for c in ranked],
         "screen_accuracy": screen_accuracy(ranked),
-        "why": why(ranked, len(fitting)),
+        "why": why(ranked, fit),
         "error_bar": (bar := error_bar(base.framework, cluster.gpu.architecture, gpus)),
         "caveat": caveat(base.framework, bar),
     }
