@@ -2,6 +2,7 @@
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -404,3 +405,27 @@ def test_version_is_printed():
 
     out = CliRunner().invoke(app, ["--version"])
     assert out.exit_code == 0 and out.output.strip() == f"clustersim {version('clustersim')}"
+
+
+def test_framework_option_on_run_compare_and_memory(tmp_path, monkeypatch):
+    """Issue 65 item 2: --framework NAME|FILE on run, compare and memory replaces the scenario's profile; a file of
+    one's own (relative to the working directory) runs as an unseen stack and its error bar says so."""
+    runner = CliRunner()
+    named = runner.invoke(app, ["run", "quickstart", "--framework", "megatron-2022", "--json"])
+    assert named.exit_code == 0, named.output
+    assert json.loads(named.stdout)["framework"] == "megatron-2022"
+    profile = Path(__file__).resolve().parents[1] / "simulator" / "frameworks" / "pytorch-2024.yaml"
+    (tmp_path / "mine.yaml").write_text(profile.read_text().replace("name: pytorch-2024", "name: my-stack"))
+    monkeypatch.chdir(tmp_path)
+    own = json.loads(runner.invoke(app, ["run", "quickstart", "--framework", "mine.yaml", "--json"]).stdout)
+    assert own["framework"] == "my-stack"
+    assert own["accuracy"]["speed"]["note"].startswith("a profile of your own is an unseen stack (my-stack")
+    both = runner.invoke(
+        app, ["compare", "quickstart", "quickstart", "--framework", "megatron-2022", "--json"]
+    )
+    assert [r["framework"] for r in json.loads(both.stdout)] == ["megatron-2022"] * 2
+    assert (
+        runner.invoke(app, ["memory", "quickstart", "--framework", "megatron-2022", "--json"]).exit_code == 0
+    )
+    bad = runner.invoke(app, ["run", "quickstart", "--framework", "nope"])
+    assert bad.exit_code == 2 and "unknown framework 'nope'" in bad.output

@@ -34,6 +34,10 @@ def with_kernels(s: Scenario, kernels: str | None, kernels_only: str | None = No
     return s.model_copy(update={"kernels": check_choice(kernels, "--kernels"), "kernels_only": False})
 
 
+FRAMEWORK_HELP = (
+    "Framework profile: a shipped name (megatron-core-2024, pytorch-2024, ...) or a profile file of your own (clustersim "
+    "calibrate profile --write), replacing the scenario's framework:."
+)
 TOKENS_HELP = "Tokens the whole training run sees (15T, 300B or a number): days, GPU-hours and cost to train."
 PRICE_HELP = "US dollars per GPU-hour, for the cost to train (with --tokens or training.total_tokens)."
 

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from simulator.cli.common import FRAMEWORK_HELP
 from simulator.errors import ScenarioError
 from simulator.report.console import escape, fail, progress
 from simulator.scenario.loader import load_scenario
@@ -19,13 +20,14 @@ def memory(
     ],
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON list instead of a table.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
+    framework: Annotated[str | None, typer.Option("--framework", help=FRAMEWORK_HELP)] = None,
 ) -> None:
     """Per-GPU memory of SCENARIO under DDP, ZeRO-1/2/3, FSDP and ZeRO-3 with offload, each with no, selective
     and full activation recompute: what fits on its GPUs (memory only; nothing is simulated)."""
     from simulator.study.memory_table import memory_table
 
     try:
-        s = load_scenario(scenario)
+        s = load_scenario(scenario, framework=framework)
         show = not quiet and not json_out and sys.stderr.isatty()
         with progress(show) as bar:
             task = bar.add_task("building programs", total=None)

@@ -14,6 +14,7 @@ from simulator import paths
 from simulator.api import simulate
 from simulator.cli.common import (
     EXIT_OUT_OF_MEMORY,
+    FRAMEWORK_HELP,
     KERNELS_HELP,
     KERNELS_ONLY_HELP,
     PRICE_HELP,
@@ -60,6 +61,7 @@ def run(
     ] = False,
     tokens: Annotated[str | None, typer.Option("--tokens", help=TOKENS_HELP)] = None,
     price: Annotated[float | None, typer.Option("--price", help=PRICE_HELP)] = None,
+    framework: Annotated[str | None, typer.Option("--framework", help=FRAMEWORK_HELP)] = None,
 ) -> None:
     """Simulate one training iteration of SCENARIO. Exits 3 when the run does not fit in memory (the output
     starts with that and with changes that would fit), 2 on bad input."""
@@ -71,7 +73,9 @@ def run(
                 check_output_file(path, option)
         with shown_warnings():
             s = with_kernels(
-                load_scenario(scenario, deepspeed_config=deepspeed_config), kernels, kernels_only
+                load_scenario(scenario, deepspeed_config=deepspeed_config, framework=framework),
+                kernels,
+                kernels_only,
             )
             s = with_goal(s, tokens, price)
             # a trace, report or image shows every micro-batch, --exact asks for it: no periodic extrapolation
@@ -189,6 +193,7 @@ def compare(
     kernels_only: Annotated[str | None, typer.Option("--kernels-only", help=KERNELS_ONLY_HELP)] = None,
     tokens: Annotated[str | None, typer.Option("--tokens", help=TOKENS_HELP)] = None,
     price: Annotated[float | None, typer.Option("--price", help=PRICE_HELP)] = None,
+    framework: Annotated[str | None, typer.Option("--framework", help=FRAMEWORK_HELP)] = None,
 ) -> None:
     """Simulate several scenarios and show their metrics side by side. Every scenario is shown; exits 3 (as
     `run` does) when any of them does not fit in memory, naming them on stderr."""
@@ -196,7 +201,10 @@ def compare(
         if report is not None:
             check_output_file(report, "--report")
         loaded = [
-            with_goal(with_kernels(load_scenario(p), kernels, kernels_only), tokens, price) for p in scenarios
+            with_goal(
+                with_kernels(load_scenario(p, framework=framework), kernels, kernels_only), tokens, price
+            )
+            for p in scenarios
         ]
     except ScenarioError as e:
         fail(str(e))

@@ -16,9 +16,14 @@ from simulator.tables.select import check_choice
 
 
 def load_scenario(
-    source: str | Path | dict, base_dir: Path | None = None, deepspeed_config: str | Path | None = None
+    source: str | Path | dict,
+    base_dir: Path | None = None,
+    deepspeed_config: str | Path | None = None,
+    framework: str | None = None,
 ) -> Scenario:
     """Load a scenario from a YAML path or an already-parsed dict, validate it and resolve derived values.
+    ``framework``: a profile name or file replacing the scenario's (``--framework``; a relative file is the
+    working directory's, as every command-line path).
 
     Raises :class:`ScenarioError` with a message naming the field and the arithmetic.
     """
@@ -55,6 +60,8 @@ def load_scenario(
         }
         data["deepspeed_config"] = str(path)
     data = _paths_relative_to(data, base_dir)
+    if framework is not None:  # after the scenario's own paths: this one is the command line's
+        data = {**data, "framework": str(Path(framework).resolve()) if is_path(framework) else framework}
     if isinstance(data.get("kernels"), str):  # a table directory is relative to the scenario file
         data = {**data, "kernels": check_choice(data["kernels"], base_dir=base_dir)}
     try:
