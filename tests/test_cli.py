@@ -132,7 +132,7 @@ training: {global_batch_size: 1536, micro_batch_size: 4, precision: fp16}
         ),
         (
             BASE + "cluster: {topology: dgx-z900}\n",
-            "cluster.topology: unknown topology 'dgx-z900'; available: dgx-a100, dgx-b200, dgx-h100, dgx-h200",
+            "cluster.topology: unknown topology 'dgx-z900'; available: dgx-a100, dgx-b200, dgx-b300, dgx-h100, dgx-h200",
         ),
         (BASE + "cluster: {topology: dgx-a100, num_nodes: 2\n", "YAML syntax error at line 4"),
         (

@@ -153,13 +153,13 @@ class GPU(_Data):
 
     @property
     def lineage(self) -> str:
-        """The shipped GPU whose name-keyed data (its cost table, per-GPU profile factors) applies to this one:
-        itself where it is shipped; its ``base``; a shipped GPU with the very same numbers (a copy under another
-        name); else its own name, which nothing shipped is keyed by."""
+        """The shipped GPU whose name-keyed data (its cost table, per-GPU profile factors) applies to this one: its
+        ``base``; itself where it is shipped; a shipped GPU with the very same numbers (a copy under another name);
+        else its own name, which nothing shipped is keyed by."""
+        if self.base:  # derived from a shipped part (a shipped derived one too: h800-sxm5-80gb from the H100)
+            return self.base
         if self.name in _catalogue_names():
             return self.name
-        if self.base:
-            return self.base
         mine = self.model_dump(exclude=_IDENTITY)
         twin = next(
             (g.name for g in gpu_catalogue().values() if g.model_dump(exclude=_IDENTITY) == mine), None
