@@ -561,3 +561,34 @@ def test_node_limited_routing_narrows_the_nodes_a_token_reaches():
     assert destinations(dsv3, 4) == pytest.approx(distinct_groups(8, 4, 4))
     plain = MoeConfig(num_experts=256, top_k=8)
     assert destinations(plain, 8) == distinct_groups(256, 8, 8)
+
+
+def test_deepep_fp8_dispatch_sends_a_byte_and_a_block_scale_per_element_and_combines_in_bf16():
+    """Issue 61: DeepSeek-V3's DeepEP dispatch in FP8 (1 byte an element plus a 4-byte scale per 128), its combine in
+    BF16; backward, the combine's output gradients go toward the experts in FP8, the dispatch's gradients back in
+    BF16. Needs the deepep dispatcher and precision fp8."""
+    sixteen = {**SMALL_MOE, "moe": {"num_experts": 16, "top_k": 4}}
+
+    def layer(fp8_dispatch: bool):
+        moe = {"dispatcher": "deepep", "fp8_dispatch": fp8_dispatch}
+        s = scenario(sixteen, nodes=2, expert_parallel=16, moe=moe, training={"precision": "fp8"})
+        return build_workload(s, gpus_per_node=8).layers[0]
+
+    plain, fp8 = layer(False), layer(True)
+    ratio = (1 + 4 / 128) / 2
+    for ops, name in (
+        (plain.forward, "deepep rdma (dispatch)"),
+        (plain.backward, "deepep rdma (combine gradients)"),
+    ):
+        ops8 = fp8.forward if ops is plain.forward else fp8.backward
+        assert op(ops8, name).bytes == pytest.approx(op(ops, name).bytes * ratio)
+    for ops, name in (
+        (plain.forward, "deepep rdma (combine)"),
+        (plain.backward, "deepep rdma (dispatch gradients)"),
+    ):
+        ops8 = fp8.forward if ops is plain.forward else fp8.backward
+        assert op(ops8, name).bytes == op(ops, name).bytes
+    with pytest.raises(ScenarioError, match="fp8_dispatch is DeepEP's FP8 dispatch"):
+        scenario(
+            sixteen, nodes=2, expert_parallel=16, moe={"fp8_dispatch": True}, training={"precision": "fp8"}
+        )

@@ -191,6 +191,12 @@ class MoeParallelConfig(Section):
         description="The router's top-k and scores, the aux-loss scores and the aux loss as Transformer Engine fused "
         "kernels (Megatron-Core --moe-router-fusion, core_v0.14.0+, off by default); false: unfused PyTorch ops.",
     )
+    fp8_dispatch: bool = Field(
+        False,
+        description="DeepEP dispatcher with precision fp8: tokens (forward) and the combine's output gradients "
+        "(backward) cross in FP8 with a 4-byte scale per 128 elements, the combine and its gradient in BF16, as "
+        "DeepSeek-V3 trained (its report Sec. 3.3.2; deepseek-ai/DeepEP README: FP8 dispatch, BF16 combine).",
+    )
     fused_multihot: bool = Field(
         False,
         description="DeepEP dispatcher: the indices-to-multihot step as one Triton kernel (Megatron-Core "

@@ -255,6 +255,11 @@ class Scenario(Section):
             raise ValueError("parallelism.zero offload is not modelled with model.moe")
         if p.pipeline_schedule == "pipedream-2bw":
             raise ValueError("parallelism.pipeline_schedule pipedream-2bw is not modelled with model.moe")
+        if p.moe.fp8_dispatch and (p.moe.dispatcher != "deepep" or self.training.precision != "fp8"):
+            raise ValueError(
+                "parallelism.moe.fp8_dispatch is DeepEP's FP8 dispatch: it needs dispatcher: deepep and training."
+                f"precision: fp8 (got {p.moe.dispatcher}, {self.training.precision})"
+            )
         if p.moe.dispatcher == "deepspeed":
             if m.moe.capacity_factor is None:
                 raise ValueError(

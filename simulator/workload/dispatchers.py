@@ -152,6 +152,11 @@ def allgather(s: Scenario, sh: LayerShape, fw: Framework, T: float, rows: float)
     return dispatch, combine, dispatch_bwd, combine_bwd
 
 
+# DeepEP's FP8 dispatch: one fp32 scale per 128 elements (deepseek-ai/DeepEP, per-token 1x128 block scaling)
+FP8_BLOCK = 128
+FP8_SCALE_BYTES = 4
+
+
 def deepep(
     s: Scenario, sh: LayerShape, fw: Framework, load: ExpertLoad, T: float, rows: float, gpus_per_node
 ):
@@ -217,8 +222,13 @@ def deepep(
             ),
             *([] if fused else [wait]),
         )
+    # DeepEP's FP8 dispatch (DeepSeek-V3's training): what moves toward the experts (tokens forward, the
+    # combine's output gradients backward) in FP8 with a 4-byte scale per 128 elements; combines in BF16
+    scale = (1 + FP8_SCALE_BYTES / FP8_BLOCK) / e if p.moe.fp8_dispatch else 1.0
+    toward_f = [replace(o, bytes=o.bytes * scale) for o in ops_f]
+    toward_b = [replace(o, bytes=o.bytes * scale) for o in ops_b]
     dispatch = present(
-        *ops_f,
+        *toward_f,
         sync_op("host waits for the received token counts", fw.host.sync_s) if size > 1 else None,
         *multihot_f,
         memory_op("permute received tokens", e * T * ranks * h + gathered, "elementwise", round(rows), h),
@@ -232,7 +242,7 @@ def deepep(
     )
     combine_bwd = present(
         memory_op("combine backward", e * T * ranks * h + e * T * h, "elementwise", round(T), h, "backward"),
-        *(replace(o, name=o.name.replace("dispatch", "combine gradients")) for o in ops_b),
+        *(replace(o, name=o.name.replace("dispatch", "combine gradients")) for o in toward_b),
         memory_op(
             "unpermute backward", gathered + e * T * ranks * h, "elementwise", round(rows), h, "backward"
         ),
