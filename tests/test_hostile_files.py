@@ -139,7 +139,16 @@ def test_nccl_tests_json_of_the_wrong_types_is_one_line(tmp_path, doc, expected)
     log = tmp_path / "all_reduce.json"
     log.write_text(json.dumps(doc).replace("Infinity", "1e400"))
     message = error_of(
-        ["calibrate", "import", "nccl-tests", str(log), "--gpu", "a100-sxm4-80gb", "--out", "x"]
+        [
+            "calibrate",
+            "import",
+            "nccl-tests",
+            str(log),
+            "--gpu",
+            "a100-sxm4-80gb",
+            "--out",
+            str(tmp_path / "x"),
+        ]
     )
     assert message.startswith(f"error: {log}: {expected}"), message
 
@@ -154,7 +163,16 @@ def test_an_infinite_time_in_an_nccl_tests_log_refuses_the_log_with_its_line(tmp
     text[row] = "  ".join(cells)
     log.write_text("\n".join(text) + "\n")
     message = error_of(
-        ["calibrate", "import", "nccl-tests", str(log), "--gpu", "a100-sxm4-80gb", "--out", "x"]
+        [
+            "calibrate",
+            "import",
+            "nccl-tests",
+            str(log),
+            "--gpu",
+            "a100-sxm4-80gb",
+            "--out",
+            str(tmp_path / "x"),
+        ]
     )
     assert message == f"error: {log} line {row + 1}: time 'inf' is not a finite number; the log is refused"
 

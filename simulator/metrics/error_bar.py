@@ -56,10 +56,11 @@ def _profiles_and_architectures(groups: dict) -> tuple[set[str], set[str]]:
 
 def neighbours(profile: str, architecture: str, scale: str, groups: dict, own: bool) -> list[list[str]]:
     """The cells a run falls back to, ring by ring: first those that differ from its own in one coordinate, then
-    pooled ones. ``own``: a profile of one's own, which no cell holds (only other profiles' cells)."""
+    pooled ones. ``own``: a profile of one's own, which no cell holds: every shipped profile's cells, the one it
+    may be a copy of included."""
     profiles, archs = _profiles_and_architectures(groups)
     others = sorted(profiles - {profile})
-    if own:  # every shipped profile's, the one it may be a copy of included
+    if own:
         return [
             [_cell(p, architecture, scale) for p in sorted(profiles)],
             [_cell(p, architecture) for p in sorted(profiles)] + [_cell(ANY_PROFILE, architecture, scale)],
