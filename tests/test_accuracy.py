@@ -15,18 +15,15 @@ from simulator.frameworks import get_framework
 from simulator.metrics import error_bar
 from simulator.validation import accuracy, first_contact
 from simulator.validation.runner import load_cases
+from simulator.validation.signs import speed_error_pct
 
 
 def test_speed_errors_are_signed_the_same_way_for_times_and_throughputs():
     """+ = simulated faster than measured: 1.6 s simulated against 2.0 s measured is 25% fast, as 125 tokens/s
     against 100 is."""
-    assert accuracy.speed_error_pct("iteration_time_s", published=2.0, predicted=1.6) == pytest.approx(25.0)
-    assert accuracy.speed_error_pct(
-        "tokens_per_s_per_gpu", published=100.0, predicted=125.0
-    ) == pytest.approx(25.0)
-    assert accuracy.speed_error_pct(
-        "model_tflops_per_gpu", published=200.0, predicted=150.0
-    ) == pytest.approx(-25.0)
+    assert speed_error_pct("iteration_time_s", published=2.0, predicted=1.6) == pytest.approx(25.0)
+    assert speed_error_pct("tokens_per_s_per_gpu", published=100.0, predicted=125.0) == pytest.approx(25.0)
+    assert speed_error_pct("model_tflops_per_gpu", published=200.0, predicted=150.0) == pytest.approx(-25.0)
 
 
 def test_summary_by_hand():

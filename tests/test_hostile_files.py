@@ -105,6 +105,12 @@ def test_kineto_traces_are_bounded_in_size_nesting_and_numbers(tmp_path, monkeyp
     assert not (tmp_path / "k").exists()
 
 
+def import_error(log: Path, tmp_path: Path) -> str:
+    """The one error line of importing ``log`` as nccl-tests output (into a table under ``tmp_path``)."""
+    out = str(tmp_path / "x")
+    return error_of(["calibrate", "import", "nccl-tests", str(log), "--gpu", "a100-sxm4-80gb", "--out", out])
+
+
 @pytest.mark.parametrize(
     "doc, expected",
     [
@@ -138,18 +144,7 @@ def test_nccl_tests_json_of_the_wrong_types_is_one_line(tmp_path, doc, expected)
     doc.setdefault("config", {}).setdefault("devices", [{"hostname": "a"}, {"hostname": "a"}])
     log = tmp_path / "all_reduce.json"
     log.write_text(json.dumps(doc).replace("Infinity", "1e400"))
-    message = error_of(
-        [
-            "calibrate",
-            "import",
-            "nccl-tests",
-            str(log),
-            "--gpu",
-            "a100-sxm4-80gb",
-            "--out",
-            str(tmp_path / "x"),
-        ]
-    )
+    message = import_error(log, tmp_path)
     assert message.startswith(f"error: {log}: {expected}"), message
 
 
@@ -162,18 +157,7 @@ def test_an_infinite_time_in_an_nccl_tests_log_refuses_the_log_with_its_line(tmp
     cells[5 if "root" in header else 4] = "inf"
     text[row] = "  ".join(cells)
     log.write_text("\n".join(text) + "\n")
-    message = error_of(
-        [
-            "calibrate",
-            "import",
-            "nccl-tests",
-            str(log),
-            "--gpu",
-            "a100-sxm4-80gb",
-            "--out",
-            str(tmp_path / "x"),
-        ]
-    )
+    message = import_error(log, tmp_path)
     assert message == f"error: {log} line {row + 1}: time 'inf' is not a finite number; the log is refused"
 
 

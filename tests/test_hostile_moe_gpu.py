@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import TINY
 from hypothesis import strategies as st
 from test_hostile import HOSTILE as SHARED
 from test_hostile import _dump, _fresh, _run, check_cli, mutated
@@ -62,17 +63,8 @@ GPU = {
 }
 WHOLE_GPU = yaml.safe_load((ROOT / "simulator" / "hardware" / "gpus" / "h100-sxm5-80gb.yaml").read_text())
 TOPOLOGY = yaml.safe_load((ROOT / "topologies" / "dgx-h100.yaml").read_text())
-BASE = {
-    "name": "hostile",
-    "model": {
-        "num_layers": 2,
-        "hidden_size": 256,
-        "num_attention_heads": 4,
-        "seq_length": 256,
-        "vocab_size": 1024,
-    },
-    "training": {"global_batch_size": 16, "micro_batch_size": 2},
-}
+# conftest's two-layer model and batch, on whichever cluster and layout each case sets
+BASE = {"name": "hostile", **{k: copy.deepcopy(TINY[k]) for k in ("model", "training")}}
 
 
 def moe_case(work: Path, scenario) -> int:

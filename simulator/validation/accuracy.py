@@ -36,7 +36,7 @@ from pathlib import Path
 from simulator.metrics.error_bar import ACCURACY_FILE, ANY_PROFILE, scale_of, stored
 from simulator.validation.first_contact import signed_error
 from simulator.validation.first_contact import stored as first_contact
-from simulator.validation.signs import kind_and_error, speed_error_pct
+from simulator.validation.signs import kind_and_error
 
 HERE = Path(__file__).resolve().parent
 # The validation files, by stem (simulator/validation/<stem>.yaml): docs/validation.md describes each.
@@ -55,8 +55,6 @@ HELD_OUT = (
 # Files whose runs come from a source a profile is fitted on in published.yaml: left out together with it.
 # MosaicML's llm-foundry throughput tables are the source of the MPT rows llm-foundry-2023 is fitted on.
 SAME_SOURCE = {"llm-foundry": "MPT"}
-
-__all__ = ["speed_error_pct", "summary", "measure", "write", "HELD_OUT"]
 
 
 @dataclass
