@@ -285,6 +285,10 @@ def plan(
                     tp, pp, pp_max, cp, mbs, ep, sharding, no_zero3, recompute, max_memory_gib
                 )
                 options["jobs"] = jobs or os.cpu_count() or 1
+                if (
+                    own is None and framework == "auto"
+                ):  # each layout on the stack that runs it (study/stacks.py)
+                    options["stack"] = "auto"
                 if dask:
                     options["dask"] = dask
                 result = run_plan(base, n, top=top, batch=global_batch_size, options=options)

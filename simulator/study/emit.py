@@ -3,11 +3,17 @@ Megatron-DeepSpeed arguments for TP / PP), or a torchtitan TOML. Where a framewo
 layout, a comment line says so and names the nearest one.
 
 Names are the frameworks' own, read from their source:
-- Megatron-LM megatron/training/arguments.py (core_r0.12.0): --tensor-model-parallel-size,
+- Megatron-LM megatron/training/arguments.py (core_r0.12.0; every option written is checked against the parser of
+  core_v0.15.0, tests/data/megatron-lm-core_v0.15.0-options.txt): --tensor-model-parallel-size,
   --pipeline-model-parallel-size, --num-layers-per-virtual-pipeline-stage, --context-parallel-size,
   --expert-model-parallel-size, --expert-tensor-parallel-size, --sequence-parallel, --use-distributed-optimizer,
   --use-torch-fsdp2, --recompute-granularity / --recompute-method / --recompute-num-layers, --recompute-modules,
-  --tp-comm-overlap; --overlap-moe-expert-parallel-comm (core_v0.14.0).
+  --tp-comm-overlap, --overlap-grad-reduce, --overlap-param-gather, --moe-token-dispatcher-type (allgather,
+  alltoall, flex) with --moe-enable-deepep, --moe-grouped-gemm, and the model's --num-layers, --hidden-size,
+  --ffn-hidden-size, --num-attention-heads, --group-query-attention / --num-query-groups,
+  --max-position-embeddings, --vocab-size, --swiglu, --normalization RMSNorm, --position-embedding-type rope,
+  --disable-bias-linear, --untie-embeddings-and-output-weights, --num-experts, --moe-router-topk,
+  --moe-ffn-hidden-size, --moe-shared-expert-intermediate-size; --overlap-moe-expert-parallel-comm (core_v0.14.0).
 - DeepSpeed deepspeed/runtime/config.py and zero/config.py (v0.16): train_batch_size,
   train_micro_batch_size_per_gpu, gradient_accumulation_steps, bf16.enabled, zero_optimization.stage.
 - torchtitan torchtitan/config/job_config.py (000204a4): [training] local_batch_size, global_batch_size,
@@ -120,7 +126,64 @@ def megatron(row: dict) -> str:
         notes.append("# async TP is PyTorch's (torchtitan); Megatron-Core's overlap is --tp-comm-overlap")
     if c["a2a_overlap"]:
         args.append("--overlap-moe-expert-parallel-comm")
-    return "\n".join([*notes, " \\\n".join(args)])
+    par = row["scenario"].get("parallelism", {})
+    if row["scenario"].get("model", {}).get("moe"):  # Megatron's default dispatcher (allgather) is not ours
+        moe = par.get("moe", {})
+        dispatcher = moe.get("dispatcher", "alltoall")
+        if dispatcher == "deepep":
+            args += ["--moe-token-dispatcher-type flex", "--moe-enable-deepep"]
+        elif dispatcher in ("alltoall", "allgather"):
+            args.append(f"--moe-token-dispatcher-type {dispatcher}")
+        else:
+            notes.append(f"# the {dispatcher} dispatcher is DeepSpeed-MoE's: no Megatron-LM switch")
+        if moe.get("grouped_gemm", True):
+            args.append("--moe-grouped-gemm")
+    ddp = par.get("ddp", {})
+    if ddp.get("overlap_grad_reduce"):
+        args.append("--overlap-grad-reduce")
+    if ddp.get("overlap_param_gather") and sharding == "zero1":
+        args.append("--overlap-param-gather")
+    return "\n".join([*notes, " \\\n".join(args + megatron_model_args(row["scenario"].get("model", {})))])
+
+
+def megatron_model_args(m: dict) -> list[str]:
+    """The model's shape as Megatron-LM's arguments (megatron/training/arguments.py, core_r0.12.0-core_v0.15.0), from the
+    planned scenario's model section (its fields that are set)."""
+    args = [
+        f"--{flag} {m[key]}"
+        for key, flag in (
+            ("num_layers", "num-layers"),
+            ("hidden_size", "hidden-size"),
+            ("ffn_hidden_size", "ffn-hidden-size"),
+            ("num_attention_heads", "num-attention-heads"),
+        )
+        if m.get(key)
+    ]
+    groups = m.get("num_query_groups")
+    if groups and groups != m.get("num_attention_heads"):
+        args += ["--group-query-attention", f"--num-query-groups {groups}"]
+    if m.get("seq_length"):
+        args.append(f"--max-position-embeddings {m['seq_length']}")
+    if m.get("vocab_size"):
+        args.append(f"--vocab-size {m['vocab_size']}")
+    if m.get("activation") == "swiglu":
+        args.append("--swiglu")
+    if m.get("normalization") == "rmsnorm":
+        args.append("--normalization RMSNorm")
+    if m.get("position_embedding") == "rope":
+        args.append("--position-embedding-type rope")
+    if m.get("add_bias_linear") is False:
+        args.append("--disable-bias-linear")
+    if m.get("tied_embeddings") is False:
+        args.append("--untie-embeddings-and-output-weights")
+    moe = m.get("moe") or {}
+    if moe:
+        args += [f"--num-experts {moe['num_experts']}", f"--moe-router-topk {moe.get('top_k', 2)}"]
+        if moe.get("ffn_hidden_size"):
+            args.append(f"--moe-ffn-hidden-size {moe['ffn_hidden_size']}")
+        if moe.get("shared_expert_ffn_hidden_size"):
+            args.append(f"--moe-shared-expert-intermediate-size {moe['shared_expert_ffn_hidden_size']}")
+    return args
 
 
 # Transformer Engine's recipes' default formats (transformer_engine/common/recipe/__init__.py, v2.x): DelayedScaling

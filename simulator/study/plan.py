@@ -19,6 +19,7 @@ from simulator.scenario.schema import Scenario
 from simulator.study.layouts import Layout, candidates, why_none
 from simulator.study.screen import Screen
 from simulator.study.screen_check import accuracy_line, screen_accuracy  # noqa: F401  (plan's API)
+from simulator.study.stacks import screen_for
 
 
 @dataclass
@@ -69,7 +70,7 @@ def plan(
         raise ScenarioError(f"--gpus ({gpus}) is not a whole number of {gpn}-GPU nodes")
     nodes = max(1, gpus // gpn)
     cluster = Cluster(spec, nodes)
-    screen = Screen(base, cluster, batch, gpus)
+    screen = screen_for(base, cluster, batch, gpus, o.get("stack"))
     budget_gib = o.get("max_memory_gib")
     if budget_gib is not None:
         screen.capacity = min(screen.capacity, budget_gib * 2**30)
@@ -200,6 +201,8 @@ def plan(
         key=lambda c: (c.status != "ok", c.iteration_time_s if c.iteration_time_s is not None else math.inf),
     )
     fit = len(fitting) - sum(refused.values())  # those the scenario checks refused do not fit
+    # the profile the pick runs on (per layout where the plan chose each one's stack)
+    picked = ranked[0].scenario.get("framework", base.framework) if ranked else base.framework
     return {
         "screened": len(layouts),
         "screened_per_s": rate,
@@ -212,8 +215,8 @@ def plan(
         "top": [c.to_dict() for c in ranked],
         "screen_accuracy": screen_accuracy(ranked),
         "why": why(ranked, fit),
-        "error_bar": (bar := error_bar(base.framework, cluster.gpu.architecture, gpus)),
-        "caveat": caveat(base.framework, bar),
+        "error_bar": (bar := error_bar(picked, cluster.gpu.architecture, gpus)),
+        "caveat": caveat(picked, bar),
     }
 
 

@@ -1,0 +1,183 @@
+"""plan --model simulates each layout on the stack that would run it (simulator/study/stacks.py): Megatron for
+TP / PP / CP and experts, eager PyTorch for FSDP and data parallelism alone; the written scenario runs to the
+plan's time."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from simulator import load_scenario
+from simulator.api import simulate
+from simulator.cli import app
+from simulator.study.layouts import Layout
+from simulator.study.stacks import stack_base, stack_of
+
+runner = CliRunner()
+
+
+def lay(tp=1, pp=1, cp=1, dp=8, sharding="ddp", **kw) -> Layout:
+    return Layout(tp=tp, pp=pp, cp=cp, dp=dp, v=1, mbs=1, sharding=sharding, recompute="none", **kw)
+
+
+@pytest.fixture(scope="module")
+def dense():
+    return load_scenario(
+        {
+            "model": {"preset": "gpt3-1.3b"},
+            "cluster": {"topology": "dgx-h100", "num_nodes": 1},
+            "training": {"global_batch_size": 8, "micro_batch_size": 1},
+            "parallelism": {"data_parallel": 8},
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("layout", "architecture", "profile"),
+    [
+        (lay(tp=2, dp=4), "hopper", "megatron-core-2024"),
+        (lay(pp=2, dp=4, sharding="zero1"), "blackwell", "megatron-core-2024"),
+        (lay(cp=2, dp=4), "ampere", "megatron-2022"),
+        (lay(tp=2, dp=4, sharding="fsdp"), "hopper", "pytorch-2024"),  # torchtitan's 2D
+        (lay(sharding="zero3"), "hopper", "pytorch-2024"),
+        (lay(), "ampere", "pytorch-2024"),
+    ],
+)
+def test_each_layout_runs_on_its_stack(dense, layout, architecture, profile):
+    assert stack_of(dense, layout, architecture) == profile
+
+
+def test_experts_run_on_megatron_even_without_tp():
+    moe = load_scenario(
+        {
+            "model": "mixtral-8x7b",
+            "cluster": {"topology": "dgx-h100", "num_nodes": 1},
+            "training": {"global_batch_size": 8, "micro_batch_size": 1},
+            "parallelism": {"data_parallel": 8, "expert_parallel": 8},
+        }
+    )
+    assert stack_of(moe, lay(ep=8), "hopper") == "megatron-core-2024"
+
+
+def test_megatron_core_stack_sets_the_recipes_switches(dense):
+    s = stack_base(dense, "megatron-core-2024")
+    p = s.parallelism
+    assert s.framework == "megatron-core-2024"
+    assert p.sequence_parallel and p.tp_comm_overlap
+    assert p.ddp.overlap_grad_reduce and p.ddp.overlap_param_gather
+    assert stack_base(dense, "pytorch-2024").parallelism == dense.parallelism  # no switches of its own
+
+
+def test_plan_model_picks_megatron_for_llama3_70b_and_run_agrees(tmp_path):
+    """Llama 3 70B on 64 H100 at 512 sequences: with every layout on plain data-parallel PyTorch the plan picked
+    ZeRO-3 at 75.3 s while a Megatron-Core layout of the shipped FP8 scenario's shape runs in 55.7 s (issue 62);
+    on the stack of each layout the pick is that Megatron layout, and `run` of its file gives the plan's time."""
+    args = ["plan", "--model", "llama3-70b", "--gpus", "64", "--topology", "dgx-h100"]
+    args += ["--global-batch-size", "512", "--top", "1", "--json"]
+    got = runner.invoke(app, [*args, "--write-scenario", str(tmp_path)])
+    assert got.exit_code == 0, got.output
+    top = json.loads(got.stdout)["top"][0]
+    assert top["scenario"]["framework"] == "megatron-core-2024"
+    assert top["tp"] > 1 and top["scenario"]["parallelism"]["sequence_parallel"] is True
+    assert top["scenario"]["parallelism"]["tp_comm_overlap"] is True
+    (written,) = sorted(tmp_path.glob("*.yaml"))
+    ran = simulate(load_scenario(written)).metrics.iteration_time_s
+    assert ran == pytest.approx(top["iteration_time_s"], rel=0.01)
+    eager = runner.invoke(app, [*args, "--framework", "pytorch-2024"])
+    assert eager.exit_code == 0, eager.output
+    eager_s = json.loads(eager.stdout)["top"][0]["iteration_time_s"]
+    assert eager_s == pytest.approx(75.3, rel=0.02)  # the pick before: DP64 ZeRO-3 on eager PyTorch
+    assert top["iteration_time_s"] < 0.8 * eager_s
+    assert top["iteration_time_s"] == pytest.approx(55.7, rel=0.02)
+
+
+MEGATRON_OPTIONS = {
+    line.strip()
+    for line in (Path(__file__).parent / "data" / "megatron-lm-core_v0.15.0-options.txt")
+    .read_text()
+    .splitlines()
+    if line.startswith("--")
+}
+MEGATRON_CHOICES = {  # arguments.py at core_v0.15.0: the choices of the options emitted with a value from a list
+    "--fp8-format": {"e4m3", "hybrid"},
+    "--fp8-recipe": {"tensorwise", "delayed", "mxfp8", "blockwise"},
+    "--fp4-recipe": {"nvfp4"},
+    "--position-embedding-type": {"learned_absolute", "rope", "mrope", "relative", "none"},
+    "--normalization": {"LayerNorm", "RMSNorm"},
+    "--moe-token-dispatcher-type": {"allgather", "alltoall", "flex"},
+}
+
+
+@pytest.mark.parametrize(
+    ("precision", "recipe", "dispatcher", "sharding", "overlap"),
+    [
+        ("bf16", None, "alltoall", "zero1", True),
+        ("fp8", "mxfp8", "deepep", "ddp", True),
+        ("fp8", "nvfp4", "allgather", "zero1", False),
+        ("fp8", "delayed", "alltoall", "fsdp", "async"),
+    ],
+)
+def test_every_emitted_megatron_option_is_in_megatrons_parser(
+    precision, recipe, dispatcher, sharding, overlap
+):
+    """Each option --emit megatron writes (layout, precision, MoE, overlaps, model shape) is one Megatron-LM's
+    parser knows at core_v0.15.0, with a value among its choices."""
+    from simulator.study.emit import emit_text
+
+    model = {
+        "num_layers": 61,
+        "hidden_size": 7168,
+        "ffn_hidden_size": 18432,
+        "num_attention_heads": 128,
+        "num_query_groups": 8,
+        "seq_length": 4096,
+        "vocab_size": 129280,
+        "activation": "swiglu",
+        "normalization": "rmsnorm",
+        "position_embedding": "rope",
+        "add_bias_linear": False,
+        "tied_embeddings": False,
+        "moe": {
+            "num_experts": 256,
+            "top_k": 8,
+            "ffn_hidden_size": 2048,
+            "shared_expert_ffn_hidden_size": 2048,
+        },
+    }
+    training = {"global_batch_size": 4096, "precision": precision, "recompute": {"modules": ["moe_act"]}}
+    if recipe:
+        training["fp8"] = {"recipe": recipe}
+    par = {
+        "tp_comm_overlap": overlap,
+        "moe": {"dispatcher": dispatcher, "overlap_a2a": True},
+        "ddp": {"overlap_grad_reduce": True, "overlap_param_gather": True},
+    }
+    row = {
+        "tp": 2,
+        "pp": 8,
+        "cp": 2,
+        "dp": 16,
+        "v": 2,
+        "mbs": 1,
+        "sharding": sharding,
+        "recompute": "selective",
+    }
+    row |= {
+        "ep": 64,
+        "etp": 1,
+        "shard": 0,
+        "scenario": {"model": model, "training": training, "parallelism": par},
+    }
+    text = emit_text(row, "megatron")
+    args = [line.rstrip(" \\") for line in text.splitlines() if not line.startswith("#")]
+    assert len(args) > 30
+    for arg in args:
+        option, *value = arg.split(" ", 1)
+        assert option in MEGATRON_OPTIONS, arg
+        if option in MEGATRON_CHOICES:
+            assert value[0] in MEGATRON_CHOICES[option], arg
+    for arg in ("--num-layers 61", "--num-experts 256", "--moe-router-topk 8", "--overlap-grad-reduce"):
+        assert arg in args
+    assert ("--moe-enable-deepep" in args) == (dispatcher == "deepep")
+    assert ("--overlap-param-gather" in args) == (sharding == "zero1")
