@@ -957,7 +957,7 @@ def test_no_layout_says_which_dimension_failed():
     micro-batches against a rank's batch."""
     for options, text in [
         ({"tp": (3,)}, "no tensor-parallel size (3) fits a 8-GPU node and divides the"),
-        ({"pp": (5,)}, "no pipeline size (5) divides the"),
+        ({"pp": (7,)}, "no pipeline size (7) splits the"),  # 8 layers: 2 on 5 middle stages leave none
         ({"micro_batch_sizes": (3,)}, "no micro-batch size (3) divides a data-parallel rank's batch"),
     ]:
         with pytest.raises(ScenarioError, match=re.escape(text)):

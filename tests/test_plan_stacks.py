@@ -181,3 +181,98 @@ def test_every_emitted_megatron_option_is_in_megatrons_parser(
         assert arg in args
     assert ("--moe-enable-deepep" in args) == (dispatcher == "deepep")
     assert ("--overlap-param-gather" in args) == (sharding == "zero1")
+
+
+@pytest.mark.parametrize(
+    ("layers", "pp", "split"),
+    [
+        (61, 16, (3, 4, 2)),  # DeepSeek-V3: ceil(61 / 16) = 4 on 14 middle stages, 5 left: 3 first, 2 last
+        (61, 8, (7, 8, 6)),
+        (61, 2, (31, 0, 30)),
+        (61, 32, None),  # 2 on each of 30 middle stages leaves 1 for two end stages
+        (96, 8, (12, 12, 12)),
+        (7, 1, (7, 7, 7)),
+    ],
+)
+def test_pipeline_split_gives_the_rest_to_the_end_stages(layers, pp, split):
+    from simulator.study.layouts import stage_split
+
+    assert stage_split(layers, pp) == split
+
+
+def test_a_prime_layer_count_plans_uneven_pipelines_and_run_agrees(tmp_path):
+    """7 layers (prime) on 8 GPUs: before, every layout was PP 1; now PP 2 (4 + 3) and PP 4 (2, 2, 2, 1) are
+    searched, each layout's file names its end stages, and the simulation of a confirmed one is what run gives."""
+    from simulator.study.layouts import candidates
+    from simulator.study.plan import plan
+
+    model = {"num_layers": 7, "hidden_size": 1024, "num_attention_heads": 16, "seq_length": 1024}
+    base = load_scenario(
+        {
+            "framework": "ideal",
+            "model": {**model, "vocab_size": 32000, "attention": "flash"},
+            "cluster": {"topology": "dgx-a100", "num_nodes": 1},
+            "training": {"global_batch_size": 64, "micro_batch_size": 1},
+        }
+    )
+    options = {"shardings": ("ddp",), "recompute": ("none",), "micro_batch_sizes": (1,), "pp": (2, 4)}
+    layouts = candidates(base, 8, 8, options)
+    assert {(lay.pp, lay.first, lay.last) for lay in layouts} == {(2, 4, 3), (4, 2, 1)}
+    r = plan(base, 8, top=2, options={**options, "tp": (1,), "cp": (1,)})
+    for row in r["top"]:
+        assert row["status"] == "ok", row
+        p = row["scenario"]["parallelism"]
+        assert (p["first_pipeline_stage_layers"], p["last_pipeline_stage_layers"]) == (
+            row["first"],
+            row["last"],
+        )
+        ran = simulate(load_scenario(row["scenario"])).metrics.iteration_time_s
+        assert ran == pytest.approx(row["iteration_time_s"], rel=1e-6)
+        # the screen's slowest stage: the first, with one layer more than the last plus the embedding
+        assert row["estimate_s"] == pytest.approx(row["iteration_time_s"], rel=0.15)
+
+
+def test_deepseek_v3_plans_with_a_pipeline_on_2048_h100():
+    """DeepSeek-V3's 61 layers: every layout was PP 1 when the search split layers evenly (issue 62)."""
+    args = ["plan", "--model", "deepseek-v3", "--gpus", "2048", "--topology", "dgx-h100"]
+    got = runner.invoke(
+        app, [*args, "--global-batch-size", "8192", "--top", "1", "--json", "--emit", "megatron"]
+    )
+    assert got.exit_code == 0, got.output
+    out = json.loads(got.stdout)
+    top = out["top"][0]
+    assert top["status"] == "ok" and top["pp"] > 1 and top["first"] + top["last"] < 61
+    assert top["first"] + top["last"] + (top["pp"] - 2) * -(-61 // top["pp"]) == 61
+    assert top["scenario"]["framework"] == "megatron-core-2024"
+
+
+@pytest.mark.parametrize(("pp", "ep"), [(1, 32), (9, 16)])
+def test_screen_costs_expert_groups_that_straddle_nvl72_racks(pp, ep):
+    """On 72-GPU NVL72 racks a 32-rank expert group (or a 64-GPU pipeline stage's 16-rank groups) crosses a rack
+    boundary and its all-to-all the InfiniBand NICs; the screen used to cost one group inside one rack
+    (DeepSeek-V3 on 576 GB200: 10.4 s screened, 23.9 s simulated) and now costs the groups as they fall
+    (study/layouts.collective_span): within 10% of the simulation."""
+    from simulator.hardware.cluster import Cluster
+    from simulator.hardware.topology import cluster_spec
+    from simulator.study.screen import Screen
+
+    gpus = 576 if pp > 1 else 288
+    base = load_scenario(
+        {
+            "framework": "megatron-core-2024",
+            "model": "olmoe-1b-7b",
+            "cluster": {"topology": "gb200-nvl72", "num_nodes": gpus // 72},
+            "training": {"global_batch_size": 4 * gpus, "micro_batch_size": 1},
+            "parallelism": {"data_parallel": gpus},
+        }
+    )
+    screen = Screen(base, Cluster(cluster_spec(base), gpus // 72), gpus=gpus)
+    layout = lay(dp=gpus // pp, pp=pp, sharding="zero1", ep=ep)
+    if pp > 1:
+        from simulator.study.layouts import stage_split
+
+        layout = Layout(1, pp, 1, gpus // pp, 1, 1, "zero1", "none", ep, 1, 0, *stage_split(16, pp)[::2])
+    est = screen.estimate(layout).iteration_s
+    sim = simulate(screen.scenario(layout)).metrics
+    assert sim.comm["exposed_s"] > 0.2 * sim.iteration_time_s  # the NICs' all-to-all shows
+    assert est == pytest.approx(sim.iteration_time_s, rel=0.10)

@@ -77,7 +77,16 @@ def megatron(row: dict) -> str:
         f"--pipeline-model-parallel-size {row['pp']}",
     ]
     notes = []
-    if row["v"] > 1:
+    if row.get(
+        "first"
+    ):  # uneven stages: Megatron asks the virtual stages per rank (arguments.py, core_v0.15.0)
+        args += [
+            f"--decoder-first-pipeline-num-layers {row['first']}",
+            f"--decoder-last-pipeline-num-layers {row['last']}",
+        ]
+        if row["v"] > 1:
+            args.append(f"--num-virtual-stages-per-pipeline-rank {row['v']}")
+    elif row["v"] > 1:
         if c["layers"]:
             args.append(f"--num-layers-per-virtual-pipeline-stage {c['layers'] // (row['pp'] * row['v'])}")
         else:
@@ -280,7 +289,12 @@ def torchtitan(row: dict) -> str:
             f'pipeline_parallel_schedule = "{"Interleaved1F1B" if row["v"] > 1 else "1F1B"}"',
             f"pipeline_parallel_microbatch_size = {row['mbs']}",
         ]
-        if row["v"] > 1 and c["layers"]:
+        if row.get("first"):
+            lines.append(
+                f"# uneven stages ({row['first']} layers on the first, {row['last']} on the last, the rest alike "
+                "between): give torchtitan this split by hand"
+            )
+        elif row["v"] > 1 and c["layers"]:
             lines.append(f"pipeline_parallel_layers_per_stage = {c['layers'] // (pp * row['v'])}")
     lines.append(f"context_parallel_degree = {row['cp']}")
     if row.get("ep", 1) > 1:

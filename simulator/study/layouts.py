@@ -5,6 +5,7 @@ expert tensor parallel sizes too)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,25 @@ class Layout:
     etp: int = 1  # expert tensor parallel (MoE models)
     # HSDP: data-parallel ranks per shard group (FSDP2 hybrid sharding; replicated across groups)
     shard: int = 0
+    # an uneven pipeline (PP not dividing the layers): layers on the first and last stage, the rest alike between
+    # (Megatron's --decoder-first / --decoder-last-pipeline-num-layers); 0: every stage the same
+    first: int = 0
+    last: int = 0
+
+    def stage_layers(self, num_layers: int) -> tuple[int, int, int]:
+        """Layers on the first, a middle and the last stage."""
+        if not self.first:
+            return (num_layers // self.pp,) * 3
+        middle = (num_layers - self.first - self.last) // (self.pp - 2) if self.pp > 2 else 0
+        return self.first, middle, self.last
+
+    def slowest_stage_s(self, num_layers: int, per_layer: float, embedding: float, head: float) -> float:
+        """A micro-batch's time on the slowest stage: its layers at ``per_layer`` s each and the embedding /
+        output layer it holds (all of them without a pipeline)."""
+        if self.pp == 1:
+            return num_layers * per_layer + embedding + head
+        first, middle, last = self.stage_layers(num_layers)
+        return max(first * per_layer + embedding, middle * per_layer, last * per_layer + head)
 
     def parallelism(self) -> dict:
         par: dict[str, Any] = {
@@ -55,6 +75,8 @@ class Layout:
         }
         if self.v > 1:
             par.update(pipeline_schedule="interleaved-1f1b", virtual_pipeline_stages=self.v)
+        if self.first:
+            par.update(first_pipeline_stage_layers=self.first, last_pipeline_stage_layers=self.last)
         if self.sharding == "fsdp":
             par["fsdp"] = {}
         elif self.sharding == "hsdp":
@@ -87,7 +109,10 @@ class Layout:
         return self.sharding.removesuffix("-offload")
 
     def label(self) -> str:
-        parts = [f"TP{self.tp}", f"PP{self.pp}" + (f"x{self.v}" if self.v > 1 else ""), f"DP{self.dp}"]
+        pipe = f"PP{self.pp}" + (f"x{self.v}" if self.v > 1 else "")
+        if self.first:  # PP16[3..2]: 3 layers on the first stage, 2 on the last, the rest alike between
+            pipe += f"[{self.first}..{self.last}]"
+        parts = [f"TP{self.tp}", pipe, f"DP{self.dp}"]
         if self.cp > 1:
             parts.insert(2, f"CP{self.cp}")
         if self.ep > 1 or self.etp > 1:
@@ -160,7 +185,7 @@ def candidates(
         if m.attention == "flash"
         else []
     )
-    pps = [p for p in divisors(m.num_layers, min(m.num_layers, o.get("max_pp", 64)))]
+    pps = [p for p in range(1, min(m.num_layers, o.get("max_pp", 64)) + 1) if stage_split(m.num_layers, p)]
     mbss = o.get("micro_batch_sizes")  # default: every micro-batch up to 16 dividing a rank's batch (below)
     moe = m.moe
     shardings = o.get("shardings", SHARDINGS if moe is None else ("ddp", "zero1", "zero2"))
@@ -176,6 +201,11 @@ def candidates(
                     continue
                 dp = gpus // (tp * cp * pp)
                 local = batch // dp if batch % dp == 0 else 0  # a data-parallel rank's samples
+                split = stage_split(m.num_layers, pp)
+                if split is None:
+                    continue
+                first, middle, last = split
+                ends = (first, last) if m.num_layers % pp else (0, 0)
                 for mbs in mbss or divisors(local, MAX_MICRO_BATCH):
                     if not local or local % mbs:
                         continue
@@ -183,7 +213,7 @@ def candidates(
                     vs = [1] + [
                         v
                         for v in o.get("virtual", range(2, m.num_layers // pp + 1))
-                        if pp > 1 and m.num_layers % (pp * v) == 0 and gas % pp == 0
+                        if pp > 1 and middle % v == 0 and min(first, last) >= v - 1 and gas % pp == 0
                     ]
                     for v in vs:
                         for sh in shardings:
@@ -199,8 +229,43 @@ def candidates(
                             for ep, etp in _expert_layouts(moe, tp, cp, dp, o):
                                 for rc in recomputes:
                                     for shard in shards:
-                                        out.append(Layout(tp, pp, cp, dp, v, mbs, sh, rc, ep, etp, shard))
+                                        out.append(
+                                            Layout(tp, pp, cp, dp, v, mbs, sh, rc, ep, etp, shard, *ends)
+                                        )
     return out
+
+
+def stage_split(num_layers: int, pp: int) -> tuple[int, int, int] | None:
+    """(first, middle, last) stage layers of ``pp`` stages: alike where PP divides the layers; else each middle
+    stage ceil(L / PP) and the rest on the two end stages, the last (with the output layer and loss) the lighter,
+    each with at least one layer and at most a middle stage's (DeepSeek-V3's 61 layers on 16 stages: 3, 4, 2);
+    None where no such split exists."""
+    if num_layers % pp == 0:
+        return (num_layers // pp,) * 3
+    if pp < 2:
+        return None
+    middle = -(-num_layers // pp) if pp > 2 else 0
+    rest = num_layers - (pp - 2) * middle
+    last = rest // 2
+    first = rest - last
+    if last < 1 or (pp > 2 and first > middle):
+        return None
+    return first, middle, last
+
+
+def collective_span(lay: Layout, gpn: int) -> tuple[int, int]:
+    """(data-parallel ranks, pipeline stages) a layout's in-layer collectives (TP, CP, EP, ETP) are costed over:
+    enough for one expert group, and for the expert groups as they fall on nodes (the least common multiple of a
+    group and a node: 32-rank groups straddle 72-GPU NVL72 racks), at most the layout's; where a stage's ranks are
+    no whole number of nodes, the stages until they are again (PP 9 of 64 GPUs each on 72-GPU racks: all 9)."""
+    inner, group = lay.tp * lay.cp, lay.ep * lay.etp
+    dp = max(1, -(-(math.lcm(group, gpn) if group > 1 else 1) // inner))
+    while (inner * dp) % group:
+        dp += 1
+    dp = min(dp, lay.dp)
+    stage = inner * dp
+    pp = min(lay.pp, math.lcm(stage, gpn) // stage) if group > 1 and dp == lay.dp and stage % gpn else 1
+    return dp, pp
 
 
 def hsdp_shards(inner: int, dp: int, gpn: int) -> tuple[int, ...]:
@@ -245,9 +310,16 @@ def why_none(
             f"no tensor-parallel size ({', '.join(map(str, o.get('tp', divisors(gpn))))}) fits a {gpn}-GPU node and "
             f"divides the {m.num_attention_heads} heads, {m.query_groups} query groups and FFN width {m.ffn_size}"
         )
-    pps = [p for p in o.get("pp", divisors(m.num_layers, o.get("max_pp", 64))) if m.num_layers % p == 0]
+    pps = [
+        p
+        for p in o.get("pp", range(1, min(m.num_layers, o.get("max_pp", 64)) + 1))
+        if stage_split(m.num_layers, p)
+    ]
     if not pps:
-        return f"no pipeline size ({', '.join(map(str, o.get('pp', ())))}) divides the {m.num_layers} layers"
+        return (
+            f"no pipeline size ({', '.join(map(str, o.get('pp', ())))}) splits the {m.num_layers} layers (evenly, "
+            "or with the first and last stages holding the rest)"
+        )
     cps = o.get("cp", [1])
     shapes = [(t, c, p) for t in tps for c in cps for p in pps if gpus % (t * c * p) == 0]
     if not shapes:

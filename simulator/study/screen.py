@@ -1,13 +1,11 @@
 """The planner's closed-form estimate of one layout (:class:`Screen`).
 
-It takes each layer's forward and backward time from the same kernel and collective costs the engine uses
-(``build_workload`` + ``task_cost``, cached per shape), the pipeline as (m + (p - 1)/v) steps of its slowest
-stage, data-parallel reductions as NCCL rings at the links' bandwidth (the simulator's protocol latencies)
-exposed where the framework does not overlap them, FSDP's per-unit calls and DeepSpeed ZeRO-3's per-module calls
-(the simulation's own replay of its coordinator) hidden under the compute of their pass up to what their count
-and size cost, and memory from the same model-state and activation formulas. It ranks; the discrete-event
-simulation of the best ``k`` decides.
-"""
+Each layer's forward and backward time comes from the engine's kernel and collective costs (``build_workload`` +
+``task_cost``, cached per shape), the pipeline as (m + (p - 1)/v) steps of its slowest stage, data-parallel
+reductions as NCCL rings at the links' bandwidth exposed where the framework does not overlap them, FSDP's
+per-unit calls and ZeRO-3's per-module calls (the simulation's replay of its coordinator) hidden under their
+pass's compute up to what their count and size cost, memory from the same formulas. It ranks; the simulation of
+the best ``k`` decides."""
 
 from __future__ import annotations
 
@@ -33,7 +31,7 @@ from simulator.strategy.state_bytes import fsdp_reduce_bytes, grad_bytes, weight
 from simulator.strategy.steps import optimizer_step_bytes
 from simulator.strategy.zero import fetch_key
 from simulator.strategy.zero3_fetch import call_sizes
-from simulator.study.layouts import Layout, carried, schedule_of
+from simulator.study.layouts import Layout, carried, collective_span, schedule_of
 from simulator.study.offload import OffloadScreen
 from simulator.study.step_overhead import step_overhead_s
 from simulator.tables.select import resolve_tables
@@ -86,6 +84,7 @@ class Screen:
         # costs of one workload, shared by the recompute policies it serves
         self._shapes: dict[tuple, tuple] = {}
         self._tp_comm: dict[tuple, CollectiveModel] = {}
+        self._clusters, self._workloads = {}, {}  # (cluster, measured) per node count; workloads per shape
         self._calls: dict[tuple, tuple[float, float]] = {}
         self._rings: dict[tuple, tuple[float, float]] = {}
         self._layer_params: dict[int, float] = {}
@@ -132,14 +131,15 @@ class Screen:
         ones). A layer's forward and backward ops do not depend on the recompute policy (workload/transformer.py:
         only what is re-run before backward does), so none and full recompute share one workload and its costs;
         selective (its module list) and activation offloading (copy sizes by policy) get their own."""
-        key = (lay.tp, lay.cp, lay.mbs, lay.recompute, lay.ep, lay.etp)
+        key = (lay.tp, lay.cp, lay.mbs, lay.recompute, lay.ep, lay.etp, collective_span(lay, self.gpn))
         if key not in self._blocks:
             s = self.scenario(lay)
             shared = lay.recompute != "selective" and not s.training.activation_offload_layers
             wkey = (lay.tp, lay.cp, lay.mbs, "shared" if shared else lay.recompute, lay.ep, lay.etp)
-            if wkey not in self._shapes:
-                w = build_workload(s, self.framework, self.gpn, self.cluster.gpu)
-                comm = self._comm(lay)
+            if wkey not in self._workloads:  # the same whatever nodes its collectives are costed on
+                self._workloads[wkey] = build_workload(s, self.framework, self.gpn, self.cluster.gpu)
+            if (wkey, key[-1]) not in self._shapes:
+                w, comm = self._workloads[wkey], self._comm(lay)
 
                 def cost(ops) -> TaskCost:
                     return task_cost(
@@ -166,8 +166,10 @@ class Screen:
                     if policy == lay.recompute or (shared and policy != "selective")
                 }
                 emb = t(w.embedding.forward) + t(w.embedding.backward)
-                self._shapes[wkey] = (emb, f, b, rc, t(w.head.forward) + t(w.head.backward), w, cost)
-            emb, f, b, rc, head, w, cost = self._shapes[wkey]
+                # the output layer with DeepSeek-V3's multi-token prediction depths after it, on the last stage
+                head = sum(t(x.forward) + t(x.backward) for x in (w.head, *w.mtp))
+                self._shapes[wkey, key[-1]] = (emb, f, b, rc, head, w, cost)
+            emb, f, b, rc, head, w, cost = self._shapes[wkey, key[-1]]
             self._blocks[key] = (emb, f, b, rc[lay.recompute], head, w, s, cost)
         return self._blocks[key]
 
@@ -181,17 +183,16 @@ class Screen:
     def _comm(self, lay: Layout) -> CollectiveModel:
         """The collectives inside a layer (TP, CP, and the experts' EP / ETP), on as many nodes as their groups
         span."""
-        key = (lay.tp, lay.cp, lay.ep, lay.etp)
+        dp, pp = collective_span(lay, self.gpn)
+        key = (lay.tp, lay.cp, lay.ep, lay.etp, dp, pp)
         if key not in self._tp_comm:
-            inner = lay.tp * lay.cp
-            dp = max(1, math.ceil(lay.ep * lay.etp / inner))
-            while (inner * dp) % (lay.ep * lay.etp):
-                dp += 1
-            one = Cluster(self.cluster.spec, max(1, math.ceil(inner * dp / self.gpn)))
-            measured = table_lookups(
-                resolve_tables(self.base.kernels, one.gpu.lineage, self.base.kernels_only), one
-            )[1]
-            placement = Placement(lay.tp, lay.cp, dp, 1, ep=lay.ep, etp=lay.etp)
+            nodes = max(1, math.ceil(lay.tp * lay.cp * dp * pp / self.gpn))
+            if nodes not in self._clusters:  # one per node count: its routes are cached on it
+                one = Cluster(self.cluster.spec, nodes)
+                tables = resolve_tables(self.base.kernels, one.gpu.lineage, self.base.kernels_only)
+                self._clusters[nodes] = one, table_lookups(tables, one)[1]
+            one, measured = self._clusters[nodes]
+            placement = Placement(lay.tp, lay.cp, dp, pp, ep=lay.ep, etp=lay.etp)
             self._tp_comm[key] = CollectiveModel(one, placement, "auto", measured)
         return self._tp_comm[key]
 
@@ -227,9 +228,8 @@ class Screen:
         replaying DeepSpeed's coordinator (every call hidden), which ``plan`` refines where it can matter."""
         emb, f, b, rc, head, w, s, cost = self._block_times(lay)
         gas = self.batch // (lay.mbs * lay.dp)
-        layers = self.base.model.num_layers // lay.pp
+        layers = max(lay.stage_layers(self.base.model.num_layers))
         per_layer = f + b + rc
-        ends = max(emb, head) if lay.pp > 1 else emb + head  # the slowest stage's embedding / output layer
         # each micro-batch's setup, pipeline re-gathers and blocking sends (step_overhead.py)
         link = self.nic_per_gpu if lay.tp * lay.cp * lay.dp >= self.gpn else self.nvlink
         okey = (lay.tp, lay.cp, lay.mbs, lay.recompute, lay.ep, lay.etp, min(lay.pp, 2), lay.v, link)
@@ -237,7 +237,7 @@ class Screen:
             self._overheads[okey] = step_overhead_s(
                 s, w, cost, lay.pp, lay.v, link, schedule_of(self.base, lay)
             )
-        step = layers * per_layer + ends + self._overheads[okey]
+        step = lay.slowest_stage_s(self.base.model.num_layers, per_layer, emb, head) + self._overheads[okey]
         compute = gas * (layers * per_layer + (emb + head) / lay.pp)
         bubble = (lay.pp - 1) / lay.v * step if lay.pp > 1 else 0.0
         pipeline = gas * step + bubble
@@ -375,7 +375,7 @@ class Screen:
             # offloaded: the optimizer states and the gradient partition in host memory (strategy/offload.py)
             if not lay.offload:
                 states += g_b * params / (n if stage >= 2 else 1) + k_b * params / (n if stage >= 1 else 1)
-        layers = self.base.model.num_layers // lay.pp
+        layers = max(lay.stage_layers(self.base.model.num_layers))
         in_flight = lay.pp if lay.pp > 1 else 1
         per_layer, head, whole = self._activations(lay, s)
         # the loss's working set and a recomputation's are never live together (strategy/memory.py)
