@@ -121,7 +121,11 @@ def test_without_pipeline_stages_each_forward_runs_beside_the_previous_backward(
 
 
 def test_the_periodic_replay_of_a_combined_schedule_equals_replaying_every_micro_batch():
+    """On NCCL 2.17's constants: with 2.18's (the H100 default) the forward / backward split of this schedule's
+    combined steps is not exactly linear at 16-40 micro-batches (its iteration time is, to 1e-5), so the periodic
+    replay declines and every micro-batch is replayed, which is exact too."""
     s = case(True, gbs=2048)  # 256 micro-batches per pipeline
+    s = s.model_copy(update={"cluster": s.cluster.model_copy(update={"nccl_version": "2.17.1"})})
     fast, every = simulate(s).metrics, simulate(s, periodic=False).metrics
     assert fast.periodic is not None and every.periodic is None
     assert fast.iteration_time_s == pytest.approx(every.iteration_time_s, rel=1e-9)

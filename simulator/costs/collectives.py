@@ -22,7 +22,7 @@ import numpy as np
 
 from simulator.costs.group_shapes import group_shapes
 from simulator.costs.hops import hops as traffic_hops
-from simulator.costs.nccl import defaults, fastest, protocol_costs, ring_plateau
+from simulator.costs.nccl import defaults, fastest, protocol_costs, ring_plateau, tuning_of
 from simulator.costs.stage_symmetry import translated
 from simulator.costs.traffic import LinkClass, LinkLoads
 from simulator.hardware.cluster import Cluster
@@ -115,7 +115,7 @@ class CollectiveModel:
         # measured times embody NCCL's own choice of algorithm: a forced algorithm is a what-if for the model
         self.measured = measured if algorithm == "auto" else None
         self.intra = "nvlink" if cluster.spec.node.intra_node == "nvswitch" else "pcie"
-        self.tuning = cluster.spec.nccl.model_dump()
+        self.tuning = tuning_of(cluster)  # the topology's NCCL constants, the release resolved
         self._patterns: dict[tuple, _Pattern] = {}
         self._phases: dict[tuple, tuple[Phase, ...]] = {}
         self._sources: dict[tuple, str] = {}
@@ -227,7 +227,9 @@ class CollectiveModel:
             units, chunk = 1, size_bytes
         # NCCL's ring: of its steps, 2 x nodes (all-reduce) or nodes - 1 cross the network (tuning.cc)
         inter = 0 if nodes == 1 else (2 * nodes if op == "all_reduce" else nodes - 1)
-        plateau = ring_plateau(op, n, nodes, size_bytes, self.cluster.gpu.architecture)
+        plateau = ring_plateau(
+            op, n, nodes, size_bytes, self.cluster.gpu.architecture, self.tuning["version"]
+        )
         ring = (
             self._on_protocol(
                 self._pattern("ring", groups), units, chunk, steps - inter, min(inter, steps), plateau=plateau
@@ -252,7 +254,8 @@ class CollectiveModel:
         self, groups, size_bytes: float, steps: int, inter: int, nodes: int, plateau: float
     ) -> bool:
         """Whether NCCL runs this all-reduce on its tree: the choice NCCL makes by its own tuning model, with its
-        own constants (the call then costs what the chosen algorithm does on the graph).
+        own constants, those of the release the scenario runs (the call then costs what the chosen algorithm does
+        on the graph).
 
         ncclTopoTuneModel (src/graph/tuning.cc, v2.14.3 through v2.23.4 alike) gives both algorithms the same bus
         bandwidth (the graph's per-channel bandwidth x channels: bwIntra on up to two nodes, bwInter beyond;
@@ -266,11 +269,12 @@ class CollectiveModel:
         busbw = self._busbw(self._pattern("ring", groups))
         if not busbw:
             return False
+        own = {"version": self.tuning["version"]}  # NCCL's constants of the release, not a fabric's
         ring = protocol_costs(
-            "ring", steps - inter, min(inter, steps), self.intra, None, busbw, plateau=plateau
+            "ring", steps - inter, min(inter, steps), self.intra, own, busbw, plateau=plateau
         )
         ring_s = min(c.latency_s + 2 * (n - 1) / n * size_bytes / (busbw * c.bandwidth_factor) for c in ring)
-        tree = protocol_costs("tree", *tree_steps(n, nodes), self.intra, None, busbw, size_bytes)
+        tree = protocol_costs("tree", *tree_steps(n, nodes), self.intra, own, busbw, size_bytes)
         tree_s = min(c.latency_s + size_bytes / (0.5 * busbw * c.bandwidth_factor) for c in tree)
         return tree_s < ring_s
 
@@ -285,7 +289,9 @@ class CollectiveModel:
         node = self.cluster.spec.node
         nvlink = (node.nvlink_bandwidth_GBps or self.cluster.gpu.nvlink_bandwidth_GBps) * 1e9
         seconds = 2 * (n - 1) / n * size_bytes / (nvlink * self._nvls())
-        return Phase(defaults()["nvls_latency_us"] * 1e-6, dict.fromkeys(ring.demand_s, seconds))
+        return Phase(
+            defaults(self.tuning["version"])["nvls_latency_us"] * 1e-6, dict.fromkeys(ring.demand_s, seconds)
+        )
 
     def _split(self, steps: int, nodes: int) -> tuple[int, int]:
         """(steps inside nodes, steps across the network) of a point-to-point pattern."""

@@ -31,8 +31,33 @@ class ProtocolCost:
 
 
 @cache
-def defaults() -> dict:
+def _table() -> dict:
     return load_shipped_yaml(_DATA.read_text())
+
+
+@cache
+def defaults(version: str = "2.17") -> dict:
+    """NCCL's constants as ``version`` (``release``'s: "2.17" or "2.18") tunes."""
+    d = dict(_table())
+    return {**d, **d["releases"][version]} if version in d["releases"] else d
+
+
+RECENT = ("hopper", "blackwell")
+
+
+def release(version: str | None, architecture: str) -> str:
+    """The tuning table a collective runs on: "2.18" from NCCL 2.18 on, "2.17" before; without a version the
+    release the GPU's stacks bundle (Hopper and later: PyTorch 2.1+ and NGC containers from 23.x carry 2.18+;
+    before: the 2.10-2.17 of the runs validated on them)."""
+    if version is None:
+        return "2.18" if architecture in RECENT else "2.17"
+    return "2.18" if tuple(int(x) for x in version.split(".")[:2]) >= (2, 18) else "2.17"
+
+
+def tuning_of(cluster) -> dict:
+    """The topology's ``nccl`` section with the release resolved (``version``: "2.17" or "2.18")."""
+    t = cluster.spec.nccl.model_dump()
+    return {**t, "version": release(t.get("version"), cluster.gpu.architecture)}
 
 
 def protocol_costs(
@@ -50,8 +75,8 @@ def protocol_costs(
     ``nccl`` section) replaces base and hop latencies and bandwidth factors; ``busbw_Bps``, the Simple protocol's bus
     bandwidth, caps LL at NCCL's ``llMaxBw``; ``size_bytes`` (a tree's buffer) applies NCCL's tree correction by
     size; ``plateau`` multiplies the Simple ring's latency (``ring_plateau``)."""
-    d = defaults()
     o = overrides or {}
+    d = defaults(o.get("version") or "2.17")
     out = []
     for p in PROTOCOLS:
         hop_intra = _pick(o, d, "hop_us", algorithm, intra, p)
@@ -62,6 +87,10 @@ def protocol_costs(
         if p == "LL" and inter_steps > 0:
             # tuning.cc v2.10-v2.17: ``if (nNodes > 1 && p == NCCL_PROTO_LL) intraLat *= 1.8;``
             hop_intra *= d["ll_multi_node_intra_factor"]
+        if algorithm == "ring" and inter_steps > 0 and "net_overhead_us" in d:
+            # v2.18+: "Inter-node rings still have to launch nsteps * net overhead" (x3 on Simple)
+            floor = o.get("net_overhead_us") or d["net_overhead_us"]
+            hop_intra = max(hop_intra, floor * (3 if p == "Simple" else 1))
         if algorithm == "tree" and size_bytes:
             factor *= tree_correction(p, size_bytes)
         base = o.get("base_us", {}).get(algorithm, {}).get(p, d["base_us"][algorithm][p])
@@ -76,17 +105,22 @@ def tree_correction(protocol: str, size_bytes: float) -> float:
     """NCCL's static correction of a tree's bandwidth for medium sizes (ncclTopoGetAlgoTime, v2.14.3-v2.17.1:
     ``logSize = log2i(nBytes >> 6); if (logSize < 23) bw *= treeCorrectionFactor[protocol][logSize]``)."""
     log_size = (int(size_bytes) >> 6).bit_length() - 1
-    table = defaults()["tree_correction"][protocol]
+    table = _table()["tree_correction"][protocol]
     return table[log_size] if 0 <= log_size < len(table) else 1.0
 
 
-def ring_plateau(op: str, ranks: int, nodes: int, size_bytes: float, architecture: str) -> float:
+def ring_plateau(
+    op: str, ranks: int, nodes: int, size_bytes: float, architecture: str, version: str = "2.17"
+) -> float:
     """The factor on a multi-node Simple ring all-reduce's latency (ncclTopoGetAlgoTime, v2.17.1: ``lat *=
-    minCompCap < 90 ? 1.9 : 1.5; // Plateau effect of ring`` for ``nBytes >= nRanks/16.0*65536``); 1 otherwise."""
-    d = defaults()["ring_plateau"]
+    minCompCap < 90 ? 1.9 : 1.5; // Plateau effect of ring`` for ``nBytes >= nRanks/16.0*65536``; v2.18+:
+    ``minCompCap < 80 ? 1.9 : 1.4``); 1 otherwise."""
+    d = defaults(version)["ring_plateau"]
     if op != "all_reduce" or nodes <= 1 or size_bytes < ranks / 16 * d["min_bytes_per_16_ranks"]:
         return 1.0
-    return d["hopper"] if architecture in ("hopper", "blackwell") else d["before_hopper"]
+    if "ampere_and_later" in d:
+        return d["before_ampere"] if architecture in ("volta", "turing") else d["ampere_and_later"]
+    return d["hopper"] if architecture in RECENT else d["before_hopper"]
 
 
 def _pick(o: dict, d: dict, key: str, algorithm: str, kind: str, p: str) -> float:

@@ -121,6 +121,7 @@ class LinkEfficiency(_Spec):
     )
 
 
+NCCL_VERSION = r"^2\.\d{1,2}(\.\d{1,2})?$"  # 2.21 or 2.21.5
 _Protocol = Literal["LL", "LL128", "Simple"]
 _Algorithm = Literal["ring", "tree"]
 _Latency = Annotated[float, Field(ge=0, le=LATENCY_MAX_US)]
@@ -135,6 +136,17 @@ class NcclTuning(_Spec):
     base_us: dict[_Algorithm, dict[_Protocol, _Latency]] = {}
     hop_us: dict[_Algorithm, dict[Literal["nvlink", "pcie", "network"], dict[_Protocol, _Latency]]] = {}
     bandwidth: dict[_Algorithm, dict[_Protocol, _Fraction]] = {}
+    version: str | None = Field(
+        None,
+        pattern=NCCL_VERSION,
+        description="The NCCL release the collectives run on (cluster.nccl_version sets it; default: by GPU, "
+        "costs/nccl.release).",
+    )
+    net_overhead_us: _Latency | None = Field(
+        None,
+        description="NCCL's network post overhead per step (tuning.cc getNetOverhead, v2.18+: 1 us on Intel "
+        "hosts, 2 us on AMD): a multi-node ring's steps inside a node take at least this (x3 on Simple).",
+    )
     source: str = ""
 
 
@@ -193,6 +205,8 @@ def apply_overrides(spec: TopologySpec, cfg: ClusterConfig) -> TopologySpec:
     for key in ("pcie_bandwidth_GBps", "nvme_drives", "nvme_bandwidth_GBps", "cpu_optimizer_params_per_s"):
         if getattr(cfg, key) is not None:
             node[key] = getattr(cfg, key)
+    if cfg.nccl_version:
+        spec = spec.model_copy(update={"nccl": spec.nccl.model_copy(update={"version": cfg.nccl_version})})
     fabric = {"oversubscription": cfg.oversubscription} if cfg.oversubscription else {}
     for key in ("routing", "qps_per_connection"):
         if getattr(cfg, key) is not None:

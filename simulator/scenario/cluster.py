@@ -29,6 +29,13 @@ class ClusterConfig(Section):
         "compute-bound kernels (GEMMs, attention) slow by (power_w / rated) ** 0.47, fitted on MLPerf's capped runs; "
         "HBM, NVLink and the network keep their speed (docs/hardware.md). At or above it: no change.",
     )
+    nccl_version: str | None = Field(
+        None,
+        pattern=r"^2\.\d{1,2}(\.\d{1,2})?$",
+        description="The NCCL release the collectives run on, e.g. '2.21.5': from 2.18 NCCL's tuning model has "
+        "other latencies (costs/nccl.yaml). Default: 2.18 or later on Hopper and later GPUs, 2.17 before "
+        "(docs/collectives.md).",
+    )
     nics_per_node: PositiveInt | None = Field(None, le=64)
     nic_bandwidth_gbps: float | None = Field(
         None, ge=GBPS_MIN, le=GBPS_MAX, description="Per NIC, gigabits per second."

@@ -17,7 +17,7 @@ from simulator.costs.collectives import CollectiveModel
 from simulator.costs.compute import ComputeModel
 from simulator.costs.contention import sm_slowdown
 from simulator.costs.dispatch import task_cost
-from simulator.costs.nccl import fastest, protocol_costs, ring_plateau
+from simulator.costs.nccl import fastest, protocol_costs, ring_plateau, tuning_of
 from simulator.costs.tables import table_lookups
 from simulator.engine.engine import TaskCost
 from simulator.frameworks import get_framework
@@ -97,7 +97,7 @@ class Screen:
         self.nic_per_gpu = spec.nics * spec.nic_bandwidth_gbps / 8 * 1e9 / spec.gpus
         self.gpn = spec.gpus
         self.intra = "nvlink" if spec.intra_node == "nvswitch" else "pcie"
-        self.tuning = cluster.spec.nccl.model_dump()
+        self.tuning = tuning_of(cluster)
         self.architecture = gpu.architecture
         self.capacity = cluster.gpu.hbm_bytes
         self.nearest_nic = cluster.nearest_nic  # node 0's routes, found with the tables (not timed)
@@ -216,7 +216,7 @@ class Screen:
         volume = (2 if op == "all_reduce" else 1) * (n - 1) / n * nbytes
         bw = self.nvlink if nodes == 1 else min(self.nvlink, per_node * self.nic_per_gpu)
         inter = 0 if nodes == 1 else (2 * nodes if op == "all_reduce" else nodes - 1)
-        plateau = ring_plateau(op, n, nodes, nbytes, self.architecture)
+        plateau = ring_plateau(op, n, nodes, nbytes, self.architecture, self.tuning["version"])
         costs = protocol_costs(
             "ring", steps - min(inter, steps), min(inter, steps), self.intra, self.tuning, bw, plateau=plateau
         )
