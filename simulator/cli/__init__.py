@@ -8,16 +8,15 @@ them and takes 6 ms without)."""
 
 import gc
 
-# A ``clustersim`` process imports the simulator before it does anything: numpy, typer, ~40 pydantic models and
-# ~50 dataclasses, all living as long as the process. Python's cyclic collector would walk them again and again
-# as they pile up (13 ms of a 0.18 s import, measured 2026-11-27). It pauses while they are made; they are then
-# frozen out of every later collection (gc.freeze) and it resumes as it was. Only the command line does this:
-# ``import simulator`` in a program of one's own leaves its collector alone. numpy comes first: imported after
-# the scenario models with the collector paused, its typing stubs took 15 ms longer (measured, same machine).
+# ``clustersim --help`` (and each command's) imports the command modules and Typer only: the simulator (numpy,
+# pydantic, the scenario models) is imported inside the command that runs, so the listing does not pay for it
+# (0.17 s of imports before 2026-12-06; benchmarks/bench_scale.py). What is imported here lives as long as the
+# process: Python's cyclic collector pauses while it is made, and it is then frozen out of every later collection
+# (gc.freeze); it resumes as it was. Only the command line does this: ``import simulator`` in a program of one's
+# own leaves its collector alone.
 _collecting = gc.isenabled()
 gc.disable()
 try:
-    import numpy  # noqa: F401
     import typer
 
     from simulator.cli import memory, plan, run, study, validate
@@ -27,7 +26,13 @@ finally:
     if _collecting:
         gc.enable()
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Simulate LLM training on GPU clusters.")
+# plain help (Click's formatter): rich's boxed panels cost 60-70 ms of a 0.19 s `clustersim --help`
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Simulate LLM training on GPU clusters.",
+)
 
 
 def _version(value: bool) -> None:

@@ -14,11 +14,9 @@ import typer
 
 from simulator.errors import ScenarioError
 from simulator.report.console import err, escape, fail, note, progress
-from simulator.report.output import check_output_file, write_atomic
-from simulator.scenario.loader import load_scenario
-from simulator.tables.io import read_existing
 
 calibrate_app = typer.Typer(
+    rich_markup_mode=None,
     no_args_is_help=True,
     help="Ground the cost model in measurements: fit framework profiles, time kernels, import measured tables.",
 )
@@ -48,6 +46,7 @@ def calibrate_profile(
 
     from simulator.frameworks import get_framework
     from simulator.hardware.gpus import get_gpu
+    from simulator.report.output import check_output_file, write_atomic
     from simulator.validation import calibrate as cal
     from simulator.validation import runner
 
@@ -136,6 +135,7 @@ def calibrate_kernels(
 
     from simulator.calibration.runner import calibrate_kernels as run_calibration
     from simulator.calibration.runner import require_torch
+    from simulator.scenario.loader import load_scenario
 
     if device not in ("cuda", "cpu"):
         fail(f"--device: use cuda or cpu (got {device})")
@@ -227,6 +227,7 @@ def duration(seconds: float) -> str:
 def with_precision(path: Path, dtype: str):
     """The scenario of ``path`` loaded again with ``training.precision: dtype`` (its FP8 settings resolved anew)."""
     from simulator.scenario.files import read_yaml
+    from simulator.scenario.loader import load_scenario
 
     data = read_yaml(path, "scenario")
     if not isinstance(data, dict):
@@ -236,7 +237,9 @@ def with_precision(path: Path, dtype: str):
     return load_scenario({**data, "training": training}, base_dir=path.parent)
 
 
-import_app = typer.Typer(no_args_is_help=True, help="Turn measurements made elsewhere into cost-table rows.")
+import_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="Turn measurements made elsewhere into cost-table rows."
+)
 calibrate_app.add_typer(import_app, name="import")
 
 
@@ -277,6 +280,7 @@ def import_kineto(
     from simulator.calibration.importers.kineto import import_trace
     from simulator.hardware.gpus import get_gpu
     from simulator.tables.format import SourceInfo
+    from simulator.tables.io import read_existing
 
     try:
         read_existing(out)  # a file, device or broken table at --out: said before the trace is read
@@ -353,6 +357,7 @@ def import_nccl_tests(
     from simulator.hardware.topology import load_topology
     from simulator.scenario.files import read_text
     from simulator.tables.format import COLLECTIVE_OPS, SourceInfo, SystemInfo
+    from simulator.tables.io import read_existing
 
     if op is not None and op not in COLLECTIVE_OPS:
         fail(f"--op: '{op}' is not one of {', '.join(COLLECTIVE_OPS)}")

@@ -1,10 +1,11 @@
 """What the command modules share: exit statuses and the ``--kernels`` option."""
 
-from pydantic import ValidationError
+from typing import TYPE_CHECKING
 
 from simulator.errors import ScenarioError
-from simulator.scenario.schema import Scenario
-from simulator.tables.select import check_choice
+
+if TYPE_CHECKING:  # the command modules import the simulator when a command runs, not for --help
+    from simulator.scenario.schema import Scenario
 
 # Exit status: 0 = simulated and fits; 2 = bad input (one line on stderr naming the field); 3 = simulated, but the
 # run (compare: any of its runs) does not fit in GPU (or, offloading, host) memory; validate: 1 = a case failed
@@ -20,9 +21,11 @@ KERNELS_HELP = (
 KERNELS_ONLY_HELP = "A table directory alone, without the shipped table of the GPU beneath it."
 
 
-def with_kernels(s: Scenario, kernels: str | None, kernels_only: str | None = None) -> Scenario:
+def with_kernels(s: "Scenario", kernels: str | None, kernels_only: str | None = None) -> "Scenario":
     """The scenario with ``--kernels`` (a table directory layered over the GPU's shipped table) or
     ``--kernels-only`` (the directory alone) applied; a directory is relative to the working directory."""
+    from simulator.tables.select import check_choice
+
     if kernels is not None and kernels_only is not None:
         raise ScenarioError("--kernels and --kernels-only: give one of them")
     if kernels_only is not None:
@@ -42,8 +45,12 @@ TOKENS_HELP = "Tokens the whole training run sees (15T, 300B or a number): days,
 PRICE_HELP = "US dollars per GPU-hour, for the cost to train (with --tokens or training.total_tokens)."
 
 
-def with_goal(s: Scenario, tokens: str | None, price: float | None) -> Scenario:
+def with_goal(s: "Scenario", tokens: str | None, price: float | None) -> "Scenario":
     """The scenario with ``--tokens`` and ``--price`` applied (checked as the scenario's own fields are)."""
+    from pydantic import ValidationError
+
+    from simulator.scenario.schema import Scenario
+
     if tokens is None and price is None:
         return s
     data = s.model_dump()

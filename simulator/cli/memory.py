@@ -10,7 +10,6 @@ import typer
 from simulator.cli.common import FRAMEWORK_HELP
 from simulator.errors import ScenarioError
 from simulator.report.console import escape, fail, progress
-from simulator.scenario.loader import load_scenario
 
 
 def memory(
@@ -24,6 +23,7 @@ def memory(
 ) -> None:
     """Per-GPU memory of SCENARIO under DDP, ZeRO-1/2/3, FSDP and ZeRO-3 with offload, each with no, selective
     and full activation recompute: what fits on its GPUs (memory only; nothing is simulated)."""
+    from simulator.scenario.loader import load_scenario
     from simulator.study.memory_table import memory_table
 
     try:

@@ -13,12 +13,11 @@ import typer
 from simulator.cli.study import parse_tokens
 from simulator.errors import ScenarioError
 from simulator.report.console import err, fail, note, shown_warnings
-from simulator.report.output import check_output_dir
-from simulator.scenario.loader import load_scenario
-from simulator.scenario.section import MAX_GPUS
 
 
 def _sizes(text: str | None, option: str) -> tuple[int, ...] | None:
+    from simulator.scenario.section import MAX_GPUS
+
     if text is None:
         return None
     try:
@@ -196,6 +195,8 @@ def plan(
     """Search parallel layouts (TP, PP, CP, DP, virtual stages, micro-batch, ZeRO / FSDP, recompute) for a
     model on N GPUs: screen every one with a fast estimate, confirm the best by simulation."""
     from simulator.hardware.topology import load_topology
+    from simulator.report.output import check_output_dir
+    from simulator.scenario.loader import load_scenario
     from simulator.study.emit import FRAMEWORKS, emit_notes, emit_text, write_layouts
     from simulator.study.plan import accuracy_line
     from simulator.study.plan import plan as run_plan

@@ -11,7 +11,6 @@ from typing import Annotated
 import typer
 
 from simulator import paths
-from simulator.api import simulate
 from simulator.cli.common import (
     EXIT_OUT_OF_MEMORY,
     FRAMEWORK_HELP,
@@ -24,11 +23,6 @@ from simulator.cli.common import (
 )
 from simulator.errors import ScenarioError
 from simulator.report.console import err, fail, progress, shown_warnings
-from simulator.report.output import check_output_file, temporary_beside
-from simulator.report.table import print_oom_headline, print_table
-from simulator.report.trace import write_trace
-from simulator.scenario.loader import load_scenario
-from simulator.scenario.schema import Scenario
 
 
 def run(
@@ -65,6 +59,12 @@ def run(
 ) -> None:
     """Simulate one training iteration of SCENARIO. Exits 3 when the run does not fit in memory (the output
     starts with that and with changes that would fit), 2 on bad input."""
+    from simulator.api import simulate
+    from simulator.report.output import check_output_file
+    from simulator.report.table import print_oom_headline, print_table
+    from simulator.report.trace import write_trace
+    from simulator.scenario.loader import load_scenario
+
     if image and image.suffix.lower() not in (".png", ".svg", ".pdf"):
         fail(f"--image: use a .png, .svg or .pdf file name (got {image.name})")
     try:
@@ -149,6 +149,7 @@ def scenarios(
 ) -> None:
     """List the scenarios that ship with clustersim, one line each; run one by name (`clustersim run quickstart`)."""
     from simulator.report.listing import matching, print_scenarios, scenario_rows
+    from simulator.scenario.loader import load_scenario
     from simulator.scenario.shipped import describe, scenario_dir, shipped_scenarios
 
     try:
@@ -166,7 +167,7 @@ def init(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
     """Write a commented starter scenario (GPT-3 1.3B on one DGX A100) to edit and run."""
-    from simulator.report.output import write_atomic
+    from simulator.report.output import check_output_file, write_atomic
     from simulator.scenario.shipped import STARTER
 
     try:
@@ -197,6 +198,11 @@ def compare(
 ) -> None:
     """Simulate several scenarios and show their metrics side by side. Every scenario is shown; exits 3 (as
     `run` does) when any of them does not fit in memory, naming them on stderr."""
+    from simulator.api import simulate
+    from simulator.report.output import check_output_file
+    from simulator.report.table import print_table
+    from simulator.scenario.loader import load_scenario
+
     try:
         if report is not None:
             check_output_file(report, "--report")
@@ -244,12 +250,15 @@ def compare(
 
 def schema() -> None:
     """Print the JSON Schema of scenario files."""
+    from simulator.scenario.schema import Scenario
+
     print(json.dumps(Scenario.model_json_schema(), indent=2))
 
 
 def _write_image(result, path: Path) -> None:
     """Static export through plotly + kaleido, which drives a Chromium: say so plainly where it is missing."""
     from simulator.report.figures import timeline_figure
+    from simulator.report.output import temporary_beside
 
     fig = timeline_figure(result.timeline, f"{result.scenario.name}: {result.metrics.iteration_time_s:.3f} s")
     tmp = temporary_beside(path)

@@ -11,7 +11,6 @@ import typer
 from simulator import paths
 from simulator.errors import ScenarioError
 from simulator.report.console import fail, note, progress, shown_warnings
-from simulator.report.output import check_output_dir, check_output_file
 
 
 def sweep(
@@ -52,6 +51,7 @@ def sweep(
         TimeRemainingColumn,
     )
 
+    from simulator.report.output import check_output_dir, check_output_file
     from simulator.study import grid
     from simulator.study import sweep as sw
 

@@ -10,7 +10,6 @@ import typer
 from simulator.cli.common import KERNELS_HELP
 from simulator.errors import ScenarioError
 from simulator.report.console import err, fail, progress
-from simulator.tables.select import check_choice
 
 if TYPE_CHECKING:  # rich is imported where a table is drawn; the runner where cases run
     from rich.console import Console
@@ -48,6 +47,7 @@ def validate(
 ) -> None:
     """Predict published measured runs and report the error, case by case and per source. Exits 1 when a case
     fails to simulate or is simulated out of memory (or, with --check, when the summary misses the CI gate)."""
+    from simulator.tables.select import check_choice
     from simulator.validation import runner
 
     if cross_validate:

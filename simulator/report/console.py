@@ -9,9 +9,6 @@ from contextlib import contextmanager
 
 import typer
 
-from simulator.scenario.deepspeed import DeepSpeedConfigWarning
-from simulator.scenario.hf_config import HfConfigWarning
-from simulator.tables.format import CostTableWarning
 
 
 class LazyConsole:
@@ -70,7 +67,15 @@ def escape(text: str) -> str:
 
 
 err = LazyConsole(stderr=True)
-OWN_WARNINGS = (DeepSpeedConfigWarning, CostTableWarning, HfConfigWarning)
+
+
+def own_warnings() -> tuple[type[Warning], ...]:
+    """The simulator's own warning categories (imported where warnings are shown: ``--help`` needs none)."""
+    from simulator.scenario.deepspeed import DeepSpeedConfigWarning
+    from simulator.scenario.hf_config import HfConfigWarning
+    from simulator.tables.format import CostTableWarning
+
+    return (DeepSpeedConfigWarning, CostTableWarning, HfConfigWarning)
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -98,8 +103,9 @@ def note(label: str, text: str, style: str = "yellow") -> None:
 def shown_warnings():
     """Print the simulator's own warnings (DeepSpeed keys not modelled, tables used on other hardware), once
     each."""
+    own = own_warnings()
     with warnings.catch_warnings(record=True) as caught:
-        for category in OWN_WARNINGS:
+        for category in own:
             warnings.simplefilter("always", category)
         try:
             yield
@@ -107,6 +113,6 @@ def shown_warnings():
             seen = set()
             for w in caught:
                 text = str(w.message)
-                if issubclass(w.category, OWN_WARNINGS) and text not in seen:
+                if issubclass(w.category, own) and text not in seen:
                     seen.add(text)
                     note("warning", text)
