@@ -10,7 +10,6 @@ from contextlib import contextmanager
 import typer
 
 
-
 class LazyConsole:
     """A rich Console made on first use: importing rich costs about 20 ms, which a run that prints JSON, or
     nothing on the terminal, need not pay (issue 33's start-up)."""
