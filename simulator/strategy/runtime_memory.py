@@ -63,3 +63,12 @@ def add_runtime_memory(program: Program, s: Scenario, framework: Framework, plac
             nccl=nccl_buffer_bytes(comms, m.nccl_channels),
             fragmentation=m.allocator_fragmentation,
         )
+
+
+def layout_runtime_bytes(s: Scenario, framework: Framework, degrees: tuple[int, ...], pp: int) -> float:
+    """What ``add_runtime_memory`` adds on a rank of a layout before it is simulated (the planner's screen): the
+    CUDA context and NCCL's buffers for a communicator per parallel degree above 1 (``degrees``: TP, CP, DP, EP,
+    ETP) and one per pipeline neighbour (two on a middle stage)."""
+    m = s.memory
+    context = (m.cuda_context_gib if m.cuda_context_gib is not None else framework.cuda_context_gib) * 2**30
+    return context + nccl_buffer_bytes(sum(d > 1 for d in degrees) + min(pp - 1, 2), m.nccl_channels)

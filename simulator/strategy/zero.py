@@ -291,3 +291,18 @@ def _iteration_1_2(
 def _what(s: Scenario, group: str) -> str:
     """How a task names the parameters it moves: "" for the dense ones, "expert " for the routed experts'."""
     return "expert " if group == EXPERT_GROUP else ""
+
+
+def screen_buffer_bytes(s: Scenario, framework, kind: str, pp: int, params: float) -> float:
+    """The buffers ``zero_iteration`` allocates for a layout's ``kind`` of sharding, before the coordinator is
+    replayed (the planner's screen): the ipg bucket (two with ``overlap_comm`` at stages 1-2) and, at stage 3, at
+    most ``stage3_max_live_parameters`` gathered weights of the rank's ``params``. None for DDP, FSDP and a
+    pipeline's ZeRO-1 (strategy/pipeline keeps no bucket of its own)."""
+    if kind not in ("zero1", "zero2", "zero3") or pp > 1:
+        return 0.0
+    cfg = s.parallelism.zero
+    wb, gb = weight_bytes(s), grad_bytes(s, framework)
+    if kind == "zero3":
+        return ipg_buffer(cfg, gb) + min(cfg.stage3_max_live_parameters, params) * wb
+    overlap = cfg.overlap_comm if cfg.overlap_comm is not None else False
+    return ipg_buffer(cfg, gb) * (2 if overlap else 1)

@@ -26,10 +26,11 @@ from simulator.hardware.placement import Placement
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
 from simulator.strategy.reduction import bucket_copy, ddp_settings
+from simulator.strategy.runtime_memory import layout_runtime_bytes
 from simulator.strategy.sharded import FSDP_COPY_OUT_PER_BYTE
 from simulator.strategy.state_bytes import fsdp_reduce_bytes, grad_bytes, weight_bytes
 from simulator.strategy.steps import optimizer_step_bytes
-from simulator.strategy.zero import fetch_key
+from simulator.strategy.zero import fetch_key, screen_buffer_bytes
 from simulator.strategy.zero3_fetch import call_sizes
 from simulator.study.layouts import Layout, carried, collective_span, schedule_of
 from simulator.study.offload import OffloadScreen
@@ -85,10 +86,8 @@ class Screen:
         self._shapes: dict[tuple, tuple] = {}
         self._tp_comm: dict[tuple, CollectiveModel] = {}
         self._clusters, self._workloads = {}, {}  # (cluster, measured) per node count; workloads per shape
-        self._calls: dict[tuple, tuple[float, float]] = {}
-        self._rings: dict[tuple, tuple[float, float]] = {}
-        self._layer_params: dict[int, float] = {}
-        self._act: dict[tuple, tuple[float, float, float]] = {}
+        self._calls, self._rings = {}, {}  # ZeRO-3's calls and rings, (seconds, seconds moving bytes)
+        self._layer_params, self._act = {}, {}  # parameters per workload; activation bytes per shape
         self.offload = OffloadScreen(cluster.spec)
         spec, gpu = cluster.spec.node, cluster.gpu
         self.nvlink = (spec.nvlink_bandwidth_GBps or gpu.nvlink_bandwidth_GBps) * 1e9
@@ -245,10 +244,8 @@ class Screen:
         w_b, g_b, k_b = state_bytes_per_param(self.base.training.precision, self.base.training.optimizer)
         # parameters of one GPU's (first or last) stage
         mean_layer = self._mean_layer(w)
-        if lay.pp == 1:
-            psi = w.params_per_rank
-        else:
-            psi = layers * mean_layer + max(w.embedding.params, w.head.params)
+        ends = max(w.embedding.params, w.head.params)
+        psi = w.params_per_rank if lay.pp == 1 else layers * mean_layer + ends
         # a mixture-of-experts model's routed experts: reduced over expert data parallelism, states sharded there
         experts = w.expert_params_per_rank / lay.pp
         edp = lay.tp * lay.cp * lay.dp // (lay.ep * lay.etp)
@@ -259,6 +256,12 @@ class Screen:
         grads = psi * g_b
         copy = lay.sharding == "ddp" and lay.pp == 1 and lay.dp > 1 and bucket_copy(s, w)  # DDP's bucket copy
         memory = self.memory(lay, psi, s, experts, edp) + (grads if copy else 0.0)
+        memory += screen_buffer_bytes(
+            s, self.framework, lay.kind, lay.pp, psi + experts
+        )  # DeepSpeed's buckets
+        # TE's FP8 weight copies unless FSDP / ZeRO-3 gathers them (``s``: this shape's first layout, not its sharding)
+        if w.fp8 is not None and lay.stage < 3:
+            memory += w.fp8.weight_copy_bytes * sum(w.fp8_params_per_rank) * layers / w.num_layers
         hbm = self.cluster.gpu.hbm_bytes_per_s * 0.8  # memory-bound work's rate (copies, the optimizer step)
         ddp = s.parallelism.ddp
         overlap_reduce = ddp_settings(s, w)[0]  # the scenario's switch, else the framework's, as simulated
@@ -335,16 +338,9 @@ class Screen:
             optimizer = self.offload.exposed_s(s, psi / lay.dp, gas, layers * (b + rc))
         # the compute beside that communication runs on the SMs NCCL leaves it (costs/contention.py)
         iteration = pipeline + exposed + optimizer + beside * (self.contention - 1.0)
-        return Estimate(
-            lay,
-            iteration,
-            memory / 2**30,
-            compute,
-            bubble,
-            exposed,
-            memory <= MEMORY_HEADROOM * self.capacity,
-            bound and lay.kind == "zero3",
-        )
+        fits = memory <= MEMORY_HEADROOM * self.capacity
+        zero3_bound = bound and lay.kind == "zero3"
+        return Estimate(lay, iteration, memory / 2**30, compute, bubble, exposed, fits, zero3_bound)
 
     def _zero3_calls_s(self, s: Scenario, w, n: int, per_node: int) -> tuple[float, float]:
         """(forward, backward) seconds of DeepSpeed ZeRO-3's calls for one microbatch, rings over the ``n`` ranks,
@@ -376,11 +372,15 @@ class Screen:
             if not lay.offload:
                 states += g_b * params / (n if stage >= 2 else 1) + k_b * params / (n if stage >= 1 else 1)
         layers = max(lay.stage_layers(self.base.model.num_layers))
-        in_flight = lay.pp if lay.pp > 1 else 1
+        # micro-batches' activations the first stage holds: PP (1F1B), or interleaved 1F1B's warm-up of
+        # 2(PP - 1) + (v - 1) PP chunks and one more, each 1/v of the stage (Megatron-LM schedules.py)
+        in_flight = (2 * (lay.pp - 1) + (lay.v - 1) * lay.pp + 1) / lay.v if lay.v > 1 else max(lay.pp, 1)
         per_layer, head, whole = self._activations(lay, s)
         # the loss's working set and a recomputation's are never live together (strategy/memory.py)
         act = per_layer * layers * in_flight + max(head, whole if lay.recompute == "full" else 0.0)
-        return states + act
+        # what must fit, as the simulation counts it: with the allocator's stated reserve, the context, NCCL
+        runtime = layout_runtime_bytes(s, self.framework, (lay.tp, lay.cp, lay.dp, lay.ep, lay.etp), lay.pp)
+        return (states + act) * (1 + s.memory.allocator_fragmentation) + runtime
 
     def _activations(self, lay: Layout, s: Scenario) -> tuple[float, float, float]:
         """(bytes kept per layer, the output layer's, one layer's whole activations for its recomputation) of
