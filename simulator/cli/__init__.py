@@ -19,7 +19,14 @@ gc.disable()
 try:
     import typer
 
-    from simulator.cli import memory, plan, run, study, validate
+    from simulator.cli import (
+        calibrate_step,  # noqa: F401  (registers `calibrate step`)
+        memory,
+        plan,
+        run,
+        study,
+        validate,
+    )
     from simulator.cli.calibrate import calibrate_app
 finally:
     gc.freeze()

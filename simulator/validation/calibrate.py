@@ -97,3 +97,39 @@ def fit(
             if progress:
                 progress(f"{name} = {best:.4g}")
     return current
+
+
+# what one measured step can state, and how to read it off a simulation
+STEP_METRICS = {
+    "iteration_time_s": lambda m: m.iteration_time_s,
+    "tokens_per_s_per_gpu": lambda m: m.tokens_per_s_per_gpu,
+    "mfu": lambda m: m.mfu,
+}
+
+
+def fit_step(
+    scenario,
+    start: Framework,
+    name: str,
+    metric: str,
+    measured: float,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Framework, bool]:
+    """``start`` with its parameter ``name`` set so that ``scenario`` simulates to ``measured`` (``metric``, one of
+    STEP_METRICS): a golden-section search of the squared log error within the parameter's physical bounds
+    (BOUNDS). One measured step identifies one parameter. Returns the profile and whether the search stopped at
+    a bound (the measurement lies beyond what that parameter can explain)."""
+    from simulator.api import simulate
+
+    read = STEP_METRICS[metric]
+
+    def objective(x: float) -> float:
+        got = read(simulate(scenario, framework=with_value(start, name, x)).metrics)
+        if progress:
+            progress(f"{name} = {x:.4g}: {got:.4g} against {measured:.4g}")
+        return math.log(got / measured) ** 2 if got > 0 else math.inf
+
+    lo, hi = BOUNDS[name]
+    best = golden_section(objective, lo, hi, iterations=20)
+    at_bound = min(best - lo, hi - best) < 1e-3 * (hi - lo)
+    return with_value(start, name, best), at_bound

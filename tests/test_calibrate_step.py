@@ -1,0 +1,92 @@
+"""clustersim calibrate step: one profile parameter fitted to one measured step, the profile then used by run."""
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from simulator import load_scenario
+from simulator.api import simulate
+from simulator.cli import app
+
+runner = CliRunner()
+QUICKSTART = "scenarios/quickstart-gpt3-1.3b-ddp-8xa100.yaml"
+
+
+@pytest.fixture(scope="module")
+def simulated():
+    return simulate(load_scenario(QUICKSTART)).metrics
+
+
+@pytest.mark.parametrize(
+    ("option", "scale", "metric"),
+    [("--measured", 1.25, "iteration_time_s"), ("--tokens-per-s-per-gpu", 0.8, "tokens_per_s_per_gpu")],
+)
+def test_a_measured_step_gives_a_profile_that_run_reproduces(tmp_path, simulated, option, scale, metric):
+    """A step measured 25% slower than simulated (or 20% fewer tokens/s): gemm_efficiency is lowered until the
+    simulation matches; `run --framework FILE` then gives the measurement within 0.5%, names the profile and says
+    how it was made; the profile keeps no published-run fit (cross-validation leaves it alone)."""
+    target = getattr(simulated, metric) * scale
+    out = tmp_path / "my-stack.yaml"
+    got = runner.invoke(app, ["calibrate", "step", QUICKSTART, option, f"{target:.6g}", "--write", str(out)])
+    assert got.exit_code == 0, got.output
+    profile = yaml.safe_load(out.read_text())
+    assert profile["name"] == "my-stack" and profile["gemm_efficiency"] < 0.892
+    assert "calibrate step" in profile["fitted"] and "one measured step" in profile["accuracy"]
+    assert "fit_cases" not in profile and "fit_params" not in profile
+    ran = runner.invoke(app, ["run", QUICKSTART, "--framework", str(out), "--json"])
+    assert ran.exit_code == 0, ran.output
+    m = json.loads(ran.stdout)
+    assert m[metric] == pytest.approx(target, rel=0.005)
+    assert m["framework"] == "my-stack"
+
+
+def test_a_faster_measurement_raises_the_level_and_says_when_it_cannot(tmp_path, simulated):
+    """10% faster than simulated: gemm_efficiency rises; 5x faster: beyond its bound (1.3), said in a warning."""
+    out = tmp_path / "fast.yaml"
+    got = runner.invoke(
+        app,
+        [
+            "calibrate",
+            "step",
+            QUICKSTART,
+            "--measured",
+            f"{0.9 * simulated.iteration_time_s:.6g}",
+            "--write",
+            str(out),
+        ],
+    )
+    assert got.exit_code == 0 and yaml.safe_load(out.read_text())["gemm_efficiency"] > 0.892
+    got = runner.invoke(
+        app,
+        [
+            "calibrate",
+            "step",
+            QUICKSTART,
+            "--measured",
+            f"{0.2 * simulated.iteration_time_s:.6g}",
+            "--write",
+            str(out),
+        ],
+    )
+    assert got.exit_code == 0 and "stopped at the bound of gemm_efficiency" in got.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--measured", "1s", "--mfu", "0.4"], "give one measurement"),
+        ([], "give one measurement"),
+        (["--measured", "fast"], "--measured: expected a duration"),
+        (
+            ["--measured", "1s", "--param", "gemm_efficiency,memory_efficiency"],
+            "one measured step identifies one",
+        ),
+        (["--measured", "1s", "--param", "speed"], "--param: unknown 'speed'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    got = runner.invoke(app, ["calibrate", "step", QUICKSTART, *args, "--write", str(tmp_path / "p.yaml")])
+    assert got.exit_code == 2 and message in got.output and "Traceback" not in got.output
+    assert not (tmp_path / "p.yaml").exists()
