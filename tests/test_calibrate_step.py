@@ -1,6 +1,7 @@
 """clustersim calibrate step: one profile parameter fitted to one measured step, the profile then used by run."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -11,7 +12,9 @@ from simulator.api import simulate
 from simulator.cli import app
 
 runner = CliRunner()
-QUICKSTART = "scenarios/quickstart-gpt3-1.3b-ddp-8xa100.yaml"
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = str(ROOT / "scenarios/quickstart-gpt3-1.3b-ddp-8xa100.yaml")
+TORCHTITAN = str(ROOT / "simulator/validation/torchtitan-2024.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +93,31 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     got = runner.invoke(app, ["calibrate", "step", QUICKSTART, *args, "--write", str(tmp_path / "p.yaml")])
     assert got.exit_code == 2 and message in got.output and "Traceback" not in got.output
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_validate_one_run_measures_the_workflow_per_source():
+    """validate --one-run: per source with 4+ runs of a profile, the GEMM level fitted to the smallest run, the
+    others predicted with it and filed by their relation to it. torchtitan's runs (docs/validation.md): 8 A100
+    runs fitted on the smallest, the other 7 within 4%; the H100 set fitted on its BF16 run, its FP8 runs beside."""
+    got = runner.invoke(app, ["validate", "--one-run", "--cases", TORCHTITAN, "--json"])
+    assert got.exit_code == 0, got.output
+    out = json.loads(got.stdout)
+    sources = {r["source"]: r for r in out["sources"]}
+    a100 = sources["TTA100"]
+    assert (
+        a100["same GPU and precision"]["n"] == 7 and a100["same GPU and precision"]["max_abs_error_pct"] < 5.0
+    )
+    assert (
+        a100["gemm_efficiency"][0] == pytest.approx(0.892)
+        and a100["gemm_efficiency"][1] != a100["gemm_efficiency"][0]
+    )
+    assert out["overall"]["same GPU and precision"]["median_abs_error_pct"] < 5.0
+    assert out["overall"]["other precision"]["n"] == 10
+
+
+def test_validate_one_run_refuses_a_file_without_a_source_of_four_runs(tmp_path):
+    few = tmp_path / "few.yaml"
+    cases = yaml.safe_load(Path(TORCHTITAN).read_text())["cases"][:3]
+    few.write_text(yaml.safe_dump({"cases": cases}))
+    got = runner.invoke(app, ["validate", "--one-run", "--cases", str(few)])
+    assert got.exit_code == 2 and "no source has 4 or more speed runs" in got.output

@@ -97,7 +97,7 @@ def calibrate_step(
     if at_bound:
         note(
             "warning",
-            f"the fit stopped at the bound of {param} ({new:.4g}, bounds {cal.BOUNDS[param]}): the measurement lies "
+            f"the fit stopped at the bound of {param} ({new:.4g}, searched {cal.around(start, param)}): the measurement lies "
             f"beyond what it can explain; look at the rest (communication, host, memory-bound kernels) with "
             f"clustersim run {scenario} --report",
         )

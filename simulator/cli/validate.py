@@ -36,6 +36,15 @@ def validate(
             "out): in-sample and out-of-sample errors side by side.",
         ),
     ] = False,
+    one_run: Annotated[
+        bool,
+        typer.Option(
+            "--one-run",
+            help="Measure the one-run workflow (calibrate step): per source with 4+ runs of a profile, fit its GEMM "
+            "level to the smallest run, predict the others; errors by same GPU and precision, other precision, "
+            "other GPU. Default: every shipped validation file.",
+        ),
+    ] = False,
     pool: Annotated[
         list[Path] | None,
         typer.Option(
@@ -50,6 +59,9 @@ def validate(
     from simulator.tables.select import check_choice
     from simulator.validation import runner
 
+    if one_run:
+        _one_run(cases, filter_text, json_out, quiet)
+        return
     if cross_validate:
         if kernels is not None:
             fail("--cross-validate: refits use the shipped tables; leave --kernels out")
@@ -249,3 +261,73 @@ def _cross_validate(
     if check and (missed := runner.gate_failures(inside)):
         err.print("[bold red]validation gate missed:[/bold red] " + "; ".join(missed))
         raise typer.Exit(1)
+
+
+def _one_run(cases: Path | None, filter_text: str | None, json_out: bool, quiet: bool) -> None:
+    """The one-run workflow measured per source (validation/one_run.py)."""
+    from simulator.validation import one_run as one
+    from simulator.validation import runner
+
+    try:
+        needle = (filter_text or "").lower()
+        pool = one.shipped_cases() if cases is None else runner.load_cases(cases)
+        selected = [c for c in pool if needle in str(c.get("id", "")).lower()]
+    except ScenarioError as e:
+        fail(str(e))
+    show = not quiet and not json_out and sys.stderr.isatty()
+    with progress(show) as bar:
+        task = bar.add_task("one run per source", total=None)
+        results = one.one_run(selected, lambda text: bar.update(task, description=text))
+    if not results:
+        fail(f"--one-run: no source has {one.MIN_RUNS} or more speed runs of one profile among these cases")
+    relations = (one.SAME, "other precision", "other GPU")
+    by_source: dict[tuple[str, str], list] = {}
+    for r in results:
+        by_source.setdefault((r.source, r.profile), []).append(r)
+    if json_out:
+        rows = [
+            {
+                "source": src,
+                "profile": prof,
+                "fitted_on": rs[0].fitted_on,
+                "gemm_efficiency": list(rs[0].gemm_efficiency),
+                **{rel: one.summary(rs, rel) for rel in relations},
+            }
+            for (src, prof), rs in by_source.items()
+        ]
+        overall = {rel: one.summary(results, rel) for rel in relations}
+        print(json.dumps({"sources": rows, "overall": overall}, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    def cell(x: dict) -> str:
+        return (
+            "-"
+            if not x["n"]
+            else f"{x['median_abs_error_pct']:.1f}% / {x['max_abs_error_pct']:.1f}% ({x['n']})"
+        )
+
+    table = Table(
+        title="One measured run per source: its GEMM level fitted, the others predicted", header_style="bold"
+    )
+    for col in ("source", "profile", "fitted on", "gemm_efficiency", *relations):
+        table.add_column(col, justify="left" if col in ("source", "profile", "fitted on") else "right")
+    for (src, prof), rs in by_source.items():
+        before, after = rs[0].gemm_efficiency
+        table.add_row(
+            src,
+            prof,
+            rs[0].fitted_on,
+            f"{before:.3f} -> {after:.3f}",
+            *(cell(one.summary(rs, rel)) for rel in relations),
+        )
+    Console().print(table)
+    print("cells: median / max |error| (runs)")
+    for rel in (*relations, None):
+        x = one.summary(results, rel)
+        if x["n"]:
+            print(
+                f"one run ({rel or 'all'}): {x['n']} runs, median |error| {x['median_abs_error_pct']:.1f}%, "
+                f"max {x['max_abs_error_pct']:.1f}%, signed speed {x['mean_signed_speed_pct']:+.1f}% (+: simulated faster)"
+            )

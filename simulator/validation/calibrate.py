@@ -75,6 +75,15 @@ def value_of(framework: Framework, name: str, gpu: str | None = None) -> float:
     return getattr(framework.on_gpu(gpu) if gpu else framework, name)
 
 
+def around(start: Framework, name: str, gpu: str | None = None) -> tuple[float, float]:
+    """``name``'s search range from ``start``: its physical bounds (BOUNDS), widened to half and one and a half
+    times the starting value (a profile whose fitted level lies beyond them, megatron-2022's GEMM level of 1.40,
+    can be fitted again to a run of its own stack)."""
+    lo, hi = BOUNDS[name]
+    x = value_of(start, name, gpu)
+    return (min(lo, 0.5 * x), max(hi, 1.5 * x)) if x > 0 else (lo, hi)
+
+
 def fit(
     cases: list[dict],
     start: Framework,
@@ -82,12 +91,14 @@ def fit(
     rounds: int = 2,
     progress: Callable[[str], None] | None = None,
     gpu: str | None = None,
+    widen: bool = False,
 ) -> Framework:
-    """Coordinate descent over ``params`` (the profile's own, or with ``gpu`` that GPU's factors)."""
+    """Coordinate descent over ``params`` (the profile's own, or with ``gpu`` that GPU's factors); ``widen``: each
+    searched within ``around`` its starting value."""
     current = start
     for _ in range(rounds):
         for name in params:
-            lo, hi = BOUNDS[name]
+            lo, hi = around(start, name, gpu) if widen else BOUNDS[name]
 
             def objective(x: float, name: str = name, base: Framework = current) -> float:
                 return loss(with_value(base, name, x, gpu), cases)
@@ -117,7 +128,7 @@ def fit_step(
 ) -> tuple[Framework, bool]:
     """``start`` with its parameter ``name`` set so that ``scenario`` simulates to ``measured`` (``metric``, one of
     STEP_METRICS): a golden-section search of the squared log error within the parameter's physical bounds
-    (BOUNDS). One measured step identifies one parameter. Returns the profile and whether the search stopped at
+    (BOUNDS, widened around the starting value: ``around``). One measured step identifies one parameter. Returns the profile and whether the search stopped at
     a bound (the measurement lies beyond what that parameter can explain)."""
     from simulator.api import simulate
 
@@ -129,7 +140,7 @@ def fit_step(
             progress(f"{name} = {x:.4g}: {got:.4g} against {measured:.4g}")
         return math.log(got / measured) ** 2 if got > 0 else math.inf
 
-    lo, hi = BOUNDS[name]
+    lo, hi = around(start, name)
     best = golden_section(objective, lo, hi, iterations=20)
     at_bound = min(best - lo, hi - best) < 1e-3 * (hi - lo)
     return with_value(start, name, best), at_bound

@@ -1,0 +1,90 @@
+"""The one-run workflow measured on the shipped sources (``clustersim validate --one-run``).
+
+A user of a stack no profile was fitted on measures one step and runs ``clustersim calibrate step``: the GEMM level
+of the profile they start from is fitted to that step, and every other run is predicted with it. This measures
+that workflow on every shipped source with 4 or more speed runs of one profile: the smallest run (fewest GPUs,
+then the file's order) is the measured step, ``gemm_efficiency`` is fitted to it alone, the source's other runs
+are predicted with the fitted profile, and each error is filed by how far the run is from the fitted one: the same
+GPU and precision, or another precision, or another GPU. That is the error a calibrated profile's user should
+expect, beside the unseen-stack bar (docs/calibration.md).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from simulator.frameworks import get_framework
+from simulator.hardware.topology import cluster_spec
+from simulator.scenario.loader import load_scenario
+from simulator.validation.accuracy import HELD_OUT, HERE
+from simulator.validation.calibrate import fit, value_of
+from simulator.validation.runner import CaseResult, case_scenario, load_cases, run_case, source_group
+from simulator.validation.signs import SPEED_METRICS, speed_error_pct
+
+MIN_RUNS = 4  # a source with fewer runs of one profile has too few left to predict
+SAME = "same GPU and precision"
+
+
+@dataclass
+class OneRun:
+    source: str
+    profile: str
+    fitted_on: str  # the case the GEMM level was fitted to
+    gemm_efficiency: tuple[float, float]  # before, after
+    case: CaseResult  # a predicted run, with the fitted profile
+    relation: str  # SAME, "other precision" or "other GPU"
+
+
+def _shape(case: dict) -> tuple[str, int, str, str]:
+    """(profile, GPUs, GPU, precision) of a case."""
+    s = load_scenario(case_scenario(case))
+    p = s.parallelism
+    gpus = p.tensor_parallel * p.pipeline_parallel * p.context_parallel * p.data_parallel
+    return s.framework, gpus, s.cluster.gpu or cluster_spec(s).node.gpu, s.training.precision
+
+
+def shipped_cases() -> list[dict]:
+    """Every shipped validation file's speed runs (``accuracy.HELD_OUT``)."""
+    return [c for stem in HELD_OUT for c in load_cases(HERE / f"{stem}.yaml")]
+
+
+def one_run(cases: list[dict], progress: Callable[[str], None] | None = None) -> list[OneRun]:
+    groups: dict[tuple[str, str], list[tuple[dict, tuple]]] = defaultdict(list)
+    for c in cases:
+        if c["published"]["metric"] in SPEED_METRICS:
+            shape = _shape(c)
+            groups[source_group(c), shape[0]].append((c, shape[1:]))
+    out = []
+    for (source, profile), members in groups.items():
+        if len(members) < MIN_RUNS:
+            continue
+        anchor, (_, gpu, precision) = min(members, key=lambda m: m[1][0])  # fewest GPUs, first in the file
+        start = get_framework(profile)
+        fitted = fit([anchor], start, ["gemm_efficiency"], rounds=1, widen=True)
+        levels = (value_of(start, "gemm_efficiency"), value_of(fitted, "gemm_efficiency"))
+        for c, (_, g, prec) in members:
+            if c is anchor:
+                continue
+            relation = "other GPU" if g != gpu else SAME if prec == precision else "other precision"
+            out.append(OneRun(source, profile, str(anchor["id"]), levels, run_case(c, fitted), relation))
+            if progress:
+                progress(str(c.get("id")))
+    return out
+
+
+def summary(results: list[OneRun], relation: str | None = None) -> dict:
+    """n, median and max |error| (%) and the mean signed speed error of the runs of ``relation`` (all: None)."""
+    chosen = [
+        r for r in results if (relation is None or r.relation == relation) and r.case.error_pct is not None
+    ]
+    errors = [abs(r.case.error_pct) for r in chosen]
+    signed = [speed_error_pct(r.case.metric, r.case.published, r.case.predicted) for r in chosen]
+    return {
+        "n": len(errors),
+        "median_abs_error_pct": statistics.median(errors) if errors else None,
+        "max_abs_error_pct": max(errors) if errors else None,
+        "mean_signed_speed_pct": statistics.mean(signed) if signed else None,
+    }
