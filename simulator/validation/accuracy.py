@@ -51,6 +51,7 @@ HELD_OUT = (
     "moe",
     "fp8",
     "memory",
+    "mlperf",
 )
 # Files whose runs come from a source a profile is fitted on in published.yaml: left out together with it.
 # MosaicML's llm-foundry throughput tables are the source of the MPT rows llm-foundry-2023 is fitted on.
