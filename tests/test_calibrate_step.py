@@ -87,6 +87,8 @@ def test_a_faster_measurement_raises_the_level_and_says_when_it_cannot(tmp_path,
             "one measured step identifies one",
         ),
         (["--measured", "1s", "--param", "speed"], "--param: unknown 'speed'"),
+        (["--tokens-per-s-per-gpu", "inf"], "--tokens-per-s-per-gpu: must be a finite number above 0"),
+        (["--tokens-per-s-per-gpu", "0"], "--tokens-per-s-per-gpu: must be a finite number above 0"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):

@@ -76,8 +76,8 @@ def calibrate_step(
             option, "mfu"
         )
         target = parse_duration(str(value), option) if option == "--measured" else float(value)
-        if target <= 0:
-            raise ScenarioError(f"{option}: must be above 0 (got {value})")
+        if not 0 < target < float("inf"):  # NaN and infinity fail this too
+            raise ScenarioError(f"{option}: must be a finite number above 0 (got {value})")
         start = get_framework(s.framework)
         before = cal.STEP_METRICS[metric](simulate(s, framework=start).metrics)
         with progress(sys.stderr.isatty()) as bar:
