@@ -119,8 +119,14 @@ def chunk_units(w: Workload, pp: int, v: int) -> dict[tuple[int, int], list[Unit
     out[(0, 0)].insert(0, us[0])
     # multi-token prediction runs on the last stage, after its layers (Megatron-Core mtp_on_last_stage)
     out[(pp - 1, v - 1)] += [u for u in us if u.name.startswith("mtp ")]
-    # with tied embeddings Megatron keeps a copy of the word embedding on the last stage for the logits
-    out[(pp - 1, v - 1)].append(replace(us[-1], params=w.head.params))
+    # with tied embeddings Megatron keeps a copy of the word embedding on the last stage for the logits; so it does
+    # for multi-token prediction, whose depths embed the next tokens (Megatron-Core core_v0.15.0 gpt_model.py: "if
+    # self.pre_process or self.mtp_process: self.embedding = ...", the copy tied to the first stage's, L142, L745)
+    head = w.head.params
+    m = w.scenario.model
+    if m.mtp_layers and pp > 1 and not m.tied_embeddings:
+        head += w.embedding.params
+    out[(pp - 1, v - 1)].append(replace(us[-1], params=head))
     return out
 
 
