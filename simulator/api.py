@@ -271,6 +271,7 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
     if s.training.total_tokens:
         metrics.train = train_metrics(s.training.total_tokens, metrics, s.cluster.price_per_gpu_hour)
     metrics.framework = compute.framework.name
+    metrics.framework_fitted = compute.framework.fitted
     metrics.accuracy = for_run(framework, cluster.gpu.architecture, metrics.gpus)
     metrics.wall_s = time.perf_counter() - t0
     return Result(s, workload, program, timeline, cluster, placement, metrics, comm, host, compute)

@@ -43,6 +43,7 @@ def test_a_measured_step_gives_a_profile_that_run_reproduces(tmp_path, simulated
     m = json.loads(ran.stdout)
     assert m[metric] == pytest.approx(target, rel=0.005)
     assert m["framework"] == "my-stack"
+    assert m["framework_fitted"].startswith("clustersim calibrate step") and option in m["framework_fitted"]
 
 
 def test_a_faster_measurement_raises_the_level_and_says_when_it_cannot(tmp_path, simulated):
