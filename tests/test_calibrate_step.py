@@ -49,31 +49,16 @@ def test_a_measured_step_gives_a_profile_that_run_reproduces(tmp_path, simulated
 def test_a_faster_measurement_raises_the_level_and_says_when_it_cannot(tmp_path, simulated):
     """10% faster than simulated: gemm_efficiency rises; 5x faster: beyond its bound (1.3), said in a warning."""
     out = tmp_path / "fast.yaml"
-    got = runner.invoke(
-        app,
-        [
-            "calibrate",
-            "step",
-            QUICKSTART,
-            "--measured",
-            f"{0.9 * simulated.iteration_time_s:.6g}",
-            "--write",
-            str(out),
-        ],
-    )
+
+    def step(scale: float):
+        measured = f"{scale * simulated.iteration_time_s:.6g}"
+        return runner.invoke(
+            app, ["calibrate", "step", QUICKSTART, "--measured", measured, "--write", str(out)]
+        )
+
+    got = step(0.9)
     assert got.exit_code == 0 and yaml.safe_load(out.read_text())["gemm_efficiency"] > 0.892
-    got = runner.invoke(
-        app,
-        [
-            "calibrate",
-            "step",
-            QUICKSTART,
-            "--measured",
-            f"{0.2 * simulated.iteration_time_s:.6g}",
-            "--write",
-            str(out),
-        ],
-    )
+    got = step(0.2)
     assert got.exit_code == 0 and "stopped at the bound of gemm_efficiency" in got.output
 
 

@@ -97,8 +97,9 @@ def calibrate_step(
     if at_bound:
         note(
             "warning",
-            f"the fit stopped at the bound of {param} ({new:.4g}, searched {cal.around(start, param)}): the measurement lies "
-            f"beyond what it can explain; look at the rest (communication, host, memory-bound kernels) with "
+            f"the fit stopped at the bound of {param} ({new:.4g}, searched {cal.around(start, param)}): the "
+            f"measurement lies beyond what it can explain; look at the rest (communication, host, memory-bound "
+            f"kernels) with "
             f"clustersim run {scenario} --report",
         )
     today = datetime.date.today().isoformat()

@@ -329,5 +329,6 @@ def _one_run(cases: Path | None, filter_text: str | None, json_out: bool, quiet:
         if x["n"]:
             print(
                 f"one run ({rel or 'all'}): {x['n']} runs, median |error| {x['median_abs_error_pct']:.1f}%, "
-                f"max {x['max_abs_error_pct']:.1f}%, signed speed {x['mean_signed_speed_pct']:+.1f}% (+: simulated faster)"
+                f"max {x['max_abs_error_pct']:.1f}%, signed speed {x['mean_signed_speed_pct']:+.1f}% "
+                "(+: simulated faster)"
             )

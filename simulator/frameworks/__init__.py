@@ -350,9 +350,16 @@ def default_framework(scenario, architecture: str) -> str:
     GPU's generation (a GPU file of one's own has a name the catalogue does not know)."""
     p = scenario.parallelism
     if p.tensor_parallel > 1 or p.pipeline_parallel > 1 or p.context_parallel > 1:
-        recent = architecture in ("hopper", "blackwell", "cdna3", "cdna4")
-        return "megatron-core-2024" if recent else "megatron-2022"
+        return megatron_profile(architecture)
     return "pytorch-2024"
+
+
+def megatron_profile(architecture: str) -> str:
+    """Megatron's profile on a GPU generation: Megatron-Core with Transformer Engine on Hopper and later,
+    Megatron-LM's eager layer before."""
+    return (
+        "megatron-core-2024" if architecture in ("hopper", "blackwell", "cdna3", "cdna4") else "megatron-2022"
+    )
 
 
 @cache

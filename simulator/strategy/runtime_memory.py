@@ -55,7 +55,7 @@ def add_runtime_memory(program: Program, s: Scenario, framework: Framework, plac
     """Each rank's memory with the CUDA context, NCCL's buffers for its communicators and the allocator's
     fragmentation (in place)."""
     m = s.memory
-    context = (m.cuda_context_gib if m.cuda_context_gib is not None else framework.cuda_context_gib) * 2**30
+    context = context_bytes(s, framework)
     for rank, comms in zip(program.ranks, communicators(program, placement), strict=True):
         rank.memory = replace(
             rank.memory,
@@ -69,6 +69,11 @@ def layout_runtime_bytes(s: Scenario, framework: Framework, degrees: tuple[int, 
     """What ``add_runtime_memory`` adds on a rank of a layout before it is simulated (the planner's screen): the
     CUDA context and NCCL's buffers for a communicator per parallel degree above 1 (``degrees``: TP, CP, DP, EP,
     ETP) and one per pipeline neighbour (two on a middle stage)."""
+    comms = sum(d > 1 for d in degrees) + min(pp - 1, 2)
+    return context_bytes(s, framework) + nccl_buffer_bytes(comms, s.memory.nccl_channels)
+
+
+def context_bytes(s: Scenario, framework: Framework) -> float:
+    """The CUDA context: the scenario's ``memory.cuda_context_gib``, else the framework's."""
     m = s.memory
-    context = (m.cuda_context_gib if m.cuda_context_gib is not None else framework.cuda_context_gib) * 2**30
-    return context + nccl_buffer_bytes(sum(d > 1 for d in degrees) + min(pp - 1, 2), m.nccl_channels)
+    return (m.cuda_context_gib if m.cuda_context_gib is not None else framework.cuda_context_gib) * 2**30

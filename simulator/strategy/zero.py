@@ -61,7 +61,7 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
     us = units(w)
     cfg = s.parallelism.zero
     dp = grad_group_size(s)
-    overlap = cfg.overlap_comm if cfg.overlap_comm is not None else stage == 3
+    overlap = overlap_comm(cfg, stage)
     wb, gb = weight_bytes(s), grad_bytes(s, w.framework)
     persistent_params = 0
     if stage == 3:
@@ -83,25 +83,36 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
             **zpp,
         )
         add_sharded_iteration(p, s, w, us, plan)
-        # DeepSpeed v0.16.4 stage3.py: the flat ipg bucket of reduce_bucket_size elements (allocated at start with
-        # contiguous_gradients, whatever the model's size) and the parameters the coordinator holds gathered at
-        # its peak
-        buffers = ipg_buffer(cfg, gb) + fetch.peak_live * wb
+        buffers = zero_buffers(cfg, stage, gb, wb, fetch.peak_live)  # with the coordinator's peak gathered
         persistent_params = fetch.persistent
         if cfg.zero_hpz_partition_size > 1:
             # hpZ's secondary copy: the weights sharded over the hpZ group only
             buffers += w.params_per_rank * wb / cfg.zero_hpz_partition_size
     else:
         _stage_1_2(p, s, w, us, overlap)
-        # stage_1_and_2.py backward(): the ipg buffer of reduce_bucket_size elements, two with overlap_comm; the
-        # updated weights are all-gathered in place into the flat 16-bit groups (no buffer of their own)
-        buffers = ipg_buffer(cfg, gb) * (2 if overlap else 1)
+        buffers = zero_buffers(cfg, stage, gb, wb)
     # persistent parameters keep a full copy of their weights on every rank
     mem = memory_breakdown(s, w, cluster, dp, stage, buffers, persistent_params)
     mem = replace(mem, step=step_temporaries(s, w.params_per_rank, dp, stage))
     mem = offloaded_memory(s, mem, w.params_per_rank, dp, stage, cluster)
     p.ranks.append(RankClass(rank_label(s), ranks_per_stage(s), mem))
     return p
+
+
+def overlap_comm(cfg, stage: int) -> bool:
+    """DeepSpeed's ``overlap_comm``: the config's, else on at stage 3 only (v0.16.4 config defaults)."""
+    return cfg.overlap_comm if cfg.overlap_comm is not None else stage == 3
+
+
+def zero_buffers(cfg, stage: int, grad_bytes: int, weight_bytes: int, live_params: float = 0.0) -> float:
+    """The buffers a ZeRO stage allocates. Stage 3 (v0.16.4 stage3.py): the flat ipg bucket of
+    ``reduce_bucket_size`` elements (allocated at start with contiguous_gradients, whatever the model's size) and
+    the ``live_params`` the coordinator holds gathered at its peak. Stages 1-2 (stage_1_and_2.py backward()): the
+    ipg bucket, two with ``overlap_comm``; the updated weights are all-gathered in place into the flat 16-bit
+    groups (no buffer of their own)."""
+    if stage == 3:
+        return ipg_buffer(cfg, grad_bytes) + live_params * weight_bytes
+    return ipg_buffer(cfg, grad_bytes) * (2 if overlap_comm(cfg, stage) else 1)
 
 
 def ipg_buffer(cfg, grad_bytes: int) -> float:
@@ -294,15 +305,11 @@ def _what(s: Scenario, group: str) -> str:
 
 
 def screen_buffer_bytes(s: Scenario, framework, kind: str, pp: int, params: float) -> float:
-    """The buffers ``zero_iteration`` allocates for a layout's ``kind`` of sharding, before the coordinator is
-    replayed (the planner's screen): the ipg bucket (two with ``overlap_comm`` at stages 1-2) and, at stage 3, at
-    most ``stage3_max_live_parameters`` gathered weights of the rank's ``params``. None for DDP, FSDP and a
-    pipeline's ZeRO-1 (strategy/pipeline keeps no bucket of its own)."""
+    """``zero_buffers`` for a layout's ``kind`` of sharding, before the coordinator is replayed (the planner's
+    screen): at stage 3 at most ``stage3_max_live_parameters`` of the rank's ``params`` gathered. None for DDP, FSDP
+    and a pipeline's ZeRO-1 (strategy/pipeline keeps no bucket of its own)."""
     if kind not in ("zero1", "zero2", "zero3") or pp > 1:
         return 0.0
-    cfg = s.parallelism.zero
-    wb, gb = weight_bytes(s), grad_bytes(s, framework)
-    if kind == "zero3":
-        return ipg_buffer(cfg, gb) + min(cfg.stage3_max_live_parameters, params) * wb
-    overlap = cfg.overlap_comm if cfg.overlap_comm is not None else False
-    return ipg_buffer(cfg, gb) * (2 if overlap else 1)
+    cfg, stage = s.parallelism.zero, int(kind[-1])
+    live = min(cfg.stage3_max_live_parameters, params) if stage == 3 else 0.0
+    return zero_buffers(cfg, stage, grad_bytes(s, framework), weight_bytes(s), live)

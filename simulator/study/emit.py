@@ -77,9 +77,8 @@ def megatron(row: dict) -> str:
         f"--pipeline-model-parallel-size {row['pp']}",
     ]
     notes = []
-    if row.get(
-        "first"
-    ):  # uneven stages: Megatron asks the virtual stages per rank (arguments.py, core_v0.15.0)
+    # uneven stages: Megatron asks for the virtual stages per rank (arguments.py, core_v0.15.0)
+    if row.get("first"):
         args += [
             f"--decoder-first-pipeline-num-layers {row['first']}",
             f"--decoder-last-pipeline-num-layers {row['last']}",
@@ -156,8 +155,8 @@ def megatron(row: dict) -> str:
 
 
 def megatron_model_args(m: dict) -> list[str]:
-    """The model's shape as Megatron-LM's arguments (megatron/training/arguments.py, core_r0.12.0-core_v0.15.0), from the
-    planned scenario's model section (its fields that are set)."""
+    """The model's shape as Megatron-LM's arguments (megatron/training/arguments.py, core_r0.12.0-core_v0.15.0),
+    from the planned scenario's model section (its fields that are set)."""
     args = [
         f"--{flag} {m[key]}"
         for key, flag in (

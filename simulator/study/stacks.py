@@ -16,14 +16,13 @@ would run it, so that the plan's time is what ``run`` gives for the scenario it 
 
 from __future__ import annotations
 
-from simulator.frameworks import AUTO
+from simulator.frameworks import AUTO, megatron_profile
 from simulator.hardware.cluster import Cluster
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
 from simulator.study.layouts import Layout
 from simulator.study.screen import Screen
 
-RECENT = ("hopper", "blackwell", "cdna3", "cdna4")  # as frameworks.default_framework
 # the parallelism switches each stack's runs set (carried onto a layout where it has what they switch:
 # layouts.carried); profiles not named here keep their own defaults
 SWITCHES = {
@@ -38,7 +37,7 @@ SWITCHES = {
 
 def stack_of(base: Scenario, lay: Layout, architecture: str) -> str:
     """The profile that runs ``lay`` (module docstring)."""
-    megatron = "megatron-core-2024" if architecture in RECENT else "megatron-2022"
+    megatron = megatron_profile(architecture)
     if base.model.moe is not None:
         return megatron
     if lay.kind in ("fsdp", "hsdp"):

@@ -128,8 +128,9 @@ def fit_step(
 ) -> tuple[Framework, bool]:
     """``start`` with its parameter ``name`` set so that ``scenario`` simulates to ``measured`` (``metric``, one of
     STEP_METRICS): a golden-section search of the squared log error within the parameter's physical bounds
-    (BOUNDS, widened around the starting value: ``around``). One measured step identifies one parameter. Returns the profile and whether the search stopped at
-    a bound (the measurement lies beyond what that parameter can explain)."""
+    (BOUNDS, widened around the starting value: ``around``). One measured step identifies one parameter. Returns
+    the profile and whether the search stopped at a bound (the measurement lies beyond what that parameter can
+    explain)."""
     from simulator.api import simulate
 
     read = STEP_METRICS[metric]

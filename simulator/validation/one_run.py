@@ -43,7 +43,7 @@ def _shape(case: dict) -> tuple[str, int, str, str]:
     s = load_scenario(case_scenario(case))
     p = s.parallelism
     gpus = p.tensor_parallel * p.pipeline_parallel * p.context_parallel * p.data_parallel
-    return s.framework, gpus, s.cluster.gpu or cluster_spec(s).node.gpu, s.training.precision
+    return s.framework, gpus, cluster_spec(s).node.gpu, s.training.precision
 
 
 def shipped_cases() -> list[dict]:
