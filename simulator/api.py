@@ -272,7 +272,11 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
         metrics.train = train_metrics(s.training.total_tokens, metrics, s.cluster.price_per_gpu_hour)
     metrics.framework = compute.framework.name
     metrics.framework_fitted = compute.framework.fitted
-    metrics.accuracy = for_run(framework, cluster.gpu.architecture, metrics.gpus)
+    on = compute.framework.calibrated_on
+    metrics.framework_calibrated_on = on.model_dump() if on is not None else None
+    metrics.accuracy = for_run(
+        framework, cluster.gpu.architecture, metrics.gpus, cluster.gpu.name, s.training.precision
+    )
     metrics.wall_s = time.perf_counter() - t0
     return Result(s, workload, program, timeline, cluster, placement, metrics, comm, host, compute)
 

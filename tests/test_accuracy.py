@@ -59,7 +59,7 @@ def measured():
 def test_the_shipped_error_bars_are_those_of_the_simulator_as_it_stands(measured):
     """A change that moves a prediction rewrites accuracy.yaml (python -m simulator.validation.accuracy)."""
     stored = error_bar.stored()
-    assert set(stored) == set(measured) == {"speed", "memory", "files", "leave_one_source_out"}
+    assert set(stored) == set(measured) == {"speed", "memory", "files", "leave_one_source_out", "one_run"}
     for kind in ("speed", "memory"):
         assert set(stored[kind]) == set(measured[kind]), kind
         for key, g in measured[kind].items():
@@ -74,6 +74,12 @@ def test_the_shipped_error_bars_are_those_of_the_simulator_as_it_stands(measured
     for name, f in measured["files"].items():
         for column in ("today", "left_out", "first_contact", "bar"):
             assert stored["files"][name][column] == pytest.approx(f[column], abs=0.02), (name, column)
+    assert set(stored["one_run"]) == set(measured["one_run"])  # a calibrated profile's bar, by relation
+    for rel, g in measured["one_run"].items():
+        s = stored["one_run"][rel]
+        assert (s["n"], s["sets"]) == (g["n"], g["sets"]), rel
+        for field in ("median_abs_pct", "p90_abs_pct", "max_abs_pct", "mean_signed_pct"):
+            assert s[field] == pytest.approx(g[field], abs=0.02), (rel, field)
 
 
 @pytest.mark.slow

@@ -109,3 +109,46 @@ def test_validate_one_run_refuses_a_file_without_a_source_of_four_runs(tmp_path)
     few.write_text(yaml.safe_dump({"cases": cases}))
     got = runner.invoke(app, ["validate", "--one-run", "--cases", str(few)])
     assert got.exit_code == 2 and "no source has 4 or more speed runs" in got.output
+
+
+def test_a_calibrated_profile_carries_the_one_run_bar_and_says_so_in_json_table_and_html(tmp_path, simulated):
+    """The profile names the step it was calibrated on (GPU, precision, GPUs); a run with it prints the one-run
+    workflow's measured error for its distance from that step (accuracy.yaml one_run: the same GPU and precision
+    here, another GPU on an H100), and the JSON, the terminal table and the HTML report say so."""
+    from simulator.metrics.error_bar import SAME, stored
+
+    out = tmp_path / "mine.yaml"
+    measured = f"{1.1 * simulated.iteration_time_s:.6g}"
+    assert (
+        runner.invoke(
+            app, ["calibrate", "step", QUICKSTART, "--measured", measured, "--write", str(out)]
+        ).exit_code
+        == 0
+    )
+    assert yaml.safe_load(out.read_text())["calibrated_on"] == {
+        "gpu": "a100-sxm4-80gb",
+        "precision": "bf16",
+        "gpus": 8,
+    }
+    report = tmp_path / "r.html"
+    m = json.loads(
+        runner.invoke(
+            app, ["run", QUICKSTART, "--framework", str(out), "--json", "--report", str(report)]
+        ).stdout
+    )
+    assert m["framework_calibrated_on"] == {"gpu": "a100-sxm4-80gb", "precision": "bf16", "gpus": 8}
+    row = stored()["one_run"][SAME]
+    speed = m["accuracy"]["speed"]
+    assert speed["n"] == row["n"] >= 100 and speed["median_abs_pct"] == row["median_abs_pct"]
+    assert "calibrated on one measured step" in speed["scope"] and SAME in speed["scope"]
+    page = report.read_text()
+    assert "calibrated on" in page and "one measured step: 8 a100-sxm4-80gb, bf16" in page
+    table = runner.invoke(app, ["run", QUICKSTART, "--framework", str(out)]).stdout
+    assert "Profile calibrated on" in table and "calibrated on one measured step" in table
+    h100 = tmp_path / "h100.yaml"
+    s = yaml.safe_load(Path(QUICKSTART).read_text())
+    s["cluster"]["topology"] = "dgx-h100"
+    h100.write_text(yaml.safe_dump(s))
+    other = json.loads(runner.invoke(app, ["run", str(h100), "--framework", str(out), "--json"]).stdout)
+    assert "other GPU" in other["accuracy"]["speed"]["scope"]
+    assert other["accuracy"]["speed"]["n"] == stored()["one_run"]["other GPU"]["n"]

@@ -37,7 +37,9 @@ def test_every_row_shows_for_some_shipped_scenario_and_each_run_prints_alone(run
     for name, m in runs:
         print_table([(name, m)], Console(file=io.StringIO(), width=120))
         shown |= {label for label, get, fmt, *cond in ROWS if not cond or cond[0](m)}
-    assert shown == {label for label, *_ in ROWS}
+    # a profile calibrated on one's own measured step is never shipped: its row is checked where one is made
+    # (tests/test_calibrate_step.py)
+    assert shown | {"Profile calibrated on"} == {label for label, *_ in ROWS}
 
 
 @pytest.mark.slow

@@ -118,3 +118,29 @@ def test_a_topologys_nvls_efficiency_is_bounded_like_the_others(tmp_path):
 def test_the_memory_kernel_kinds_are_the_workloads_memory_bound_ones():
     compute = {"gemm", "batched_gemm", "grouped_gemm", "flash_attention", "adam_step", "sgd_step"}
     assert set(MEMORY_KERNEL_KINDS) == set(KERNEL_OPS) - compute
+
+
+def test_every_shipped_h100_scenario_runs_on_a_renamed_copy_as_on_the_h100(tmp_path):
+    """Every strategy the shipped H100 scenarios hold (Megatron 3D and 4D with CP, FP8, MoE with EP, FSDP2 with
+    TP, HSDP, ZeRO++, offload, ...) on a byte-for-byte copy of the H100 file under a new name: the same time, peak
+    memory, profile and cost table (issue 63: nothing keys on the GPU's name)."""
+    from simulator.hardware.topology import cluster_spec
+    from simulator.scenario.shipped import shipped_scenarios
+
+    copy = yaml.safe_load((SHIPPED / "h100-sxm5-80gb.yaml").read_text())
+    copy["name"] = "my-h100"
+    (tmp_path / "my-h100.yaml").write_text(yaml.safe_dump(copy))
+    ran = 0
+    for path in shipped_scenarios():
+        s = load_scenario(path)
+        if cluster_spec(s).node.gpu != "h100-sxm5-80gb":
+            continue
+        mine = s.model_copy(
+            update={"cluster": s.cluster.model_copy(update={"gpu": str(tmp_path / "my-h100.yaml")})}
+        )
+        a, b = simulate(s).metrics, simulate(mine).metrics
+        assert b.iteration_time_s == a.iteration_time_s, path
+        assert b.memory_gib["peak"] == a.memory_gib["peak"], path
+        assert (b.framework, b.cost_tables["table"]) == (a.framework, a.cost_tables["table"]), path
+        ran += 1
+    assert ran >= 15

@@ -176,25 +176,51 @@ def sweep_file_case(work: Path, data) -> int:
 
 PLAN_VALUES = st.one_of(
     st.sampled_from(
-        ["0", "-1", "3", "8", "12", "16", "1e9", "nan", "x", "[/x]", "", "9" * 5000, "gpt3-125m"]
+        [
+            "0",
+            "-1",
+            "3",
+            "8",
+            "12",
+            "16",
+            "1e9",
+            "nan",
+            "x",
+            "[/x]",
+            "",
+            "9" * 5000,
+            "gpt3-125m",
+            "1,2,4",
+            "fp8",
+        ]
     ),
     st.integers(-5, 64).map(str),
 )
 
 
 @st.composite
-def plan_args(draw) -> list[str]:
-    args = {"--model": "gpt3-125m", "--gpus": "8", "--topology": "dgx-a100", "--global-batch-size": "16"}
+def plan_args(draw) -> tuple[bool, list[str]]:
+    """From a model name, or from a scenario (a small MoE one: expert sizes that do not divide its 4 experts,
+    sizes that divide nothing, issue 63 item 4)."""
+    from_scenario = draw(st.booleans())
+    if from_scenario:
+        args = {"--gpus": "8"}
+        keys = ["--gpus", "--ep", "--tp", "--pp", "--cp", "--mbs", "--top", "--precision", "--sharding"]
+    else:
+        args = {"--model": "gpt3-125m", "--gpus": "8", "--topology": "dgx-a100", "--global-batch-size": "16"}
+        keys = [*args, "--seq", "--top", "--precision", "--tokens", "--price", "--attention"]
     for _ in range(draw(st.integers(1, 3))):
-        key = draw(
-            st.sampled_from([*args, "--seq", "--top", "--precision", "--tokens", "--price", "--attention"])
-        )
-        args[key] = draw(PLAN_VALUES)
-    return [x for kv in args.items() for x in kv]
+        args[draw(st.sampled_from(keys))] = draw(PLAN_VALUES)
+    return from_scenario, [x for kv in args.items() for x in kv]
 
 
 def plan_case(work: Path, data) -> int:
-    return check_cli(["plan", *data, "--top", "1", "--quiet", "--json"], [])
+    from_scenario, args = data
+    if from_scenario:
+        from test_hostile_moe_gpu import MOE
+
+        args = ["--scenario", str(_dump(MOE, _fresh(work) / "moe.yaml", "yaml")), *args]
+    return check_cli(["plan", *args, "--top", "1", "--quiet", "--json"], [])
 
 
 def _target(d: Path, kind: str) -> Path:
@@ -210,23 +236,37 @@ def _target(d: Path, kind: str) -> Path:
         return d / "nowhere" / "out.json"
     if kind == "long":
         return d / ("a" * 300)
+    if kind == "/dev/full" and Path("/dev/full").exists():
+        return Path("/dev/full")
     if kind == "fifo-less device" and os.geteuid() == 0:
         os.mknod(d / "null", 0o666 | stat.S_IFCHR, os.stat("/dev/null").st_rdev)
         return d / "null"
     return Path("/dev/null")
 
 
+def _target_args(d: Path, option: str) -> list[str]:
+    """The command that writes to the target: run's --trace / --report, an import's --out, and the writers that
+    write after the work (issue 63 item 5): a sweep's and a comparison's report, plan's scenarios."""
+    if option == "--out":
+        (d / "log.txt").write_text(old_layout([1024]))
+        return ["calibrate", "import", "nccl-tests", str(d / "log.txt"), "--gpu", "a100-sxm4-80gb", "--out"]
+    scenario = str(_scenario(d))
+    if option == "sweep --report":
+        vary = ["--vary", "training.micro_batch_size=1,2", "--workers", "1"]
+        return ["sweep", scenario, *vary, "--out", str(d / "sweep"), "--quiet", "--report"]
+    if option == "compare --report":
+        return ["compare", scenario, scenario, "--quiet", "--report"]
+    if option == "plan --write-scenario":
+        return ["plan", "--scenario", scenario, "--top", "1", "--quiet", "--json", "--write-scenario"]
+    return ["run", scenario, "--quiet", option]
+
+
 def target_case(work: Path, data) -> int:
     option, kind = data
     d = _fresh(work)
     target = _target(d, kind)
-    device = kind == "fifo-less device" or str(target) == "/dev/null"
-    if option == "--out":
-        args = ["calibrate", "import", "nccl-tests", str(d / "log.txt"), "--gpu", "a100-sxm4-80gb", "--out"]
-        (d / "log.txt").write_text(old_layout([1024]))
-    else:
-        args = ["run", str(_scenario(d)), "--quiet", option]
-    code = check_cli([*args, str(target)], [])
+    device = kind == "fifo-less device" or str(target) in ("/dev/null", "/dev/full")
+    code = check_cli([*_target_args(d, option), str(target)], [])
     if device:
         assert stat.S_ISCHR(os.stat(target).st_mode), target
     assert not [p for p in d.iterdir() if p.name.endswith(".old")], list(d.iterdir())
@@ -234,8 +274,12 @@ def target_case(work: Path, data) -> int:
 
 
 TARGETS = st.tuples(
-    st.sampled_from(["--trace", "--report", "--out"]),
-    st.sampled_from(["missing", "file", "dir", "no parent", "long", "fifo-less device", "/dev/null"]),
+    st.sampled_from(
+        ["--trace", "--report", "--out", "sweep --report", "compare --report", "plan --write-scenario"]
+    ),
+    st.sampled_from(
+        ["missing", "file", "dir", "no parent", "long", "fifo-less device", "/dev/null", "/dev/full"]
+    ),
 )
 
 GENERATORS = {

@@ -3,6 +3,7 @@ TP / PP / CP and experts, eager PyTorch for FSDP and data parallelism alone; the
 plan's time."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -318,3 +319,70 @@ def test_the_screen_agrees_with_the_simulation_over_random_layouts(model, gpus, 
     assert statistics.median(abs(e.iteration_s / m.iteration_time_s - 1) for e, m in rows) <= 0.10
     assert not any(m.oom for _, m in rows)
     assert min(e.memory_gib / m.memory_gib["device"] for e, m in rows) >= 0.90
+
+
+STACK_RUNS = {  # plan --stack: the profiles and shardings each may give (study/stacks.py)
+    "megatron": ({"megatron-core-2024"}, {"ddp", "zero1"}),
+    "torchtitan": ({"pytorch-2024"}, {"ddp", "fsdp", "hsdp"}),
+    "deepspeed": (
+        {"megatron-2022", "pytorch-2024"},
+        {"ddp", "zero1", "zero2", "zero3", "zero2-offload", "zero3-offload"},
+    ),
+}
+
+
+@pytest.mark.parametrize("stack", sorted(STACK_RUNS))
+def test_plan_stack_keeps_to_the_stacks_profile_and_shardings_and_run_agrees(tmp_path, stack):
+    """GPT-3 1.3B on 8 H100 at 64 sequences, --stack each: every confirmed layout runs on the stack's profile with
+    one of its shardings, and run of the written pick gives the plan's time."""
+    out = tmp_path / "layouts"
+    args = [
+        "plan",
+        "--model",
+        "gpt3-1.3b",
+        "--gpus",
+        "8",
+        "--topology",
+        "dgx-h100",
+        "--global-batch-size",
+        "64",
+    ]
+    got = runner.invoke(
+        app, [*args, "--stack", stack, "--top", "3", "--json", "--quiet", "--write-scenario", str(out)]
+    )
+    assert got.exit_code == 0, got.output
+    top = json.loads(got.stdout)["top"]
+    profiles, shardings = STACK_RUNS[stack]
+    for r in top:
+        assert (
+            r["scenario"]["framework"] in profiles
+            and re.sub(r"^hsdp\d+$", "hsdp", r["layout"].split()[-2]) in shardings
+        ), r
+    pick = sorted(out.glob("01-*.yaml"))[0]
+    assert simulate(load_scenario(pick)).metrics.iteration_time_s == pytest.approx(
+        top[0]["iteration_time_s"], rel=0.01
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--stack", "jax"], "--stack: 'jax' is not one of auto, megatron, torchtitan, deepspeed"),
+        (["--stack", "megatron", "--framework", "pytorch-2024"], "a stack brings its own profile"),
+        (["--stack", "torchtitan", "--sharding", "zero3"], "--stack torchtitan runs ddp, fsdp, hsdp"),
+    ],
+)
+def test_plan_stack_refusals_name_the_option(extra, message):
+    args = [
+        "plan",
+        "--model",
+        "gpt3-125m",
+        "--gpus",
+        "8",
+        "--topology",
+        "dgx-a100",
+        "--global-batch-size",
+        "16",
+    ]
+    got = runner.invoke(app, [*args, *extra, "--json", "--quiet"])
+    assert got.exit_code == 2 and message in got.output, got.output

@@ -3,6 +3,7 @@
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -323,13 +324,8 @@ window.addEventListener('load', () => setTimeout(() => {
 </script>"""
 
 
-def rendered_layout(page, tmp_path) -> list[dict]:
-    """Each plotly panel of ``page`` as headless Chromium lays it out: its box, its legend's box, its y ticks."""
-    import html
-    import re
-
-    probe = tmp_path / f"probe-{page.name}"
-    probe.write_text(page.read_text().replace("</body>", CHECK_SCRIPT + "</body>"))
+def chromium_dom(page, tmp_path) -> str:
+    """The DOM of ``page`` once headless Chromium has drawn it (10 s of virtual time, a 1400 x 2600 window)."""
     flags = [
         "--headless",
         "--no-sandbox",
@@ -337,19 +333,29 @@ def rendered_layout(page, tmp_path) -> list[dict]:
         "--no-first-run",
         f"--user-data-dir={tmp_path / 'p'}",
     ]
-    dom = subprocess.run(
+    return subprocess.run(
         [
             CHROMIUM,
             *flags,
             "--virtual-time-budget=10000",
             "--window-size=1400,2600",
             "--dump-dom",
-            probe.as_uri(),
+            page.as_uri(),
         ],
         capture_output=True,
         text=True,
         timeout=180,
     ).stdout
+
+
+def rendered_layout(page, tmp_path) -> list[dict]:
+    """Each plotly panel of ``page`` as headless Chromium lays it out: its box, its legend's box, its y ticks."""
+    import html
+    import re
+
+    probe = tmp_path / f"probe-{page.name}"
+    probe.write_text(page.read_text().replace("</body>", CHECK_SCRIPT + "</body>"))
+    dom = chromium_dom(probe, tmp_path)
     found = re.search(r'data-check="([^"]*)"', dom)
     assert found, "the page did not finish drawing"
     return json.loads(html.unescape(found.group(1)))
@@ -389,3 +395,35 @@ def test_the_3d_report_and_a_sweep_report_lay_out_right_in_chromium(tmp_path):
     stages = [int(re.match(r"stage (\d+)", t).group(1)) for t in timeline["yticks"]]
     assert sorted(set(stages)) == list(range(8))
     assert stages == sorted(stages) or stages == sorted(stages, reverse=True)  # the PP diagonal, in order
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)")
+def test_a_deepseek_v3_report_draws_the_links_of_the_stage_that_bounds_the_step(tmp_path):
+    """Issues 61 / 62: DeepSeek-V3 on 1,024 H100 (EP 64 over 8 nodes, PP 16): the stage that bounds the step is
+    the last (3 MoE layers and the output layer; its compute stream is busy longest), not the dense stage 0,
+    whose links sit near idle; headless Chromium draws the busiest-links panel titled with that stage and its
+    NICs, loaded about a quarter of the step by the expert all-to-alls, as one line for the 8 alike."""
+    import re
+
+    from simulator.api import simulate
+    from simulator.report.links import bounding_rank, busiest
+    from simulator.scenario.loader import load_scenario
+
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "moe" / "deepseek-v3-ep64-1024xh100.yaml"
+    r = simulate(load_scenario(path))
+    rank = bounding_rank(r)
+    assert r.program.ranks[rank].stage == 15
+    _, top = busiest(r, 6, 200)
+    cls, name, ys = top[0]
+    assert "nic" in name and "(and 7 alike)" in name and 0.15 < sum(ys) / len(ys) < 0.4
+    _, first = busiest(r, 6, 200, rank=0)
+    assert sum(first[0][2]) / len(first[0][2]) < 0.05  # stage 0, the dense one, barely uses its links
+    report = tmp_path / "dsv3.html"
+    got = CliRunner().invoke(app, ["run", str(path), "--report", str(report)])
+    assert got.exit_code == 0, got.output
+    dom = chromium_dom(report, tmp_path)
+    titles = re.findall(r'<text class="gtitle"[^>]*>(.*?)</text>', dom)
+    links = next(t for t in titles if "Busiest links" in t)
+    assert "stage 15" in links and "bounds the step" in links
+    legend = re.findall(r'<text class="legendtext"[^>]*>(.*?)</text>', dom)
+    assert any("nic0" in t and "alike" in t for t in legend), legend

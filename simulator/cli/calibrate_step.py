@@ -27,6 +27,20 @@ def calibrate_step(
         float | None,
         typer.Option(min=0, max=1, help="Or: the measured model FLOPs utilization (0.45 for 45%)."),
     ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="Or: a PyTorch profiler trace (.json or .json.gz) of a few steps of one rank: the step time is "
+            "the median ProfilerStep span, the first of three or more left out."
+        ),
+    ] = None,
+    table: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --trace: add the trace's kernel and NCCL times (record_shapes=True) to this table "
+            "directory and fit with it layered over the GPU's shipped table (then run with --kernels DIR)."
+        ),
+    ] = None,
     param: Annotated[
         str,
         typer.Option(
@@ -43,7 +57,9 @@ def calibrate_step(
     import yaml
 
     from simulator.api import simulate
-    from simulator.frameworks import get_framework
+    from simulator.frameworks import CalibratedOn, get_framework
+    from simulator.hardware.gpus import get_gpu
+    from simulator.hardware.topology import cluster_spec
     from simulator.report.output import check_output_file, write_atomic
     from simulator.scenario.loader import load_scenario
     from simulator.validation import calibrate as cal
@@ -54,14 +70,18 @@ def calibrate_step(
             ("--measured", measured),
             ("--tokens-per-s-per-gpu", tokens_per_s_per_gpu),
             ("--mfu", mfu),
+            ("--trace", trace),
         )
         if v is not None
     ]
     if len(given) != 1:
         fail(
-            "calibrate step: give one measurement: --measured (seconds per step), --tokens-per-s-per-gpu or --mfu"
+            "calibrate step: give one measurement: --measured (seconds per step), --tokens-per-s-per-gpu, --mfu "
+            "or --trace"
         )
     option, value = given[0]
+    if table is not None and trace is None:
+        fail("--table: the kernel times come from a trace; give --trace as well")
     if "," in param:
         fail(
             "--param: one measured step identifies one parameter; fit several with clustersim calibrate profile "
@@ -72,20 +92,34 @@ def calibrate_step(
     try:
         check_output_file(write, "--write")
         s = load_scenario(scenario, framework=framework)
-        metric = {"--measured": "iteration_time_s", "--tokens-per-s-per-gpu": "tokens_per_s_per_gpu"}.get(
-            option, "mfu"
-        )
-        target = parse_duration(str(value), option) if option == "--measured" else float(value)
+        metric = {
+            "--measured": "iteration_time_s",
+            "--trace": "iteration_time_s",
+            "--tokens-per-s-per-gpu": "tokens_per_s_per_gpu",
+        }.get(option, "mfu")
+        traced = None
+        if trace is not None:
+            from simulator.calibration.step_trace import read_step
+
+            traced = read_step(trace)
+            target, value = traced.step_s, f"{trace} ({traced.how}: {traced.step_s:.4g} s)"
+            if table is not None:
+                s = _with_trace_table(s, trace, table)
+        else:
+            target = parse_duration(str(value), option) if option == "--measured" else float(value)
         if not 0 < target < float("inf"):  # NaN and infinity fail this too
             raise ScenarioError(f"{option}: must be a finite number above 0 (got {value})")
         start = get_framework(s.framework)
-        before = cal.STEP_METRICS[metric](simulate(s, framework=start).metrics)
+        gpu_name = get_gpu(cluster_spec(s).node.gpu).name
+        first = simulate(s, framework=start).metrics
+        before = cal.STEP_METRICS[metric](first)
         with progress(sys.stderr.isatty()) as bar:
             task = bar.add_task("fitting", total=None)
             fitted, at_bound = cal.fit_step(
                 s, start, param, metric, target, progress=lambda msg: bar.update(task, description=msg)
             )
-        after = cal.STEP_METRICS[metric](simulate(s, framework=fitted).metrics)
+        last = simulate(s, framework=fitted).metrics
+        after = cal.STEP_METRICS[metric](last)
     except ScenarioError as e:
         fail(str(e))
     unit = {"iteration_time_s": " s per step", "tokens_per_s_per_gpu": " tokens/s per GPU", "mfu": " MFU"}[
@@ -94,6 +128,23 @@ def calibrate_step(
     old, new = cal.value_of(start, param), cal.value_of(fitted, param)
     print(f"{param}: {old:.4g} -> {new:.4g} ({start.name} profile)")
     print(f"{s.name}: measured {target:.4g}{unit}; simulated {before:.4g} before, {after:.4g} after")
+    if traced is not None:
+        print(f"trace {trace.name}: {traced.how}")
+        rows = [("traced", (traced.step_s, traced.compute_s, traced.nccl_only_s, traced.idle_s))]
+        rows += [("simulated before", _parts(first)), ("simulated after", _parts(last))]
+        for label, (step, compute, comm, idle) in rows:
+            print(
+                f"  {label:>16}: {step:.4g} s per step = compute {compute:.4g} s + communication alone "
+                f"{comm:.4g} s + GPU idle {idle:.4g} s"
+            )
+        idle_share, simulated_share = traced.idle_s / traced.step_s, _parts(last)[3] / last.iteration_time_s
+        if param == "gemm_efficiency" and idle_share > simulated_share + 0.1:
+            note(
+                "warning",
+                f"the traced GPU is idle {idle_share:.0%} of the step, the simulation {simulated_share:.0%}: "
+                f"the fitted GEMM level stands in for host time; fit --param host.forward_kernel_s (or another "
+                f"host.* cost) when the gaps are the host's",
+            )
     if at_bound:
         note(
             "warning",
@@ -106,12 +157,15 @@ def calibrate_step(
     how = (
         f"clustersim calibrate step {scenario} {option} {value} --param {param} ({today}, from {start.name})"
     )
+    if table is not None:
+        how += f", with the trace's kernel times in table {table} (run with --kernels {table})"
     fitted = fitted.model_copy(
         update={
             "name": write.stem,  # `framework: path/to/NAME.yaml` reads as the profile NAME
             "fitted": how,
             "fit_params": (),  # not fitted on the published runs: cross-validation leaves it alone
             "fit_cases": (),
+            "calibrated_on": CalibratedOn(gpu=gpu_name, precision=s.training.precision, gpus=first.gpus),
             "accuracy": f"calibrated on one measured step of {s.name} ({target:.4g}{unit}): {param} {old:.4g} -> "
             f"{new:.4g}; runs predicted with it carry an unseen stack's error bar (docs/calibration.md)",
         }
@@ -120,6 +174,44 @@ def calibrate_step(
         write_atomic(write, yaml.safe_dump(fitted.model_dump(exclude_defaults=True), sort_keys=False))
     except ScenarioError as e:
         fail(str(e))
+    kernels = f" --kernels {table}" if table is not None else ""
     err.print(
-        escape(f"profile written to {write}: clustersim run SCENARIO --framework {write}"), soft_wrap=True
+        escape(f"profile written to {write}: clustersim run SCENARIO --framework {write}{kernels}"),
+        soft_wrap=True,
     )
+
+
+def _parts(m) -> tuple[float, float, float, float]:
+    """A simulated step as the trace's parts: (step, compute stream busy, exposed communication, the rest) s."""
+    step = m.iteration_time_s
+    compute = m.host.get("gpu_busy_fraction", 0.0) * step
+    comm = min(m.comm["exposed_s"], step - compute)
+    return step, compute, comm, max(step - compute - comm, 0.0)
+
+
+def _with_trace_table(s, trace: Path, table: Path):
+    """The scenario with the trace's kernel and collective rows added to ``table`` and layered over the GPU's
+    shipped table; the trace must come from the scenario's GPU."""
+    from simulator.calibration.importers import match_gpu, merge_into
+    from simulator.calibration.importers.kineto import import_trace
+    from simulator.cli.common import with_kernels
+    from simulator.hardware.topology import cluster_spec
+    from simulator.tables.format import SourceInfo
+    from simulator.tables.io import read_existing
+
+    read_existing(table)  # a file, device or broken table at --table: said before anything is written
+    gpu = cluster_spec(s).node.gpu
+    kernels, colls, info = import_trace(trace)
+    if not info["gpu_trace"]:
+        raise ScenarioError(f"--trace {trace}: no GPU kernels (a CPU trace)")
+    device = str(info["device"].get("name", ""))
+    traced = match_gpu(device)
+    if traced and traced != gpu:
+        raise ScenarioError(f"--trace {trace}: traced on {traced}, the scenario runs on {gpu}")
+    source = SourceInfo(
+        rows=f"{len(kernels)} kernel, {len(colls)} collective",
+        source=f"PyTorch profiler trace {trace.name} (clustersim calibrate step)",
+        licence="the measurer's own",
+    )
+    merge_into(table, kernels, colls, source, device, gpu, skipped=info["skipped"])
+    return with_kernels(s, str(table))

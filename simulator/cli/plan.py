@@ -10,63 +10,10 @@ from typing import Annotated
 
 import typer
 
+from simulator.cli.plan_options import search_options, stack_shardings
 from simulator.cli.study import parse_tokens
 from simulator.errors import ScenarioError
 from simulator.report.console import err, fail, note, shown_warnings
-
-
-def _sizes(text: str | None, option: str) -> tuple[int, ...] | None:
-    from simulator.scenario.section import MAX_GPUS
-
-    if text is None:
-        return None
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ScenarioError(
-            f"{option}: expected whole numbers separated by commas, e.g. 1,2,4 (got {text!r})"
-        ) from None
-    if not values or min(values) < 1 or max(values) > MAX_GPUS:
-        raise ScenarioError(f"{option}: each size must be between 1 and {MAX_GPUS:,} (got {text!r})")
-    return values
-
-
-def _choices(text: str | None, option: str, allowed: tuple[str, ...]) -> tuple[str, ...] | None:
-    if text is None:
-        return None
-    values = tuple(x.strip() for x in text.split(",") if x.strip())
-    wrong = [v for v in values if v not in allowed]
-    if not values or wrong:
-        raise ScenarioError(f"{option}: {', '.join(wrong) or repr(text)} is not one of {', '.join(allowed)}")
-    return values
-
-
-def search_options(tp, pp, pp_max, cp, mbs, ep, sharding, no_zero3, recompute, max_memory_gib) -> dict:
-    """plan's search constraints as layouts.candidates takes them; each list checked with one message."""
-    from simulator.study.layouts import FULL_SHARDINGS, RECOMPUTE, SHARDINGS
-
-    options: dict = {}
-    for key, text, option in (("tp", tp, "--tp"), ("pp", pp, "--pp"), ("cp", cp, "--cp"), ("ep", ep, "--ep")):
-        if (values := _sizes(text, option)) is not None:
-            options[key] = values
-    if (values := _sizes(mbs, "--mbs")) is not None:
-        options["micro_batch_sizes"] = values
-    if pp_max is not None:
-        options["max_pp"] = pp_max
-        if "pp" in options:
-            options["pp"] = tuple(p for p in options["pp"] if p <= pp_max)
-    shardings = _choices(sharding, "--sharding", SHARDINGS)
-    if no_zero3:
-        shardings = tuple(x for x in shardings or SHARDINGS if x not in FULL_SHARDINGS)
-        if not shardings:
-            raise ScenarioError("--no-zero3: leaves no sharding of those --sharding gives")
-    if shardings is not None:
-        options["shardings"] = shardings
-    if (values := _choices(recompute, "--recompute", RECOMPUTE)) is not None:
-        options["recompute"] = values
-    if max_memory_gib is not None:
-        options["max_memory_gib"] = max_memory_gib
-    return options
 
 
 def stand_in(data: dict, own, gpus: int) -> None:
@@ -184,6 +131,15 @@ def plan(
             "--emit", help="Print the pick as megatron arguments, a deepspeed config or a torchtitan TOML."
         ),
     ] = None,
+    stack: Annotated[
+        str,
+        typer.Option(
+            "--stack",
+            help="The training stack: megatron (DDP or distributed optimizer), torchtitan (FSDP2 / HSDP), deepspeed "
+            "(ZeRO 0-3, offload), each with its profile and switches; auto (default) runs each layout on the stack "
+            "that would run it.",
+        ),
+    ] = "auto",
     dask: Annotated[
         str | None,
         typer.Option(
@@ -200,6 +156,7 @@ def plan(
     from simulator.study.emit import FRAMEWORKS, emit_notes, emit_text, write_layouts
     from simulator.study.plan import accuracy_line
     from simulator.study.plan import plan as run_plan
+    from simulator.study.stacks import STACKS
 
     own = None  # the --scenario file's scenario
     if scenario_file is not None:
@@ -251,6 +208,12 @@ def plan(
     try:
         if emit is not None and emit not in FRAMEWORKS:
             raise ScenarioError(f"--emit: '{emit}' is not one of {', '.join(FRAMEWORKS)}")
+        if stack != "auto" and stack not in STACKS:
+            raise ScenarioError(f"--stack: '{stack}' is not one of auto, {', '.join(STACKS)}")
+        if stack != "auto" and framework != "auto":
+            raise ScenarioError(
+                f"--stack {stack} and --framework {framework}: a stack brings its own profile; give one of them"
+            )
         if write_scenario is not None:
             check_output_dir(write_scenario, "--write-scenario")
         total_tokens = parse_tokens(tokens) if tokens is not None else None
@@ -286,9 +249,10 @@ def plan(
                     tp, pp, pp_max, cp, mbs, ep, sharding, no_zero3, recompute, max_memory_gib
                 )
                 options["jobs"] = jobs or os.cpu_count() or 1
-                if (
-                    own is None and framework == "auto"
-                ):  # each layout on the stack that runs it (study/stacks.py)
+                if stack != "auto":  # every layout on that stack, its shardings alone (study/stacks.py)
+                    options["stack"] = stack
+                    options["shardings"] = stack_shardings(stack, options.get("shardings"))
+                elif own is None and framework == "auto":  # each layout on the stack that runs it
                     options["stack"] = "auto"
                 if dask:
                     options["dask"] = dask

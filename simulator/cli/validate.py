@@ -265,12 +265,14 @@ def _cross_validate(
 
 def _one_run(cases: Path | None, filter_text: str | None, json_out: bool, quiet: bool) -> None:
     """The one-run workflow measured per source (validation/one_run.py)."""
+    from simulator.metrics.error_bar import RELATIONS
     from simulator.validation import one_run as one
     from simulator.validation import runner
+    from simulator.validation.accuracy import shipped_cases
 
     try:
         needle = (filter_text or "").lower()
-        pool = one.shipped_cases() if cases is None else runner.load_cases(cases)
+        pool = shipped_cases() if cases is None else runner.load_cases(cases)
         selected = [c for c in pool if needle in str(c.get("id", "")).lower()]
     except ScenarioError as e:
         fail(str(e))
@@ -280,7 +282,7 @@ def _one_run(cases: Path | None, filter_text: str | None, json_out: bool, quiet:
         results = one.one_run(selected, lambda text: bar.update(task, description=text))
     if not results:
         fail(f"--one-run: no source has {one.MIN_RUNS} or more speed runs of one profile among these cases")
-    relations = (one.SAME, "other precision", "other GPU")
+    relations = RELATIONS
     by_source: dict[tuple[str, str], list] = {}
     for r in results:
         by_source.setdefault((r.source, r.profile), []).append(r)

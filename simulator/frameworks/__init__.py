@@ -140,6 +140,16 @@ class HostProfile(BaseModel):
         return bool(self.forward_kernel_s or self.backward_kernel_s or self.microbatch_s)
 
 
+class CalibratedOn(BaseModel):
+    """The measured step a profile was calibrated to (``clustersim calibrate step``): a run of it is filed by how
+    far it is from this one, for the error bar (validation/one_run.py)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+    gpu: str = Field(description="The GPU of the measured run (catalogue name or its base).")
+    precision: str = Field(description="Its training precision (bf16, fp8, ...).")
+    gpus: int = Field(ge=1, description="Its GPU count.")
+
+
 class Framework(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
     name: str
@@ -175,6 +185,11 @@ class Framework(BaseModel):
     )
     fit_cases: tuple[str, ...] = Field(
         (), description="The published.yaml cases those parameters were fitted on."
+    )
+    calibrated_on: CalibratedOn | None = Field(
+        None,
+        description="The one measured step this profile was calibrated to (clustersim calibrate step): its runs "
+        "carry the one-run workflow's measured error (clustersim validate --one-run) by their distance from it.",
     )
     overlap_tp_grad_allreduce: bool = Field(
         False,

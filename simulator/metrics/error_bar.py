@@ -111,10 +111,34 @@ def held_out(profile: str, architecture: str, gpus: int, own: bool = False) -> d
     return out or None
 
 
-def for_run(framework, architecture: str, gpus: int) -> dict | None:
+# a run's distance from the measured step a profile was calibrated on (validation/one_run.py files its errors so)
+SAME = "same GPU and precision"
+RELATIONS = (SAME, "other precision", "other GPU")
+
+
+def relation(gpu: str, precision: str, fitted_gpu: str, fitted_precision: str) -> str:
+    """How far a run is from the run a profile was fitted to: SAME, "other precision" or "other GPU"."""
+    return "other GPU" if gpu != fitted_gpu else SAME if precision == fitted_precision else "other precision"
+
+
+def calibrated(framework, gpu: str, precision: str) -> dict | None:
+    """The bar of a run with a profile calibrated on one measured step (``framework.calibrated_on``): the one-run
+    workflow's measured error (validation/one_run.py, stored in accuracy.yaml) for runs as far from the fitted one
+    as this: the same GPU and precision, another precision, or another GPU."""
+    on = framework.calibrated_on
+    rel = relation(gpu, precision, on.gpu, on.precision)
+    row = stored().get("one_run", {}).get(rel)
+    if not row or row.get("n", 0) < MIN_RUNS:
+        return None
+    scope = f"a profile calibrated on one measured step ({on.gpus:,} {on.gpu}, {on.precision}), runs of {rel}"
+    return {"speed": {"scope": scope, **row}}
+
+
+def for_run(framework, architecture: str, gpus: int, gpu: str = "", precision: str = "") -> dict | None:
     """``held_out`` for a run of ``framework`` (a Framework): the shipped profile's own cells when it is the
-    shipped profile of its name; a profile of one's own, or one refitted (calibrate, cross-validation), is an
-    unseen stack. The ideal bound has none."""
+    shipped profile of its name; a profile calibrated on one measured step (``calibrate step``, given the run's
+    ``gpu`` and ``precision``) carries the one-run workflow's measured error, another profile of one's own or one
+    refitted (calibrate, cross-validation) is an unseen stack. The ideal bound has none."""
     from simulator.errors import ScenarioError
     from simulator.frameworks import get_framework
 
@@ -124,4 +148,9 @@ def for_run(framework, architecture: str, gpus: int) -> dict | None:
         shipped = get_framework(framework.name)
     except ScenarioError:
         shipped = None
-    return held_out(framework.name, architecture, gpus, own=shipped != framework)
+    bar = held_out(framework.name, architecture, gpus, own=shipped != framework)
+    if framework.calibrated_on is not None and gpu:
+        one = calibrated(framework, gpu, precision)
+        if one:  # speed from the one-run workflow; memory stays the unseen stack's (the fit moves no memory)
+            bar = {**(bar or {}), **one}
+    return bar

@@ -59,8 +59,8 @@ class Metrics:
     host: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
     framework: str = ""  # the framework-generation profile the run used
-    # how that profile was made (its ``fitted``): a calibrated one names the measured step it was fitted to
-    framework_fitted: str = ""
+    framework_fitted: str = ""  # how that profile was made (its ``fitted``): a calibrated one names its step
+    framework_calibrated_on: dict | None = None  # calibrate step's profile: that step's GPU, precision, GPUs
     gpus: int = 0
     strategy: str = ""
     tasks: int = 0  # tasks replayed (compute and communication, every micro-batch of every simulated rank)

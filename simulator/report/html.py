@@ -14,7 +14,7 @@ from simulator.api import Result
 from simulator.metrics.layers import microbatch_view
 from simulator.metrics.metrics import Metrics
 from simulator.report.figures import COLOURS, figures_html, timeline_figure
-from simulator.report.links import busiest
+from simulator.report.links import bounding_rank, busiest
 from simulator.report.output import write_atomic
 
 MEMORY_PARTS = [
@@ -122,21 +122,32 @@ def layers_figure(result: Result) -> go.Figure:
 
 
 def link_figure(result: Result, top: int = 6, bins: int = 200) -> go.Figure:
-    """Utilisation over time of the busiest link classes (report/links.py): the first simulated rank's collective
-    tasks and the collectives inside its compute steps (tensor-parallel all-reduces, pipeline sends)."""
-    xs, ranked = busiest(result, top, bins)
+    """Utilisation over time of the busiest link classes (report/links.py) of the rank that bounds the step (the
+    longest-busy compute stream: a pipeline's slowest stage): its collective tasks and the collectives inside its
+    compute steps (tensor-parallel all-reduces, pipeline sends, MoE all-to-alls)."""
+    rank = bounding_rank(result)
+    xs, ranked = busiest(result, top, bins, rank)
     fig = go.Figure()
     for cls, name, ys in ranked:
         kind = _link_kind(result, cls)
         fig.add_trace(go.Scatter(x=xs, y=[100 * y for y in ys], mode="lines", name=f"{name} ({kind})"))
     fig.update_layout(
-        title="Busiest links (first simulated rank's collectives): utilisation over the iteration",
+        title=f"Busiest links of {bounding_label(result, rank)}: utilisation over the iteration",
         xaxis_title="time (s)",
         yaxis_title="% of bandwidth",
         yaxis_range=[0, 105],
         height=380,
     )
     return fig
+
+
+def bounding_label(result: Result, rank: int) -> str:
+    """'stage 3 (the stage that bounds the step)' under pipelining, else the rank's label."""
+    r = result.program.ranks[rank]
+    if len(result.program.ranks) == 1:
+        return r.label
+    where = f"stage {r.stage}" if r.stage is not None else r.label
+    return f"{where} (its compute stream busy longest: the rank that bounds the step)"
 
 
 def _link_kind(result: Result, cls) -> str:
@@ -241,7 +252,23 @@ def headline_html(result: Result) -> str:
     from simulator.report.table import error_bar_lines
 
     bar = "".join(f'<p class="k">{html.escape(line.strip())}</p>' for line in error_bar_lines(m))
-    return f'<h1>{html.escape(result.scenario.name)}</h1><div class="tiles">{tiles}</div>{bar}'
+    return (
+        f'<h1>{html.escape(result.scenario.name)}</h1><div class="tiles">{tiles}</div>{profile_html(m)}{bar}'
+    )
+
+
+def profile_html(m: Metrics) -> str:
+    """The framework profile the run used and how it was made: a profile calibrated on a measured step names the
+    step and the command that fitted it (clustersim calibrate step)."""
+    from simulator.report.table import calibrated_cell
+
+    name = html.escape(m.framework or "ideal")
+    if m.framework_calibrated_on is None:
+        return f'<p class="k">Framework profile: <b>{name}</b></p>'
+    return (
+        f'<p class="k">Framework profile: <b>{name}</b>, calibrated on '
+        f"{html.escape(calibrated_cell(m.framework_calibrated_on))}: {html.escape(m.framework_fitted)}</p>"
+    )
 
 
 def cost_sources_html(m: Metrics) -> str:

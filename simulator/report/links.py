@@ -10,10 +10,23 @@ from simulator.api import Result
 from simulator.costs.host import HOST_GROUPS
 
 
-def link_utilisation(result: Result, bins: int = 200) -> tuple[list[float], dict]:
-    """(bin centres in seconds, per link class the share of its bandwidth in use in each bin): the first simulated
+def bounding_rank(result: Result) -> int:
+    """The simulated rank that bounds the step: the one whose compute stream is busy longest (its kernels and the
+    collectives its kernels wait for: a pipeline's slowest stage, the MoE stage beside a dense one). Ties go to
+    the first."""
+    busy = [0.0] * len(result.program.ranks)
+    tl = result.timeline
+    for t in result.program.tasks:
+        if not t.is_collective and t.rank < len(busy):
+            busy[t.rank] += tl.busy[t.id]
+    return max(range(len(busy)), key=lambda r: (busy[r], -r)) if busy else 0
+
+
+def link_utilisation(result: Result, bins: int = 200, rank: int = 0) -> tuple[list[float], dict]:
+    """(bin centres in seconds, per link class the share of its bandwidth in use in each bin): one simulated
     rank's collective tasks and the collectives inside its compute steps (tensor-parallel all-reduces, pipeline
-    sends), each where it ran; a bin gets a collective's rate weighted by how much of the bin it covers."""
+    sends, MoE all-to-alls), each where it ran; a bin gets a collective's rate weighted by how much of the bin it
+    covers."""
     tl, tasks = result.timeline, result.program.tasks
     T = tl.makespan_s or 1.0
     width = T / bins
@@ -38,7 +51,7 @@ def link_utilisation(result: Result, bins: int = 200) -> tuple[list[float], dict
                     row[b] += use * c
 
     for t in tasks:
-        if t.rank != 0:
+        if t.rank != rank:
             continue
         if t.is_collective:
             load(result.task_phases(t, stage_of[t.rank]), tl.start[t.id], tl.end[t.id])
@@ -58,13 +71,26 @@ def link_utilisation(result: Result, bins: int = 200) -> tuple[list[float], dict
     }
 
 
-def busiest(result: Result, top: int, bins: int) -> tuple[list[float], list[tuple]]:
+def busiest(result: Result, top: int, bins: int, rank: int | None = None) -> tuple[list[float], list[tuple]]:
     """(bin centres in seconds, the ``top`` busiest link classes as (class, name, utilisation per bin)), busiest
-    first by time-integrated use; a link name that recurs on nodes of other pipeline stages carries its stages."""
-    xs, busy = link_utilisation(result, bins)
-    ranked = sorted(busy.items(), key=lambda kv: -sum(kv[1]))[:top]
-    names = [_name(cls) for cls, _ in ranked]
-    return xs, [(cls, _name(cls, names), ys) for cls, ys in ranked]
+    first by time-integrated use, of ``rank`` (default: the rank that bounds the step, ``bounding_rank``); a link
+    name that recurs on nodes of other pipeline stages carries its stages. Links loaded alike over the whole
+    step (the GPUs of an NVL72 rack on their switches) are one line, named after the first with how many it
+    stands for."""
+    rank = bounding_rank(result) if rank is None else rank
+    xs, busy = link_utilisation(result, bins, rank)
+    alike: dict[tuple, list] = {}
+    for cls, ys in busy.items():
+        alike.setdefault(tuple(round(y, 6) for y in ys), []).append(cls)
+    groups = sorted(alike.values(), key=lambda members: -sum(busy[members[0]]))[:top]
+    names = [_name(members[0]) for members in groups]
+    out = []
+    for members in groups:
+        name = _name(members[0], names)
+        if len(members) > 1:
+            name += f" (and {len(members) - 1} alike)"
+        out.append((members[0], name, busy[members[0]]))
+    return xs, out
 
 
 def _name(cls, all_names: list[str] | None = None) -> str:

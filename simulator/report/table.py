@@ -31,6 +31,11 @@ def _fp8(m: Metrics) -> bool:
     return m.fp8 is not None
 
 
+def calibrated_cell(on: dict | None) -> str:
+    """The measured step a calibrated profile was fitted to, as a table cell: '8 a100-sxm4-80gb, bf16'."""
+    return f"one measured step: {on['gpus']:,} {on['gpu']}, {on['precision']}" if on else "-"
+
+
 def _phased(m: Metrics) -> bool:
     return m.amortised_iteration_time_s is not None
 
@@ -142,6 +147,12 @@ ROWS = [
     ("TFLOP/s per GPU (Narayanan Eq. 3)", lambda m: m.tflops_per_gpu_narayanan_eq3, "{:.1f}"),
     ("Pipeline bubble", lambda m: m.bubble_fraction, "{:.1%}"),
     ("Framework profile", lambda m: m.framework or "ideal", "{}"),
+    (
+        "Profile calibrated on",
+        lambda m: calibrated_cell(m.framework_calibrated_on),
+        "{}",
+        lambda m: m.framework_calibrated_on is not None,
+    ),
     ("Attention", lambda m: m.attention, "{}"),
     ("GPU busy (compute stream)", lambda m: m.host.get("gpu_busy_fraction", 0.0), "{:.1%}"),
     ("GPU idle waiting for the host", lambda m: m.host.get("host_bound_idle_s", 0.0), "{:.3f} s"),

@@ -189,7 +189,12 @@ def _link_counters(result: Result, pid: int, top: int, bins: int) -> list[dict]:
     xs, ranked = busiest(result, top, bins)
     half = (xs[1] - xs[0]) / 2 if len(xs) > 1 else 0.0
     out = [
-        {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": "links (first rank's collectives)"}}
+        {
+            "ph": "M",
+            "name": "process_name",
+            "pid": pid,
+            "args": {"name": "links (collectives of the rank that bounds the step)"},
+        }
     ]
     for _, link, ys in ranked:
         name = f"{link} (% busy)"

@@ -12,6 +12,14 @@ would run it, so that the plan's time is what ``run`` gives for the scenario it 
 - FSDP and HSDP, with or without TP / PP / CP (torchtitan's 2D / 3D / 4D), and data parallelism alone (PyTorch
   DDP, DeepSpeed ZeRO): eager PyTorch (``pytorch-2024``), as ``run`` picks for a scenario that names no profile
   (``frameworks.default_framework``).
+
+``plan --stack NAME`` makes the stack a choice: every layout on that stack, its profile and its shardings alone.
+
+- ``megatron``: Megatron-LM / Megatron-Core (profile as above), data parallelism by its DDP or its distributed
+  optimizer (``ddp``, ``zero1``).
+- ``torchtitan``: FSDP2 and HSDP with TP / PP / CP, or replication alone (``ddp``), on ``pytorch-2024``.
+- ``deepspeed``: DeepSpeed's ZeRO stages 0-3 and ZeRO-Offload; Megatron-DeepSpeed's layer (``megatron-2022``,
+  Megatron-LM's 2022 code it forks) where TP, PP or CP is above 1, else ``pytorch-2024``.
 """
 
 from __future__ import annotations
@@ -35,9 +43,24 @@ SWITCHES = {
 }
 
 
-def stack_of(base: Scenario, lay: Layout, architecture: str) -> str:
-    """The profile that runs ``lay`` (module docstring)."""
+# plan --stack: the shardings each stack runs (layouts.SHARDINGS' names)
+STACK_SHARDINGS = {
+    "megatron": ("ddp", "zero1"),
+    "torchtitan": ("ddp", "fsdp", "hsdp"),
+    "deepspeed": ("ddp", "zero1", "zero2", "zero3", "zero2-offload", "zero3-offload"),
+}
+STACKS = tuple(STACK_SHARDINGS)
+
+
+def stack_of(base: Scenario, lay: Layout, architecture: str, stack: str = AUTO) -> str:
+    """The profile that runs ``lay`` on ``stack`` (module docstring)."""
     megatron = megatron_profile(architecture)
+    if stack == "megatron":
+        return megatron
+    if stack == "torchtitan":
+        return "pytorch-2024"
+    if stack == "deepspeed":
+        return "megatron-2022" if max(lay.tp, lay.pp, lay.cp) > 1 else "pytorch-2024"
     if base.model.moe is not None:
         return megatron
     if lay.kind in ("fsdp", "hsdp"):
@@ -58,13 +81,13 @@ def stack_base(base: Scenario, framework: str) -> Scenario:
 class ByStack:
     """One :class:`Screen` per stack, each layout estimated and made a scenario by its own stack's."""
 
-    def __init__(self, base: Scenario, cluster: Cluster, batch: int | None, gpus: int):
-        self.base, self.cluster, self.batch, self.gpus = base, cluster, batch, gpus
+    def __init__(self, base: Scenario, cluster: Cluster, batch: int | None, gpus: int, stack: str = AUTO):
+        self.base, self.cluster, self.batch, self.gpus, self.stack = base, cluster, batch, gpus, stack
         self._screens: dict[str, Screen] = {}
         self._capacity = cluster.gpu.hbm_bytes
 
     def screen(self, lay: Layout) -> Screen:
-        name = stack_of(self.base, lay, self.cluster.gpu.architecture)
+        name = stack_of(self.base, lay, self.cluster.gpu.architecture, self.stack)
         if name not in self._screens:
             s = Screen(stack_base(self.base, name), self.cluster, self.batch, self.gpus)
             s.capacity = self._capacity
@@ -89,7 +112,8 @@ class ByStack:
 
 
 def screen_for(base: Scenario, cluster: Cluster, batch: int | None, gpus: int, stack: str | None):
-    """The plan's screen: per layout by its stack where ``stack`` is auto, else ``base``'s own profile."""
-    if stack == AUTO:
-        return ByStack(base, cluster, batch, gpus)
+    """The plan's screen: per layout by its stack where ``stack`` is auto or a stack's name, else ``base``'s own
+    profile."""
+    if stack == AUTO or stack in STACKS:
+        return ByStack(base, cluster, batch, gpus, stack)
     return Screen(base, cluster, batch, gpus)

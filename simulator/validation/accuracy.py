@@ -11,10 +11,12 @@ tuned against. So each case of the shipped validation files (``HELD_OUT``) count
 and counts with the larger of the two in magnitude. No case counts in sample.
 
 ``accuracy.yaml`` holds the figures of every (profile, GPU generation, job size) cell, and of the wider cells the
-bar falls back to (error_bar.py), each beside today's in-sample figure; and, per file, the three side by side.
-Rewrite it after any change that moves a prediction, as the snapshot is rewritten:
+bar falls back to (error_bar.py), each beside today's in-sample figure; per file, the three side by side; and
+(``one_run``) the one-run workflow's errors by distance from the fitted run (one_run.py), the bar of a profile
+calibrated on one measured step. Rewrite it after any change that moves a prediction, as the snapshot is
+rewritten:
 
-    python -m simulator.validation.accuracy        # rewrites simulator/validation/accuracy.yaml (about 4 min)
+    python -m simulator.validation.accuracy        # rewrites simulator/validation/accuracy.yaml (about 5 min)
 
 The published runs' leave-one-source-out refits take most of that; the file keeps their errors
 (``leave_one_source_out``) so that tests/test_accuracy.py checks the rest against the simulator as it stands in
@@ -33,10 +35,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from simulator.metrics.error_bar import ACCURACY_FILE, ANY_PROFILE, scale_of, stored
+from simulator.metrics.error_bar import ACCURACY_FILE, ANY_PROFILE, RELATIONS, scale_of, stored
 from simulator.validation.first_contact import signed_error
 from simulator.validation.first_contact import stored as first_contact
-from simulator.validation.signs import kind_and_error
+from simulator.validation.one_run import OneRun, one_run
+from simulator.validation.runner import load_cases
+from simulator.validation.signs import kind_and_error, speed_error_pct
 
 HERE = Path(__file__).resolve().parent
 # The validation files, by stem (simulator/validation/<stem>.yaml): docs/validation.md describes each.
@@ -230,6 +234,24 @@ def measure(
                 "bar": brief([e.bar for e in rows]),
             }
     out["leave_one_source_out"] = dict(sorted(left_out_published.items()))
+    out["one_run"] = one_run_rows(one_run(shipped_cases()))
+    return out
+
+
+def shipped_cases() -> list[dict]:
+    """Every shipped validation file's runs (``HELD_OUT``)."""
+    return [c for stem in HELD_OUT for c in load_cases(HERE / f"{stem}.yaml")]
+
+
+def one_run_rows(results: list[OneRun]) -> dict[str, dict]:
+    """The error bar of a calibrated profile's runs by how far they are from the fitted one (``one_run``): per
+    relation (error_bar.RELATIONS), ``summary`` of the signed speed errors, with the sources they come from."""
+    out = {}
+    for rel in RELATIONS:
+        chosen = [r for r in results if r.relation == rel and r.case.error_pct is not None]
+        if chosen:
+            signed = [speed_error_pct(r.case.metric, r.case.published, r.case.predicted) for r in chosen]
+            out[rel] = summary(signed, Counter(r.source for r in chosen))
     return out
 
 

@@ -18,14 +18,13 @@ from dataclasses import dataclass
 
 from simulator.frameworks import get_framework
 from simulator.hardware.topology import cluster_spec
+from simulator.metrics.error_bar import relation
 from simulator.scenario.loader import load_scenario
-from simulator.validation.accuracy import HELD_OUT, HERE
 from simulator.validation.calibrate import fit, value_of
-from simulator.validation.runner import CaseResult, case_scenario, load_cases, run_case, source_group
+from simulator.validation.runner import CaseResult, case_scenario, run_case, source_group
 from simulator.validation.signs import SPEED_METRICS, speed_error_pct
 
 MIN_RUNS = 4  # a source with fewer runs of one profile has too few left to predict
-SAME = "same GPU and precision"
 
 
 @dataclass
@@ -46,11 +45,6 @@ def _shape(case: dict) -> tuple[str, int, str, str]:
     return s.framework, gpus, cluster_spec(s).node.gpu, s.training.precision
 
 
-def shipped_cases() -> list[dict]:
-    """Every shipped validation file's speed runs (``accuracy.HELD_OUT``)."""
-    return [c for stem in HELD_OUT for c in load_cases(HERE / f"{stem}.yaml")]
-
-
 def one_run(cases: list[dict], progress: Callable[[str], None] | None = None) -> list[OneRun]:
     groups: dict[tuple[str, str], list[tuple[dict, tuple]]] = defaultdict(list)
     for c in cases:
@@ -68,8 +62,8 @@ def one_run(cases: list[dict], progress: Callable[[str], None] | None = None) ->
         for c, (_, g, prec) in members:
             if c is anchor:
                 continue
-            relation = "other GPU" if g != gpu else SAME if prec == precision else "other precision"
-            out.append(OneRun(source, profile, str(anchor["id"]), levels, run_case(c, fitted), relation))
+            rel = relation(g, prec, gpu, precision)
+            out.append(OneRun(source, profile, str(anchor["id"]), levels, run_case(c, fitted), rel))
             if progress:
                 progress(str(c.get("id")))
     return out
