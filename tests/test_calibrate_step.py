@@ -152,3 +152,35 @@ def test_a_calibrated_profile_carries_the_one_run_bar_and_says_so_in_json_table_
     other = json.loads(runner.invoke(app, ["run", str(h100), "--framework", str(out), "--json"]).stdout)
     assert "other GPU" in other["accuracy"]["speed"]["scope"]
     assert other["accuracy"]["speed"]["n"] == stored()["one_run"]["other GPU"]["n"]
+
+
+def test_a_profile_with_a_gpus_own_factor_is_fitted_where_the_factor_applies(tmp_path):
+    """llm-foundry-2023 holds an H100 factor of its own (gemm_efficiency 0.986 under gpus: h100-sxm5-80gb): on an
+    H100 step the fit moves that factor, not the profile's unused one, so run reproduces a step 15% slower than
+    simulated; the profile's other entries keep their ratios to it (0.986 x r on H100, 1.0 x r elsewhere)."""
+    s = yaml.safe_load(Path(QUICKSTART).read_text())
+    s["cluster"]["topology"], s["framework"] = "dgx-h100", "llm-foundry-2023"
+    scenario = tmp_path / "h100.yaml"
+    scenario.write_text(yaml.safe_dump(s))
+    target = 1.15 * simulate(load_scenario(scenario)).metrics.iteration_time_s
+    out = tmp_path / "mine.yaml"
+    got = runner.invoke(
+        app, ["calibrate", "step", str(scenario), "--measured", f"{target:.6g}", "--write", str(out)]
+    )
+    assert got.exit_code == 0, got.output
+    profile = yaml.safe_load(out.read_text())
+    on_h100 = profile["gpus"]["h100-sxm5-80gb"]["gemm_efficiency"]
+    assert on_h100 < 0.986 and profile["gemm_efficiency"] == pytest.approx(on_h100 / 0.986, rel=1e-9)
+    ran = json.loads(runner.invoke(app, ["run", str(scenario), "--framework", str(out), "--json"]).stdout)
+    assert ran["iteration_time_s"] == pytest.approx(target, rel=0.005)
+
+
+def test_a_fit_that_stops_at_the_ceiling_writes_a_profile_that_loads(tmp_path):
+    """A step 2.5x faster than megatron-2022 simulates the quickstart: the GEMM level stops at 1.5, the most a
+    profile file takes (it went to 2.09 and wrote a file run refused), with the bound's warning."""
+    out = tmp_path / "fast.yaml"
+    args = ["calibrate", "step", QUICKSTART, "--framework", "megatron-2022", "--measured", "0.3s"]
+    got = runner.invoke(app, [*args, "--write", str(out)])
+    assert got.exit_code == 0 and "stopped at the bound" in got.output, got.output
+    assert yaml.safe_load(out.read_text())["gemm_efficiency"] <= 1.5
+    assert runner.invoke(app, ["run", QUICKSTART, "--framework", str(out), "--json"]).exit_code == 0

@@ -203,6 +203,42 @@ def deepspeed_case(work: Path, ds) -> int:
     return check_cli(["run", str(_dump(scenario, d / "s.yaml", "yaml")), "--quiet", "--json"], [])
 
 
+TORCHTITAN = {
+    "training": {"local_batch_size": 2, "global_batch_size": 16, "seq_len": 256},
+    "parallelism": {
+        "data_parallel_shard_degree": -1,
+        "tensor_parallel_degree": 2,
+        "fsdp_reshard_after_forward": "never",
+    },
+    "activation_checkpoint": {"mode": "full"},
+    "compile": {"enable": True},
+}
+
+
+def _toml(cfg) -> str:
+    """A TOML text of ``cfg``: each value as JSON writes it (TOML for strings, numbers, booleans and flat arrays;
+    anything else makes a file torchtitan_config refuses as not TOML, as it should)."""
+    if not isinstance(cfg, dict):
+        return json.dumps(cfg)
+    top = [f"{json.dumps(str(k))} = {json.dumps(v)}" for k, v in cfg.items() if not isinstance(v, dict)]
+    tables = [
+        f"[{json.dumps(str(k))}]\n"
+        + "\n".join(f"{json.dumps(str(a))} = {json.dumps(b)}" for a, b in v.items())
+        for k, v in cfg.items()
+        if isinstance(v, dict)
+    ]
+    return "\n".join(top + tables) + "\n"
+
+
+def torchtitan_case(work: Path, cfg) -> int:
+    d = _fresh(work)
+    (d / "job.toml").write_text(_toml(cfg), encoding="utf-8", errors="surrogatepass")
+    scenario = {k: v for k, v in BASE.items() if k not in ("training", "parallelism")} | {
+        "torchtitan_config": "job.toml"
+    }
+    return check_cli(["run", str(_dump(scenario, d / "s.yaml", "yaml")), "--quiet", "--json"], [])
+
+
 def hf_case(work: Path, cfg) -> int:
     d = _fresh(work)
     _dump(cfg, d / "config.json", "json")
@@ -234,6 +270,7 @@ GENERATORS = {
     "topology": (topology_case, mutated(TOPOLOGY)),
     "deepspeed": (deepspeed_case, st.one_of(mutated(DEEPSPEED), HOSTILE)),
     "hf_config": (hf_case, st.one_of(mutated(HF), HOSTILE)),
+    "torchtitan": (torchtitan_case, st.one_of(mutated(TORCHTITAN), HOSTILE)),
     "raw": (raw_case, RAW),
 }
 

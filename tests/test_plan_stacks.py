@@ -67,7 +67,12 @@ def test_megatron_core_stack_sets_the_recipes_switches(dense):
     assert s.framework == "megatron-core-2024"
     assert p.sequence_parallel and p.tp_comm_overlap
     assert p.ddp.overlap_grad_reduce and p.ddp.overlap_param_gather
-    assert stack_base(dense, "pytorch-2024").parallelism == dense.parallelism  # no switches of its own
+    torch = stack_base(
+        dense, "pytorch-2024"
+    ).parallelism  # torchtitan's: its TP's sequence-parallel norms alone
+    assert torch.sequence_parallel and torch.model_dump(
+        exclude={"sequence_parallel"}
+    ) == dense.parallelism.model_dump(exclude={"sequence_parallel"})
 
 
 def test_plan_model_picks_megatron_for_llama3_70b_and_run_agrees(tmp_path):

@@ -115,7 +115,7 @@ def calibrate_step(
         before = cal.STEP_METRICS[metric](first)
         with progress(sys.stderr.isatty()) as bar:
             task = bar.add_task("fitting", total=None)
-            fitted, at_bound = cal.fit_step(
+            fitted, old, new, at_bound = cal.fit_step(
                 s, start, param, metric, target, progress=lambda msg: bar.update(task, description=msg)
             )
         last = simulate(s, framework=fitted).metrics
@@ -125,8 +125,7 @@ def calibrate_step(
     unit = {"iteration_time_s": " s per step", "tokens_per_s_per_gpu": " tokens/s per GPU", "mfu": " MFU"}[
         metric
     ]
-    old, new = cal.value_of(start, param), cal.value_of(fitted, param)
-    print(f"{param}: {old:.4g} -> {new:.4g} ({start.name} profile)")
+    print(f"{param}: {old:.4g} -> {new:.4g} on {gpu_name} ({start.name} profile; every entry scaled alike)")
     print(f"{s.name}: measured {target:.4g}{unit}; simulated {before:.4g} before, {after:.4g} after")
     if traced is not None:
         print(f"trace {trace.name}: {traced.how}")
@@ -148,7 +147,7 @@ def calibrate_step(
     if at_bound:
         note(
             "warning",
-            f"the fit stopped at the bound of {param} ({new:.4g}, searched {cal.around(start, param)}): the "
+            f"the fit stopped at the bound of {param} ({new:.4g}, searched {cal.around(start, param, x=old)}): the "
             f"measurement lies beyond what it can explain; look at the rest (communication, host, memory-bound "
             f"kernels) with "
             f"clustersim run {scenario} --report",

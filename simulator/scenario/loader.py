@@ -59,6 +59,15 @@ def load_scenario(
             k: f"deepspeed_config {path.name}: {v}" for k, v in data.pop("_deepspeed_sources").items()
         }
         data["deepspeed_config"] = str(path)
+    tt_path = data.get("torchtitan_config")
+    if tt_path is not None:
+        check_path_value(tt_path, "torchtitan_config")
+        from simulator.scenario.torchtitan import merge_torchtitan_config, read_torchtitan_config
+
+        path = Path(tt_path)
+        path = base_dir / path if not path.is_absolute() and base_dir is not None else path
+        data = merge_torchtitan_config(data, read_torchtitan_config(path), f"torchtitan_config {path.name}")
+        data["torchtitan_config"] = str(path)
     data = _paths_relative_to(data, base_dir)
     if framework is not None:  # after the scenario's own paths: this one is the command line's
         data = {**data, "framework": str(Path(framework).resolve()) if is_path(framework) else framework}

@@ -68,6 +68,11 @@ class Scenario(Section):
         None,
         description="A DeepSpeed JSON config whose batch, precision, optimizer and ZeRO settings fill this scenario.",
     )
+    torchtitan_config: str | None = Field(
+        None,
+        description="A torchtitan TOML job config whose batch, sequence, parallelism, activation checkpointing and "
+        "compile settings fill this scenario (scenario/torchtitan.py).",
+    )
     kernels: str = Field(
         "auto",
         description="Measured kernel and collective costs (docs/calibration.md): 'auto' = the shipped table of the "

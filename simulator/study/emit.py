@@ -14,9 +14,12 @@ Names are the frameworks' own, read from their source:
   --max-position-embeddings, --vocab-size, --swiglu, --normalization RMSNorm, --position-embedding-type rope,
   --disable-bias-linear, --untie-embeddings-and-output-weights, --num-experts, --moe-router-topk,
   --moe-ffn-hidden-size, --moe-shared-expert-intermediate-size; --overlap-moe-expert-parallel-comm (core_v0.14.0).
-- DeepSpeed deepspeed/runtime/config.py and zero/config.py (v0.16): train_batch_size,
+- DeepSpeed deepspeed/runtime/config.py and zero/config.py (v0.16.4; every key written is checked against the keys
+  its parser reads, tests/data/deepspeed-v0.16.4-config-keys.txt): train_batch_size,
   train_micro_batch_size_per_gpu, gradient_accumulation_steps, bf16.enabled, zero_optimization.stage.
-- torchtitan torchtitan/config/job_config.py (000204a4): [training] local_batch_size, global_batch_size,
+- torchtitan torchtitan/config/job_config.py (238fa995, the last TOML-configured commit; every key written is checked
+  against JobConfig's, tests/data/torchtitan-238fa995-job-config-keys.txt, and read back by
+  scenario/torchtitan.py): [training] local_batch_size, global_batch_size,
   seq_len; [parallelism] data_parallel_replicate_degree, data_parallel_shard_degree, fsdp_reshard_after_forward,
   tensor_parallel_degree, pipeline_parallel_degree, pipeline_parallel_schedule (1F1B, Interleaved1F1B),
   pipeline_parallel_layers_per_stage, pipeline_parallel_microbatch_size, context_parallel_degree,

@@ -40,6 +40,8 @@ SWITCHES = {
         "ddp": {"overlap_grad_reduce": True, "overlap_param_gather": True},
     },
     "megatron-2022": {"sequence_parallel": True},
+    # torchtitan's TP runs the norms and the dropout sequence-parallel (parallelize.py: SequenceParallel)
+    "pytorch-2024": {"sequence_parallel": True},
 }
 
 

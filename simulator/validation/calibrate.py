@@ -75,13 +75,63 @@ def value_of(framework: Framework, name: str, gpu: str | None = None) -> float:
     return getattr(framework.on_gpu(gpu) if gpu else framework, name)
 
 
-def around(start: Framework, name: str, gpu: str | None = None) -> tuple[float, float]:
+def ceiling(name: str) -> float:
+    """The largest value a profile file takes for ``name`` (its schema's ``le``: 1.5 for the efficiencies), so that
+    a fitted profile loads again; unbounded for host costs and overheads."""
+    field = Framework.model_fields.get(name)
+    bounds = [m.le for m in (field.metadata if field else ()) if getattr(m, "le", None) is not None]
+    return min(bounds, default=math.inf)
+
+
+def around(
+    start: Framework, name: str, gpu: str | None = None, x: float | None = None
+) -> tuple[float, float]:
     """``name``'s search range from ``start``: its physical bounds (BOUNDS), widened to half and one and a half
-    times the starting value (a profile whose fitted level lies beyond them, megatron-2022's GEMM level of 1.40,
-    can be fitted again to a run of its own stack)."""
+    times the starting value ``x`` (default: the profile's own; a profile whose fitted level lies beyond them,
+    megatron-2022's GEMM level of 1.40, can be fitted again to a run of its own stack), within what a profile file
+    takes (``ceiling``)."""
     lo, hi = BOUNDS[name]
-    x = value_of(start, name, gpu)
-    return (min(lo, 0.5 * x), max(hi, 1.5 * x)) if x > 0 else (lo, hi)
+    x = value_of(start, name, gpu) if x is None else x
+    lo, hi = (min(lo, 0.5 * x), max(hi, 1.5 * x)) if x > 0 else (lo, hi)
+    return lo, min(hi, ceiling(name))
+
+
+def on_gpu_value(framework: Framework, name: str, gpu) -> float:
+    """``name`` as it applies on ``gpu`` (a GPU: its generation's and its own factors over the profile's value)."""
+    if name.startswith("host."):
+        return value_of(framework, name)
+    return getattr(framework.on_gpu(gpu.lineage, gpu.architecture), name)
+
+
+def scaled(framework: Framework, name: str, ratio: float) -> Framework:
+    """``framework`` with ``name`` times ``ratio`` wherever it is set: the profile's own value and every GPU's or
+    generation's factor (each within ``ceiling``). A stack's level fitted on one GPU so moves as one: the factor
+    that applies on the measured GPU is the one fitted, whichever entry holds it, and the others keep their ratios
+    to it."""
+    if name.startswith("host."):
+        return with_value(framework, name, value_of(framework, name) * ratio)
+    cap = ceiling(name)
+    gpus = {
+        key: f.model_copy(update={name: min(getattr(f, name) * ratio, cap)}) if getattr(f, name, None) else f
+        for key, f in framework.gpus.items()
+    }
+    return framework.model_copy(update={name: min(getattr(framework, name) * ratio, cap), "gpus": gpus})
+
+
+def fit_level(
+    start: Framework, name: str, gpu, objective: Callable[[Framework], float], iterations: int = 20
+) -> tuple[Framework, float, float, bool]:
+    """``start`` with ``name`` as it applies on ``gpu`` (``on_gpu_value``) set by a golden-section search of
+    ``objective`` within ``around`` it, every entry scaled alike (``scaled``). Returns the profile, the value on
+    ``gpu`` before and after, and whether the search stopped at a bound."""
+    x0 = on_gpu_value(start, name, gpu)
+
+    def at(x: float) -> Framework:
+        return scaled(start, name, x / x0) if x0 > 0 else with_value(start, name, x)
+
+    lo, hi = around(start, name, x=x0)
+    best = golden_section(lambda x: objective(at(x)), lo, hi, iterations=iterations)
+    return at(best), x0, best, min(best - lo, hi - best) < 1e-3 * (hi - lo)
 
 
 def fit(
@@ -125,23 +175,21 @@ def fit_step(
     metric: str,
     measured: float,
     progress: Callable[[str], None] | None = None,
-) -> tuple[Framework, bool]:
-    """``start`` with its parameter ``name`` set so that ``scenario`` simulates to ``measured`` (``metric``, one of
-    STEP_METRICS): a golden-section search of the squared log error within the parameter's physical bounds
-    (BOUNDS, widened around the starting value: ``around``). One measured step identifies one parameter. Returns
-    the profile and whether the search stopped at a bound (the measurement lies beyond what that parameter can
-    explain)."""
+) -> tuple[Framework, float, float, bool]:
+    """``start`` with its parameter ``name`` fitted so that ``scenario`` simulates to ``measured`` (``metric``, one
+    of STEP_METRICS): ``fit_level`` on the scenario's GPU, the squared log error as the objective. One measured step
+    identifies one parameter. Returns the profile, the value on that GPU before and after, and whether the search
+    stopped at a bound (the measurement lies beyond what that parameter can explain)."""
     from simulator.api import simulate
+    from simulator.hardware.gpus import get_gpu
+    from simulator.hardware.topology import cluster_spec
 
     read = STEP_METRICS[metric]
 
-    def objective(x: float) -> float:
-        got = read(simulate(scenario, framework=with_value(start, name, x)).metrics)
+    def objective(framework: Framework) -> float:
+        got = read(simulate(scenario, framework=framework).metrics)
         if progress:
-            progress(f"{name} = {x:.4g}: {got:.4g} against {measured:.4g}")
+            progress(f"{name}: {got:.4g} against {measured:.4g}")
         return math.log(got / measured) ** 2 if got > 0 else math.inf
 
-    lo, hi = around(start, name)
-    best = golden_section(objective, lo, hi, iterations=20)
-    at_bound = min(best - lo, hi - best) < 1e-3 * (hi - lo)
-    return with_value(start, name, best), at_bound
+    return fit_level(start, name, get_gpu(cluster_spec(scenario).node.gpu), objective)

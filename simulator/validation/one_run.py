@@ -17,10 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from simulator.frameworks import get_framework
+from simulator.hardware.gpus import get_gpu
 from simulator.hardware.topology import cluster_spec
 from simulator.metrics.error_bar import relation
 from simulator.scenario.loader import load_scenario
-from simulator.validation.calibrate import fit, value_of
+from simulator.validation.calibrate import fit_level, loss
 from simulator.validation.runner import CaseResult, case_scenario, run_case, source_group
 from simulator.validation.signs import SPEED_METRICS, speed_error_pct
 
@@ -56,14 +57,15 @@ def one_run(cases: list[dict], progress: Callable[[str], None] | None = None) ->
         if len(members) < MIN_RUNS:
             continue
         anchor, (_, gpu, precision) = min(members, key=lambda m: m[1][0])  # fewest GPUs, first in the file
-        start = get_framework(profile)
-        fitted = fit([anchor], start, ["gemm_efficiency"], rounds=1, widen=True)
-        levels = (value_of(start, "gemm_efficiency"), value_of(fitted, "gemm_efficiency"))
+        start = get_framework(profile)  # fitted as calibrate step fits it (calibrate.fit_step)
+        fitted, *levels, _ = fit_level(
+            start, "gemm_efficiency", get_gpu(gpu), lambda f, a=anchor: loss(f, [a])
+        )
         for c, (_, g, prec) in members:
             if c is anchor:
                 continue
             rel = relation(g, prec, gpu, precision)
-            out.append(OneRun(source, profile, str(anchor["id"]), levels, run_case(c, fitted), rel))
+            out.append(OneRun(source, profile, str(anchor["id"]), tuple(levels), run_case(c, fitted), rel))
             if progress:
                 progress(str(c.get("id")))
     return out
