@@ -156,6 +156,16 @@ FLASH_HEAD_DIM_X = {"forward": 27.6, "backward": 21.7}
 FLASH_TENSOR_PER_SFU = {"ampere": 0.5, "hopper": 1.0, "blackwell": 2.0}
 
 
+def flash_direction_rate(gpu: GPU, direction: str, dtype: str = "") -> float:
+    """The backward's rate relative to the forward's where the GPU file states it (``flash_attention_backward``:
+    cuDNN's fused attention measured on Blackwell), 1.0 for the forward; an FP8 attention (``dtype`` fp8) at the
+    file's measured FP8 rate over BF16's (``flash_attention_fp8``)."""
+    rate = gpu.flash_attention_backward if direction == "backward" else 1.0
+    if dtype == "fp8" and gpu.flash_attention_fp8 is not None:
+        rate *= getattr(gpu.flash_attention_fp8, "backward" if direction == "backward" else "forward")
+    return rate
+
+
 def flash_head_dim_factor(
     gpu: GPU, direction: str, head_dim: int, kernel: str = "flash-attention-2"
 ) -> float:
@@ -183,7 +193,9 @@ def shape_roofline_s(gpu: GPU, op: str, direction: str, dtype: str, m, n, k, bat
     flops = work(op, direction, m, n, k, batch)
     if op == "flash_attention":
         shape = flash_shape_factor(gpu, direction, m, n, batch) * flash_head_dim_factor(gpu, direction, k)
-        return flops / (peak * gpu.flash_attention_efficiency * shape)
+        rate = flash_direction_rate(gpu, direction, dtype)  # FP8 attention: its measured rate over 16 bits'
+        base = gpu.peak_tflops.get("bf16", peak / 1e12) * 1e12 if dtype in ("fp8", "fp4") else peak
+        return flops / (base * gpu.flash_attention_efficiency * shape * rate)
     eff = gemm_efficiency(gpu, m, n, k, batch) * gpu.dtype_efficiency(dtype)
     pick = np.maximum if isinstance(m, np.ndarray) else max
     return pick(flops / (peak * eff), memory_time_s(gpu, gemm_bytes(dtype, m, n, k, batch)))
@@ -307,6 +319,7 @@ class ComputeModel:
         elif op.kind == "flash_attention":
             shape = flash_shape_factor(g, op.direction, op.m, op.n, op.batch, f.attention_kernel)
             shape *= flash_head_dim_factor(g, op.direction, op.k, f.attention_kernel)
+            shape *= flash_direction_rate(g, op.direction, op.dtype)
             comp = op.flops / (
                 self.peak * g.flash_attention_efficiency * shape * self._factor("flash_attention")
             )

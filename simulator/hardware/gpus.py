@@ -66,6 +66,14 @@ class GemmProfile(_Data):
         return self
 
 
+class RateRatio(BaseModel):
+    """A kernel's rate in one format over its rate in another, forward and backward, measured."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)
+    forward: float = Field(ge=MIN_EFFICIENCY, le=4)
+    backward: float = Field(ge=MIN_EFFICIENCY, le=4)
+
+
 class KernelBandwidth(BaseModel):
     """Achieved HBM bandwidth of one memory-bound kernel kind, as a fraction of the HBM peak, for the bytes the
     workload counts for it (simulator/workload/)."""
@@ -119,6 +127,12 @@ class GPU(_Data):
     # None: no FlashAttention kernel for this GPU (FlashAttention-1 needs sm75+, FlashAttention-2 sm80+;
     # Dao et al. 2022, Dao 2023, Dao-AILab/flash-attention README); ``attention: auto`` then runs standard attention
     flash_attention_efficiency: float | None = Field(None, ge=MIN_EFFICIENCY, le=1)
+    # the fused attention's backward rate (FLOPs counted as 2.5x the forward's) relative to its forward's at the
+    # reference shape, where measured apart (cuDNN on Blackwell: about 0.78); 1.0: the forward's
+    flash_attention_backward: float = Field(1.0, ge=MIN_EFFICIENCY, le=2)
+    # cuDNN's FP8 fused attention (per-tensor scaled E4M3 Q, K, V, O, dO) over its BF16 rate at the reference shape,
+    # measured; None: none measured (training.fp8.attention is refused)
+    flash_attention_fp8: RateRatio | None = None
     kernel_launch_s: float = Field(ge=0, le=1e-3)
     sources: str = Field(min_length=1)
     notes: str = ""  # what is derived rather than published, and caveats (RCCL, unverified figures)

@@ -75,6 +75,12 @@ class Fp8Config(Section):
         description="Weights kept and all-gathered in FP8 (Megatron --fp8-param-gather with the distributed "
         "optimizer; FSDP2 enable_fsdp_float8_all_gather): half the bf16 all-gather bytes, no bf16 weight copy.",
     )
+    attention: bool = Field(
+        False,
+        description="Attention's fused kernel in FP8 too (Transformer Engine fp8_dpa; Megatron-Core "
+        "TransformerConfig.fp8_dot_product_attention, no Megatron-LM flag; NeMo / MLPerf FP8_DPA=True): at the GPU's measured FP8 attention rate "
+        "(flash_attention_fp8 in its file); refused on a GPU with none.",
+    )
     bf16_layers: int = Field(
         0,
         ge=0,
