@@ -112,6 +112,7 @@ MEGATRON_CHOICES = {  # arguments.py at core_v0.15.0: the choices of the options
     "--position-embedding-type": {"learned_absolute", "rope", "mrope", "relative", "none"},
     "--normalization": {"LayerNorm", "RMSNorm"},
     "--moe-token-dispatcher-type": {"allgather", "alltoall", "flex"},
+    "--cross-entropy-fusion-impl": {"native", "te"},
 }
 
 
@@ -151,7 +152,12 @@ def test_every_emitted_megatron_option_is_in_megatrons_parser(
             "shared_expert_ffn_hidden_size": 2048,
         },
     }
-    training = {"global_batch_size": 4096, "precision": precision, "recompute": {"modules": ["moe_act"]}}
+    training = {
+        "global_batch_size": 4096,
+        "precision": precision,
+        "recompute": {"modules": ["moe_act"]},
+        "cross_entropy_fusion": "te",
+    }
     if recipe:
         training["fp8"] = {"recipe": recipe}
     par = {
@@ -183,7 +189,13 @@ def test_every_emitted_megatron_option_is_in_megatrons_parser(
         assert option in MEGATRON_OPTIONS, arg
         if option in MEGATRON_CHOICES:
             assert value[0] in MEGATRON_CHOICES[option], arg
-    for arg in ("--num-layers 61", "--num-experts 256", "--moe-router-topk 8", "--overlap-grad-reduce"):
+    for arg in (
+        "--num-layers 61",
+        "--num-experts 256",
+        "--moe-router-topk 8",
+        "--overlap-grad-reduce",
+        "--cross-entropy-fusion-impl te",
+    ):
         assert arg in args
     assert ("--moe-enable-deepep" in args) == (dispatcher == "deepep")
     assert ("--overlap-param-gather" in args) == (sharding == "zero1")

@@ -126,3 +126,24 @@ def test_grouped_query_attention_and_swiglu_change_the_layer():
     assert gqa.layer.params < mha.layer.params
     h, d = 4096, 128
     assert mha.layer.params - gqa.layer.params == 2 * h * (32 - 8) * d
+
+
+@pytest.mark.parametrize(
+    ("fusion", "forward", "backward"),
+    [(None, 2 + 32, 12 + 2), ("none", 2 + 32, 12 + 2), ("native", 2 + 20, 4 + 2), ("te", 3 * 2, 2 * 2)],
+)
+def test_the_fused_losses_move_the_bytes_their_code_moves(fusion, forward, backward):
+    """Bytes per bf16 logit of the loss, forward and backward, with Megatron-Core's --cross-entropy-loss-fusion:
+    unfused vocab_parallel_cross_entropy (the profile's default, 'megatron': e + 32, 12 + e), the jit-fused native
+    one (e + 20, 4 + e) and Transformer Engine's Triton kernel (3 e, 2 e)."""
+    tokens, vocab = 1024, 50304
+    training = {"cross_entropy_fusion": fusion} if fusion else {}
+    s = make(
+        model={"preset": "gpt3-125m", "seq_length": 1024, "vocab_size": vocab},
+        training=training,
+        framework="megatron-core-2024",
+    )
+    w = build_workload(s)
+    ops = {op.name: op for op in (*w.head.forward, *w.head.backward)}
+    assert ops["cross-entropy loss (fp32)"].bytes == tokens * vocab * forward
+    assert ops["cross-entropy backward"].bytes == tokens * vocab * backward

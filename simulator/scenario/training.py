@@ -156,6 +156,13 @@ class TrainingConfig(Section):
         "mode): an eager framework's elementwise chains run fused, except RoPE in complex numbers, which Inductor "
         "leaves to eager kernels (workload/elementwise.py).",
     )
+    cross_entropy_fusion: Literal["none", "native", "te"] | None = Field(
+        None,
+        description="Megatron-Core's fused loss (--cross-entropy-loss-fusion --cross-entropy-fusion-impl; NeMo / "
+        "MLPerf CE_FUSION_IMPL): 'native' = fused_cross_entropy.py's jit-fused passes on fp32 logits, 'te' = "
+        "Transformer Engine's Triton parallel_cross_entropy (an online-softmax pass and one that writes the "
+        "gradient in place), 'none' = vocab_parallel_cross_entropy's separate passes. Default: the framework's.",
+    )
     compile_loss: bool = Field(
         True,
         description="With compile: the loss compiled too, its fp32 upcast fused into log_softmax (torchtitan "

@@ -78,9 +78,21 @@ def head_block(
     # forward; NLL backward (4), log-softmax backward (12) and the cast back (4 + e). flash-attn's fused
     # cross-entropy (flash_attn/losses/cross_entropy.py, xentropy_cuda; MPT's fused_crossentropy): one kernel reads
     # the 16-bit logits forward (e), one reads them and writes their gradient backward (2 e)
-    ce_fwd, ce_bwd = {"megatron": (e + 32, 12 + e), "torch": (e + 12, 20 + e), "flash-attn": (e, 2 * e)}[
-        fw.loss
-    ]
+    # Megatron-Core's fused losses (--cross-entropy-loss-fusion; language_module.py compute_language_model_loss):
+    # 'native' (core/fusions/fused_cross_entropy.py): the max pass returns the fp32 logits (e + 4), exp is taken from
+    # them (4 + 4) and divided in place (8); backward reads the saved softmax and writes the 16-bit gradient (4 + e).
+    # 'te' (Transformer Engine pytorch/triton/cross_entropy.py, v2.x before 2026-07-09, 01bbe3e): an online-softmax
+    # pass reads the logits (e), a second reads them again and writes the gradient in place (2 e); backward scales
+    # it in place by the per-token grad_output (element_mul_kernel: 2 e)
+    fusion = s.training.cross_entropy_fusion
+    loss = {"none": "megatron", "native": "megatron-fused", "te": "te"}.get(fusion or "", fw.loss)
+    ce_fwd, ce_bwd = {
+        "megatron": (e + 32, 12 + e),
+        "megatron-fused": (e + 20, 4 + e),
+        "te": (3 * e, 2 * e),
+        "torch": (e + 12, 20 + e),
+        "flash-attn": (e, 2 * e),
+    }[loss]
     forward = present(
         norm(sh, "final layernorm"),
         gather_in("logits input"),
