@@ -18,7 +18,7 @@ def megatron_flops(s: Scenario) -> float:
     L = m.num_layers + mtp
     moe_layers = m.moe_layers + (mtp if m.moe is not None and m.is_moe_layer(m.num_layers - 1) else 0)
     dense_layers = L - moe_layers
-    g = 1.5 if m.activation == "swiglu" else 1.0
+    g = 1.5 if m.gated else 1.0
     mlp = m.ffn_size * g * dense_layers
     if m.moe is not None:
         mlp += (m.expert_ffn_size * m.moe.top_k + m.moe.shared_expert_ffn_hidden_size) * g * moe_layers

@@ -31,6 +31,10 @@ class HfConfigWarning(UserWarning):
     """A Hugging Face config read with a default where it said nothing."""
 
 
+# model_types whose MLP is gated with a GELU (GeGLU)
+GATED_GELU_TYPES = ("gemma", "gemma2", "gemma3", "gemma3_text")
+
+
 def read_hf_config(path: Path) -> dict:
     """Read a Hugging Face ``config.json`` into the model section (``ValueError`` naming the key on a problem)."""
     try:
@@ -68,7 +72,19 @@ def read_hf_config(path: Path) -> dict:
         )
         out.setdefault("tied_embeddings", True)
     else:  # Llama-style decoders: gated SiLU MLP, RMSNorm, rotary positions
-        out["activation"] = "swiglu" if act in ("silu", "swish", "swiglu") else "gelu"
+        out["activation"] = (
+            "swiglu"
+            if act in ("silu", "swish", "swiglu")
+            # Gemma's MLP is gated (transformers models/gemma*/modeling_gemma*.py GemmaMLP: gate_proj, up_proj,
+            # down_proj with act_fn = gelu_pytorch_tanh): GeGLU
+            else "geglu"
+            if model_type in GATED_GELU_TYPES and act.startswith("gelu")
+            else "gelu"
+        )
+        if (
+            model_type in GATED_GELU_TYPES
+        ):  # GemmaConfig(tie_word_embeddings=True) where the file says nothing
+            out.setdefault("tied_embeddings", True)
         out["normalization"] = "rmsnorm" if "rms_norm_eps" in cfg or model_type in MOE_TYPES else "layernorm"
         out["position_embedding"] = "rope" if "rope_theta" in cfg or "rope_scaling" in cfg else "learned"
         if model_type in MOE_TYPES:

@@ -142,9 +142,13 @@ class ModelConfig(Section):
     ffn_hidden_size: PositiveInt | None = Field(
         None,
         le=2**20,
-        description="MLP width. Default: 4 x hidden_size (gelu), 8/3 x hidden_size rounded up to 64 (swiglu).",
+        description="MLP width. Default: 4 x hidden_size (gelu), 8/3 x hidden_size rounded up to 64 (swiglu, geglu).",
     )
-    activation: Literal["gelu", "swiglu", "relu", "squared-relu"] = "gelu"
+    activation: Literal["gelu", "swiglu", "geglu", "relu", "squared-relu"] = Field(
+        "gelu",
+        description="The MLP's activation; swiglu and geglu are gated (a gate and an up projection, SiLU or GELU of "
+        "the gate times the up: Llama's and Gemma's MLPs, Megatron-Core gated_linear_unit with silu / gelu).",
+    )
     seq_length: PositiveInt = Field(le=2**24)
     vocab_size: PositiveInt = Field(le=2**22)
     tied_embeddings: bool = Field(
@@ -211,10 +215,15 @@ class ModelConfig(Section):
         return self.num_query_groups or self.num_attention_heads
 
     @property
+    def gated(self) -> bool:
+        """A gated MLP (SwiGLU, GeGLU): two up projections, the activation of one times the other."""
+        return self.activation in ("swiglu", "geglu")
+
+    @property
     def ffn_size(self) -> int:
         if self.ffn_hidden_size:
             return self.ffn_hidden_size
-        if self.activation == "swiglu":  # Llama convention: 2/3 of 4h, rounded up to a multiple of 64
+        if self.gated:  # Llama convention: 2/3 of 4h, rounded up to a multiple of 64
             return -(-int(8 * self.hidden_size / 3) // 64) * 64
         return 4 * self.hidden_size
 

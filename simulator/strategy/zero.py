@@ -150,7 +150,7 @@ def fetch_key(s: Scenario, w: Workload) -> tuple[tuple, tuple]:
         ("ffn", m.ffn_size // t),
         ("vocab", m.vocab_size // t),
         ("seq", m.seq_length),
-        ("swiglu", m.activation == "swiglu"),
+        ("swiglu", m.gated),
         ("bias", m.add_bias_linear),
         ("layernorm", m.normalization == "layernorm"),
         ("learned_positions", m.position_embedding == "learned"),

@@ -143,6 +143,10 @@ def megatron(row: dict) -> str:
         notes.append("# async TP is PyTorch's (torchtitan); Megatron-Core's overlap is --tp-comm-overlap")
     if c["a2a_overlap"]:
         args.append("--overlap-moe-expert-parallel-comm")
+    if row["scenario"].get("model", {}).get("activation") == "geglu":
+        notes.append(
+            "# GeGLU is Megatron-Core's gated_linear_unit with gelu: Megatron-LM's parser has no switch for it"
+        )
     par = row["scenario"].get("parallelism", {})
     if row["scenario"].get("model", {}).get("moe"):  # Megatron's default dispatcher (allgather) is not ours
         moe = par.get("moe", {})

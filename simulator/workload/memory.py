@@ -165,7 +165,7 @@ def activation_bytes_per_layer(s: Scenario, recompute: str | None = None, moe: b
     kv = m.query_groups * m.head_dim / h  # K and V width relative to h (1 without GQA)
     v = m.query_groups * m.v_head_dim / h
     out = a * m.v_head_dim / h  # the attention output, the projection's input
-    f_up = (2 if m.activation == "swiglu" else 1) * m.ffn_size / h
+    f_up = (2 if m.gated else 1) * m.ffn_size / h
     f = m.ffn_size / h
     lin = linear_input_bytes(s)  # what a linear layer keeps of its input: 2, or 1 in FP8 (Transformer Engine)
     # QKV input, attention dropout mask, MLP input, MLP dropout mask, 2 norms; torch's tensor parallelism keeps
@@ -223,7 +223,7 @@ def torchtitan_matmuls(s: Scenario, moe: bool = False) -> tuple[tuple[str, float
     mms.append(("wo", h))
     f = (m.moe.shared_expert_ffn_hidden_size or 0) if moe else m.ffn_size
     if f:
-        gate = [("w1", f / t)] if m.activation == "swiglu" else []
+        gate = [("w1", f / t)] if m.gated else []
         mms += [*gate, ("w3" if gate else "w1", f / t), ("w2", h)]
     return tuple(mms)
 
@@ -280,7 +280,7 @@ def moe_mlp_activation_bytes(
     T = tokens // sp  # the rank's tokens at the MoE input
     n = expert_load(moe, T, p.expert_parallel, p.etp).total_rows
     f = m.expert_ffn_size // p.etp
-    f_up = (2 if m.activation == "swiglu" else 1) * f
+    f_up = (2 if m.gated else 1) * f
     experts = moe.num_experts
     router = T * experts * (4 + 4 + 1) + T * experts * 4  # logits, probabilities, map; the row map (int32)
     lin = linear_input_bytes(s)
@@ -288,7 +288,7 @@ def moe_mlp_activation_bytes(
     shared = 0.0
     if moe.shared_expert_ffn_hidden_size and not recompute_shared:
         fs = moe.shared_expert_ffn_hidden_size
-        fs_up = (2 if m.activation == "swiglu" else 1) * fs
+        fs_up = (2 if m.gated else 1) * fs
         shared = tokens * e * (fs_up + fs) / t
     einsums = 0.0
     if p.moe.dispatcher == "deepspeed":  # sharded_moe.py: the einsums keep their operands for backward

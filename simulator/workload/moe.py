@@ -66,7 +66,7 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
     T = sh.rows  # tokens at the MoE input on this rank (the sequence-parallel shard)
     load = moe_load(s, sh)
     f = m.expert_ffn_size
-    swiglu = m.activation == "swiglu"
+    swiglu = m.gated
     f_up = (2 if swiglu else 1) * f // etp
     f_rank = f // etp
 

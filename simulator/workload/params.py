@@ -48,7 +48,7 @@ def attention_params(m: ModelConfig) -> int:
 def mlp_params(m: ModelConfig, ffn: int) -> int:
     """One MLP of width ``ffn``: the up projection (with the gate for SwiGLU) and the down projection."""
     h = m.hidden_size
-    f_up = 2 * ffn if m.activation == "swiglu" else ffn
+    f_up = 2 * ffn if m.gated else ffn
     bias = (f_up + h) if m.add_bias_linear else 0
     return h * f_up + ffn * h + bias
 

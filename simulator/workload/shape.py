@@ -54,7 +54,7 @@ def layer_shape(s: Scenario) -> LayerShape:
         d=m.head_dim,
         dv=m.v_head_dim,
         f=f,
-        f_up=2 * f if m.activation == "swiglu" else f,
+        f_up=2 * f if m.gated else f,
         v=m.vocab_size,
         heads=m.num_attention_heads // t,
         kv_heads=max(m.query_groups // t, 1),
@@ -86,11 +86,13 @@ def residual_backward(sh: LayerShape, name: str) -> Op:
 
 
 def activation(m, name: str, e: int, rows: int, cols: int, extra: float = 0.0) -> tuple[Op, Op]:
-    """(forward, backward) of an MLP's activation over ``rows x cols`` outputs: SwiGLU reads the gate and up
-    halves and writes one (3 elements moved forward, 5 backward), others read one and write one (2 / 3);
-    ``extra`` bytes more each way (a routing probability read, its gradient written)."""
-    swiglu = m.activation == "swiglu"
-    kind = m.activation.replace("-", "_")  # gelu | swiglu | relu | squared_relu
+    """(forward, backward) of an MLP's activation over ``rows x cols`` outputs: a gated one (SwiGLU, GeGLU) reads
+    the gate and up halves and writes one (3 elements moved forward, 5 backward), others read one and write one
+    (2 / 3); ``extra`` bytes more each way (a routing probability read, its gradient written). GeGLU's kernel moves
+    SwiGLU's bytes (Transformer Engine's geglu / swiglu share one gated-activation template, common/activation/
+    activation_template.h) and is priced as that kind."""
+    swiglu = m.gated
+    kind = "swiglu" if m.gated else m.activation.replace("-", "_")  # gelu | swiglu | relu | squared_relu
     elems = rows * cols
     fwd = memory_op(name, e * elems * (3 if swiglu else 2) + extra, kind, rows, cols)
     bwd = memory_op(

@@ -160,9 +160,7 @@ def dense_mlp_part(s: Scenario, sh: LayerShape, tp, mlp_bias: Op | None, eager: 
     up = linear("mlp up projection", tokens, sh.f_up // t, h)
     down = linear("mlp down projection", tokens, h, f // t)
     act, act_bwd = activation(m, f"{m.activation}", e, tokens, f // t)
-    split, split_bwd = (
-        elementwise.swiglu_eager(e, tokens, f // t) if eager and m.activation == "swiglu" else (None, None)
-    )
+    split, split_bwd = elementwise.swiglu_eager(e, tokens, f // t) if eager and m.gated else (None, None)
     forward = present(gather_in("mlp input"), up, act, split, down, scatter_out("mlp output"), mlp_bias)
     backward = present(
         grad_out("mlp output gradient"),
@@ -290,7 +288,7 @@ def build_workload(
             (*fetch, *recompute),
             mlp.expert_params,
             moe,
-            op_policy_recompute(fwd, heads, sh.kv_heads, m.activation == "swiglu")
+            op_policy_recompute(fwd, heads, sh.kv_heads, m.gated)
             if tr.activation_recompute == "selective-op"
             else (),
         )
