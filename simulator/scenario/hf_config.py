@@ -81,9 +81,10 @@ def read_hf_config(path: Path) -> dict:
             if model_type in GATED_GELU_TYPES and act.startswith("gelu")
             else "gelu"
         )
+        out.update(_sliding_window(cfg, model_type))
         if (
             model_type in GATED_GELU_TYPES
-        ):  # GemmaConfig(tie_word_embeddings=True) where the file says nothing
+        ):  # GemmaConfig's tie_word_embeddings=True where the file says nothing
             out.setdefault("tied_embeddings", True)
         out["normalization"] = "rmsnorm" if "rms_norm_eps" in cfg or model_type in MOE_TYPES else "layernorm"
         out["position_embedding"] = "rope" if "rope_theta" in cfg or "rope_scaling" in cfg else "learned"
@@ -176,3 +177,28 @@ def _moe(cfg: dict, model_type: str, out: dict, where: str) -> None:
         out.pop("ffn_hidden_size", None)
     if model_type == "mixtral":
         out.pop("ffn_hidden_size", None)
+
+
+def _sliding_window(cfg: dict, model_type: str) -> dict:
+    """model.sliding_window and full_attention_every from a config.json: ``sliding_window`` where the model uses it
+    (Qwen2's ``use_sliding_window: false`` turns it off), the full-attention layers from ``layer_types`` (GPT-OSS,
+    recent transformers), ``sliding_window_pattern`` (Gemma 3) or Gemma 2's alternation; a window over every layer
+    otherwise (Mistral 7B v0.1)."""
+    window = cfg.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return {}
+    if cfg.get("use_sliding_window") is False:
+        return {}
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        full = sum(1 for t in types if t == "full_attention")
+        if full == len(types):
+            return {}
+        every = {"full_attention_every": max(round(len(types) / full), 1)} if full else {}
+        return {"sliding_window": window, **every}
+    pattern = cfg.get("sliding_window_pattern")
+    if isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 1:
+        return {"sliding_window": window, "full_attention_every": pattern}
+    if model_type == "gemma2":  # transformers Gemma2: every other layer windowed
+        return {"sliding_window": window, "full_attention_every": 2}
+    return {"sliding_window": window}

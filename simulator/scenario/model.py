@@ -160,6 +160,19 @@ class ModelConfig(Section):
         "framework profile runs by default (FlashAttention in PyTorch SDPA, llm-foundry and Megatron-Core; the "
         "unfused layer in Megatron-LM before 2023); standard on GPUs without FlashAttention (V100).",
     )
+    sliding_window: PositiveInt | None = Field(
+        None,
+        le=2**24,
+        description="Attention window in tokens of the layers that use one (Mistral 7B v0.1, Gemma 2 / 3, GPT-OSS; "
+        "Hugging Face sliding_window): each query attends to the last sliding_window tokens. None: every layer "
+        "attends to all earlier tokens.",
+    )
+    full_attention_every: PositiveInt | None = Field(
+        None,
+        le=2**10,
+        description="With sliding_window: every n-th layer attends to the whole context (Gemma 2 and GPT-OSS: 2, "
+        "Gemma 3: 6; Hugging Face layer_types / sliding_window_pattern). None: every layer windowed.",
+    )
     position_embedding: Literal["learned", "rope", "alibi"] = "learned"
     normalization: Literal["layernorm", "rmsnorm"] = "layernorm"
     add_bias_linear: bool = True
@@ -213,6 +226,24 @@ class ModelConfig(Section):
     @property
     def query_groups(self) -> int:
         return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def windowed_layers(self) -> int:
+        """Layers whose attention is windowed (``sliding_window``)."""
+        if self.sliding_window is None:
+            return 0
+        every = self.full_attention_every
+        return self.num_layers - (self.num_layers // every if every else 0)
+
+    def attention_work_share(self, seq: int) -> float:
+        """A layer's causal attention work at ``seq`` tokens, averaged over the layers, as a share of full causal
+        attention's: a windowed query sees min(i + 1, w) keys, (w (w + 1) / 2 + (s - w) w) / s on average where
+        causal attention's sees (s + 1) / 2."""
+        w, n = self.sliding_window, self.windowed_layers
+        if not n or w >= seq:
+            return 1.0
+        windowed = (w * (w + 1) / 2 + (seq - w) * w) / seq / ((seq + 1) / 2)
+        return (self.num_layers - n + n * windowed) / self.num_layers
 
     @property
     def gated(self) -> bool:

@@ -158,13 +158,22 @@ def _flash(
     # with context parallelism each rank's s/cp queries attend to all s keys (ring attention, causal load
     # balancing gives every rank the same share); QK^T (head width d) and PV (dv), causal masking skips half
     full = 2.0 * b * heads * seq * full_seq * (d + dv)
-    attn_shape = (seq, full_seq, d, b * heads)  # queries x keys x head dim, per (sample, head)
+    # sliding-window layers (Mistral, Gemma, GPT-OSS) walk only the window's keys: the work averaged over the
+    # layers (model.attention_work_share; FlashAttention-2 and cuDNN skip the blocks outside the window), the model
+    # FLOPs counted as Megatron's num_floating_point_operations does, full causal attention
+    share = s.model.attention_work_share(full_seq)
+    attn_shape = (
+        seq,
+        max(round(full_seq * share), 1),
+        d,
+        b * heads,
+    )  # queries x keys x head dim, per sample-head
     moved = e * tokens * (heads * d + kv_heads * d + kv_heads * dv + heads * dv)  # Q, K, V, output
     fwd: tuple[Op, ...] = (
         Op(
             "flash attention",
             "flash_attention",
-            full / 2,
+            full / 2 * share,
             moved,
             *attn_shape,
             model_flops=full,
@@ -175,7 +184,7 @@ def _flash(
         Op(
             "flash attention backward",
             "flash_attention",
-            2.5 * full / 2,
+            2.5 * full / 2 * share,
             2 * moved,
             *attn_shape,
             model_flops=2 * full,
