@@ -276,25 +276,13 @@ def import_kineto(
     ] = "the measurer's own",
 ) -> None:
     """Kernel rows (and NCCL collective rows) from a PyTorch profiler trace."""
-    from simulator.calibration.importers import match_gpu, merge_into
-    from simulator.calibration.importers.kineto import import_trace
-    from simulator.hardware.gpus import get_gpu
-    from simulator.tables.format import SourceInfo
-    from simulator.tables.io import read_existing
+    from simulator.calibration.importers import merge_trace
 
     try:
-        read_existing(out)  # a file, device or broken table at --out: said before the trace is read
-        if gpu:
-            get_gpu(gpu, "--gpu")
-        kernels, colls, info = import_trace(trace, ranks, nodes, ranks_per_node)
-        model = str(info["device"].get("name", "")) if info["gpu_trace"] else "cpu"
-        gpu = gpu or (match_gpu(model) if info["gpu_trace"] else "cpu")
-        source = SourceInfo(
-            rows=f"{len(kernels)} kernel, {len(colls)} collective",
-            source=f"PyTorch profiler trace {trace.name}",
-            licence=licence,
+        source = f"PyTorch profiler trace {trace.name}"
+        table, info, model, gpu, read = merge_trace(
+            out, trace, source, gpu, licence, ranks, nodes, ranks_per_node
         )
-        table = merge_into(out, kernels, colls, source, model, gpu, skipped=info["skipped"])
     except ScenarioError as e:
         fail(str(e))
     if not gpu:
@@ -304,7 +292,7 @@ def import_kineto(
             "warning",
             f"the trace has no GPU kernels (a CPU trace): its rows are CPU times, labelled {gpu} as --gpu asks",
         )
-    added = len(kernels) + len(colls) - sum(v for k, v in info["skipped"].items() if "row skipped" in str(k))
+    added = read - sum(v for k, v in info["skipped"].items() if "row skipped" in str(k))
     _report_import(table, added, info["skipped"], out)
 
 

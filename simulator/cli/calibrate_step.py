@@ -130,13 +130,14 @@ def calibrate_step(
     if traced is not None:
         print(f"trace {trace.name}: {traced.how}")
         rows = [("traced", (traced.step_s, traced.compute_s, traced.nccl_only_s, traced.idle_s))]
-        rows += [("simulated before", _parts(first)), ("simulated after", _parts(last))]
+        simulated = _parts(last)
+        rows += [("simulated before", _parts(first)), ("simulated after", simulated)]
         for label, (step, compute, comm, idle) in rows:
             print(
                 f"  {label:>16}: {step:.4g} s per step = compute {compute:.4g} s + communication alone "
                 f"{comm:.4g} s + GPU idle {idle:.4g} s"
             )
-        idle_share, simulated_share = traced.idle_s / traced.step_s, _parts(last)[3] / last.iteration_time_s
+        idle_share, simulated_share = traced.idle_s / traced.step_s, simulated[3] / last.iteration_time_s
         if param == "gemm_efficiency" and idle_share > simulated_share + 0.1:
             note(
                 "warning",
@@ -147,7 +148,7 @@ def calibrate_step(
     if at_bound:
         note(
             "warning",
-            f"the fit stopped at the bound of {param} ({new:.4g}, searched {cal.around(start, param, x=old)}): the "
+            f"the fit stopped at the bound of {param} ({new:.4g}, searched {cal.around(param, old)}): the "
             f"measurement lies beyond what it can explain; look at the rest (communication, host, memory-bound "
             f"kernels) with "
             f"clustersim run {scenario} --report",
@@ -191,26 +192,10 @@ def _parts(m) -> tuple[float, float, float, float]:
 def _with_trace_table(s, trace: Path, table: Path):
     """The scenario with the trace's kernel and collective rows added to ``table`` and layered over the GPU's
     shipped table; the trace must come from the scenario's GPU."""
-    from simulator.calibration.importers import match_gpu, merge_into
-    from simulator.calibration.importers.kineto import import_trace
+    from simulator.calibration.importers import merge_trace
     from simulator.cli.common import with_kernels
     from simulator.hardware.topology import cluster_spec
-    from simulator.tables.format import SourceInfo
-    from simulator.tables.io import read_existing
 
-    read_existing(table)  # a file, device or broken table at --table: said before anything is written
-    gpu = cluster_spec(s).node.gpu
-    kernels, colls, info = import_trace(trace)
-    if not info["gpu_trace"]:
-        raise ScenarioError(f"--trace {trace}: no GPU kernels (a CPU trace)")
-    device = str(info["device"].get("name", ""))
-    traced = match_gpu(device)
-    if traced and traced != gpu:
-        raise ScenarioError(f"--trace {trace}: traced on {traced}, the scenario runs on {gpu}")
-    source = SourceInfo(
-        rows=f"{len(kernels)} kernel, {len(colls)} collective",
-        source=f"PyTorch profiler trace {trace.name} (clustersim calibrate step)",
-        licence="the measurer's own",
-    )
-    merge_into(table, kernels, colls, source, device, gpu, skipped=info["skipped"])
+    source = f"PyTorch profiler trace {trace.name} (clustersim calibrate step)"
+    merge_trace(table, trace, source, require=cluster_spec(s).node.gpu)
     return with_kernels(s, str(table))

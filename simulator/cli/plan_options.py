@@ -37,8 +37,9 @@ def stack_shardings(stack: str, given: tuple[str, ...] | None) -> tuple[str, ...
     own = STACK_SHARDINGS[stack]
     chosen = tuple(x for x in own if given is None or x in given)
     if not chosen:
+        left = ", ".join(given or ())
         raise ScenarioError(
-            f"--stack {stack} runs {', '.join(own)}; --sharding / --no-zero3 leave none of them ({', '.join(given or ())})"
+            f"--stack {stack} runs {', '.join(own)}; --sharding / --no-zero3 leave none of them ({left})"
         )
     return chosen
 

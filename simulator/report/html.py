@@ -142,7 +142,8 @@ def link_figure(result: Result, top: int = 6, bins: int = 200) -> go.Figure:
 
 
 def bounding_label(result: Result, rank: int) -> str:
-    """'stage 3 (the stage that bounds the step)' under pipelining, else the rank's label."""
+    """'stage 3 (its compute stream busy longest: ...)' where several ranks are simulated (a stage's label where
+    the rank has none), else the one rank's label."""
     r = result.program.ranks[rank]
     if len(result.program.ranks) == 1:
         return r.label

@@ -82,9 +82,8 @@ def read_hf_config(path: Path) -> dict:
             else "gelu"
         )
         out.update(_sliding_window(cfg, model_type))
-        if (
-            model_type in GATED_GELU_TYPES
-        ):  # GemmaConfig's tie_word_embeddings=True where the file says nothing
+        # GemmaConfig's tie_word_embeddings=True where the file says nothing
+        if model_type in GATED_GELU_TYPES:
             out.setdefault("tied_embeddings", True)
         out["normalization"] = "rmsnorm" if "rms_norm_eps" in cfg or model_type in MOE_TYPES else "layernorm"
         out["position_embedding"] = "rope" if "rope_theta" in cfg or "rope_scaling" in cfg else "learned"

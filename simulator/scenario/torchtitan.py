@@ -38,8 +38,8 @@ class TorchtitanConfigWarning(UserWarning):
 
 
 # torch.distributed.pipelining schedule names (get_schedule_class, case-insensitive) -> parallelism.pipeline_schedule
-SCHEDULES = {"1f1b": "1f1b", "interleaved1f1b": "interleaved-1f1b", "gpipe": "gpipe"}
-RECOMPUTE = {"none": "none", "full": "full", "selective": "selective"}
+SCHEDULES = {"1F1B": "1f1b", "Interleaved1F1B": "interleaved-1f1b", "GPipe": "gpipe"}
+RECOMPUTE = ("none", "full", "selective")  # activation_checkpoint.mode, training.activation_recompute alike
 # sections whose keys the simulation cannot use (logging, checkpoints, data, the learning rate): not warned about
 NEUTRAL_SECTIONS = {
     "job", "profiling", "metrics", "checkpoint", "lr_scheduler", "optimizer", "comm", "memory_estimation",
@@ -87,13 +87,18 @@ def _int(tt: dict, section: str, key: str, default: int | None, low: int = 1) ->
 
 
 def _choice(tt: dict, section: str, key: str, default, allowed) -> str | bool:
-    """A string (or, with ``allowed`` of booleans, a boolean) setting among ``allowed``; one line naming it else."""
+    """A string setting as ``allowed`` spells it (matched without case, as torchtitan's consumers do), or with
+    ``allowed`` of booleans a boolean; one line naming it else."""
     value = (tt.get(section) or {}).get(key, default)
     kind = bool if all(isinstance(a, bool) for a in allowed) else str
-    if not isinstance(value, kind) or (kind is str and value.lower() not in {a.lower() for a in allowed}):
-        shown = ", ".join(str(a).lower() if kind is bool else a for a in allowed)
-        raise ScenarioError(f"torchtitan_config: {section}.{key} must be one of {shown}, got {value!r:.40}")
-    return value
+    if isinstance(value, kind):
+        if kind is bool:
+            return value
+        for a in allowed:
+            if a.lower() == value.lower():
+                return a
+    shown = ", ".join(str(a).lower() if kind is bool else a for a in allowed)
+    raise ScenarioError(f"torchtitan_config: {section}.{key} must be one of {shown}, got {value!r:.40}")
 
 
 def _world(data: dict) -> int:
@@ -125,19 +130,17 @@ def merge_torchtitan_config(data: dict, tt: dict, label: str = "torchtitan_confi
     pp = _int(tt, "parallelism", "pipeline_parallel_degree", 1)
     cp = _int(tt, "parallelism", "context_parallel_degree", 1)
     replicate = _int(tt, "parallelism", "data_parallel_replicate_degree", 1)
-    shard = p.get("data_parallel_shard_degree", -1)
-    if shard == -1:
-        rest, left = divmod(_world(data), tp * pp * cp * replicate)
-        if left or not rest:
+    if p.get("data_parallel_shard_degree", -1) == -1:  # the ranks the other degrees leave
+        world = _world(data)
+        shard, left = divmod(world, tp * pp * cp * replicate)
+        if left or not shard:
             raise ScenarioError(
                 f"{label}: data_parallel_shard_degree -1 takes the ranks the other degrees leave, but "
-                f"{_world(data)} GPUs / (tensor {tp} x pipeline {pp} x context {cp} x replicate {replicate}) is "
+                f"{world} GPUs / (tensor {tp} x pipeline {pp} x context {cp} x replicate {replicate}) is "
                 "not a whole number"
             )
-        shard = rest
-    shard = _int(
-        {"parallelism": {"data_parallel_shard_degree": shard}}, "parallelism", "data_parallel_shard_degree", 1
-    )
+    else:
+        shard = _int(tt, "parallelism", "data_parallel_shard_degree", 1)
     dp = replicate * shard
     for key, value in (("tensor_parallel", tp), ("pipeline_parallel", pp), ("context_parallel", cp)):
         put(par, "parallelism", key, value, f"parallelism.{key}_degree")
@@ -155,13 +158,11 @@ def merge_torchtitan_config(data: dict, tt: dict, label: str = "torchtitan_confi
             fsdp,
             "parallelism.fsdp",
             "reshard_after_forward",
-            reshard.lower() != "never",
+            reshard != "never",
             "fsdp_reshard_after_forward",
         )
-        if (
-            _choice(tt, "training", "mixed_precision_reduce", "float32", ("float32", "bfloat16")).lower()
-            == "float32"
-        ):
+        reduce = _choice(tt, "training", "mixed_precision_reduce", "float32", ("float32", "bfloat16"))
+        if reduce == "float32":
             put(fsdp, "parallelism.fsdp", "reduce_in_fp32", True, "training.mixed_precision_reduce")
         par["fsdp"] = fsdp
     if tp > 1:
@@ -173,18 +174,15 @@ def merge_torchtitan_config(data: dict, tt: dict, label: str = "torchtitan_confi
         put(par, "parallelism", "expert_parallel", ep, "parallelism.expert_parallel_degree")
     local = _int(tt, "training", "local_batch_size", 8)
     if pp > 1:
-        schedule = _choice(
-            tt, "parallelism", "pipeline_parallel_schedule", "1F1B", ("1F1B", "Interleaved1F1B", "GPipe")
-        )
-        put(
-            par, "parallelism", "pipeline_schedule", SCHEDULES[schedule.lower()], "pipeline_parallel_schedule"
-        )
-        if SCHEDULES[schedule.lower()] == "interleaved-1f1b":
+        schedule = SCHEDULES[
+            _choice(tt, "parallelism", "pipeline_parallel_schedule", "1F1B", tuple(SCHEDULES))
+        ]
+        put(par, "parallelism", "pipeline_schedule", schedule, "pipeline_parallel_schedule")
+        if schedule == "interleaved-1f1b":
             per_stage = _int(tt, "parallelism", "pipeline_parallel_layers_per_stage", None)
             layers = model.get("num_layers")
-            if layers is None and isinstance(
-                model.get("preset"), str
-            ):  # a preset's, where the scenario names one
+            # a preset's, where the scenario names one
+            if layers is None and isinstance(model.get("preset"), str):
                 from simulator.scenario.presets import model_presets
 
                 layers = model_presets().get(model["preset"], {}).get("num_layers")
@@ -204,15 +202,10 @@ def merge_torchtitan_config(data: dict, tt: dict, label: str = "torchtitan_confi
     if "seq_len" in t:
         put(model, "model", "seq_length", _int(tt, "training", "seq_len", None), "training.seq_len")
     param = _choice(tt, "training", "mixed_precision_param", "bfloat16", ("bfloat16", "float32"))
-    put(
-        training,
-        "training",
-        "precision",
-        {"bfloat16": "bf16", "float32": "fp32"}[param.lower()],
-        "mixed_precision_param",
-    )
-    mode = _choice(tt, "activation_checkpoint", "mode", "selective", tuple(RECOMPUTE))
-    put(training, "training", "activation_recompute", RECOMPUTE[mode.lower()], "activation_checkpoint.mode")
+    precision = {"bfloat16": "bf16", "float32": "fp32"}[param]
+    put(training, "training", "precision", precision, "mixed_precision_param")
+    mode = _choice(tt, "activation_checkpoint", "mode", "selective", RECOMPUTE)
+    put(training, "training", "activation_recompute", mode, "activation_checkpoint.mode")
     old = _choice(tt, "training", "compile", False, (True, False))  # torchtitan before 2025-08-20
     compiled = _choice(tt, "compile", "enable", old, (True, False))
     put(training, "training", "compile", compiled, "compile.enable")

@@ -78,8 +78,8 @@ class Fp8Config(Section):
     attention: bool = Field(
         False,
         description="Attention's fused kernel in FP8 too (Transformer Engine fp8_dpa; Megatron-Core "
-        "TransformerConfig.fp8_dot_product_attention, no Megatron-LM flag; NeMo / MLPerf FP8_DPA=True): at the GPU's measured FP8 attention rate "
-        "(flash_attention_fp8 in its file); refused on a GPU with none.",
+        "TransformerConfig.fp8_dot_product_attention, no Megatron-LM flag; NeMo / MLPerf FP8_DPA=True): at the "
+        "GPU's measured FP8 attention rate (flash_attention_fp8 in its file); refused on a GPU with none.",
     )
     bf16_layers: int = Field(
         0,

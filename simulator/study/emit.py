@@ -108,11 +108,9 @@ def megatron(row: dict) -> str:
         args.append(f"--seq-length {c['seq']}")
     args.append({"bf16": "--bf16", "fp16": "--fp16"}.get(c["precision"], "--bf16"))
     args += low_precision_args(c)
+    # Megatron-Core's fused loss (language_module.py compute_language_model_loss)
     loss = row["scenario"].get("training", {}).get("cross_entropy_fusion")
-    if loss in (
-        "native",
-        "te",
-    ):  # Megatron-Core's fused loss (language_module.py compute_language_model_loss)
+    if loss in ("native", "te"):
         args += ["--cross-entropy-loss-fusion", f"--cross-entropy-fusion-impl {loss}"]
     sharding = row["sharding"]
     if sharding == "zero1":

@@ -83,15 +83,11 @@ def ceiling(name: str) -> float:
     return min(bounds, default=math.inf)
 
 
-def around(
-    start: Framework, name: str, gpu: str | None = None, x: float | None = None
-) -> tuple[float, float]:
-    """``name``'s search range from ``start``: its physical bounds (BOUNDS), widened to half and one and a half
-    times the starting value ``x`` (default: the profile's own; a profile whose fitted level lies beyond them,
-    megatron-2022's GEMM level of 1.40, can be fitted again to a run of its own stack), within what a profile file
-    takes (``ceiling``)."""
+def around(name: str, x: float) -> tuple[float, float]:
+    """``name``'s search range from its starting value ``x``: its physical bounds (BOUNDS), widened to half and one
+    and a half times ``x`` (a profile whose fitted level lies beyond them, megatron-2022's GEMM level of 1.40, can be
+    fitted again to a run of its own stack), within what a profile file takes (``ceiling``)."""
     lo, hi = BOUNDS[name]
-    x = value_of(start, name, gpu) if x is None else x
     lo, hi = (min(lo, 0.5 * x), max(hi, 1.5 * x)) if x > 0 else (lo, hi)
     return lo, min(hi, ceiling(name))
 
@@ -129,7 +125,7 @@ def fit_level(
     def at(x: float) -> Framework:
         return scaled(start, name, x / x0) if x0 > 0 else with_value(start, name, x)
 
-    lo, hi = around(start, name, x=x0)
+    lo, hi = around(name, x0)
     best = golden_section(lambda x: objective(at(x)), lo, hi, iterations=iterations)
     return at(best), x0, best, min(best - lo, hi - best) < 1e-3 * (hi - lo)
 
@@ -141,14 +137,13 @@ def fit(
     rounds: int = 2,
     progress: Callable[[str], None] | None = None,
     gpu: str | None = None,
-    widen: bool = False,
 ) -> Framework:
-    """Coordinate descent over ``params`` (the profile's own, or with ``gpu`` that GPU's factors); ``widen``: each
-    searched within ``around`` its starting value."""
+    """Coordinate descent over ``params`` (the profile's own, or with ``gpu`` that GPU's factors), each within its
+    physical bounds (``BOUNDS``)."""
     current = start
     for _ in range(rounds):
         for name in params:
-            lo, hi = around(start, name, gpu) if widen else BOUNDS[name]
+            lo, hi = BOUNDS[name]
 
             def objective(x: float, name: str = name, base: Framework = current) -> float:
                 return loss(with_value(base, name, x, gpu), cases)

@@ -162,12 +162,8 @@ def _flash(
     # layers (model.attention_work_share; FlashAttention-2 and cuDNN skip the blocks outside the window), the model
     # FLOPs counted as Megatron's num_floating_point_operations does, full causal attention
     share = s.model.attention_work_share(full_seq)
-    attn_shape = (
-        seq,
-        max(round(full_seq * share), 1),
-        d,
-        b * heads,
-    )  # queries x keys x head dim, per sample-head
+    keys = max(round(full_seq * share), 1)  # the causal key length of the same work
+    attn_shape = (seq, keys, d, b * heads)  # queries x keys x head dim, per (sample, head)
     moved = e * tokens * (heads * d + kv_heads * d + kv_heads * dv + heads * dv)  # Q, K, V, output
     fwd: tuple[Op, ...] = (
         Op(

@@ -66,8 +66,8 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
     T = sh.rows  # tokens at the MoE input on this rank (the sequence-parallel shard)
     load = moe_load(s, sh)
     f = m.expert_ffn_size
-    swiglu = m.gated
-    f_up = (2 if swiglu else 1) * f // etp
+    gated = m.gated
+    f_up = (2 if gated else 1) * f // etp
     f_rank = f // etp
 
     # -- router -------------------------------------------------------------------------------------------------
@@ -198,7 +198,7 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
     shared_params = 0
     if moe.shared_expert_ffn_hidden_size:
         fs = moe.shared_expert_ffn_hidden_size
-        fs_up = (2 if swiglu else 1) * fs // t
+        fs_up = (2 if gated else 1) * fs // t
         tokens = sh.tokens  # the sequence-parallel shard gathered over TP, as a dense MLP's input
         up = linear("shared expert fc1", tokens, fs_up, h)
         down = linear("shared expert fc2", tokens, h, fs // t)

@@ -91,11 +91,11 @@ def activation(m, name: str, e: int, rows: int, cols: int, extra: float = 0.0) -
     (2 / 3); ``extra`` bytes more each way (a routing probability read, its gradient written). GeGLU's kernel moves
     SwiGLU's bytes (Transformer Engine's geglu / swiglu share one gated-activation template, common/activation/
     activation_template.h) and is priced as that kind."""
-    swiglu = m.gated
-    kind = "swiglu" if m.gated else m.activation.replace("-", "_")  # gelu | swiglu | relu | squared_relu
+    gated = m.gated
+    kind = "swiglu" if gated else m.activation.replace("-", "_")  # gelu | swiglu | relu | squared_relu
     elems = rows * cols
-    fwd = memory_op(name, e * elems * (3 if swiglu else 2) + extra, kind, rows, cols)
+    fwd = memory_op(name, e * elems * (3 if gated else 2) + extra, kind, rows, cols)
     bwd = memory_op(
-        f"{name} backward", e * elems * (5 if swiglu else 3) + 2 * extra, kind, rows, cols, "backward"
+        f"{name} backward", e * elems * (5 if gated else 3) + 2 * extra, kind, rows, cols, "backward"
     )
     return fwd, bwd

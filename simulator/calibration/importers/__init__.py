@@ -83,3 +83,40 @@ def merge_into(
     table = CostTable(meta, kernels, collectives, out)
     write_table(out, table)
     return table
+
+
+def merge_trace(
+    out: Path,
+    trace: Path,
+    source: str,
+    gpu: str | None = None,
+    licence: str = "the measurer's own",
+    ranks: int | None = None,
+    nodes: int = 1,
+    ranks_per_node: int | None = None,
+    require: str | None = None,
+) -> tuple[CostTable, dict, str, str | None, int]:
+    """A PyTorch profiler trace's kernel and collective rows (``kineto.import_trace``) added to the table at
+    ``out``, as ``source``: for ``gpu`` (checked; None: the catalogue GPU the trace's device names, ``cpu`` for a
+    CPU trace) or, with ``require``, for that GPU, which the trace must have run on. Returns the table, what the
+    import found, the device's name, the GPU the rows are for and how many rows were read."""
+    from simulator.calibration.importers.kineto import import_trace
+    from simulator.hardware.gpus import get_gpu
+
+    read_existing(out)  # a file, device or broken table at out: said before the trace is read
+    if gpu:
+        get_gpu(gpu, "--gpu")
+    kernels, colls, info = import_trace(trace, ranks, nodes, ranks_per_node)
+    model = str(info["device"].get("name", "")) if info["gpu_trace"] else "cpu"
+    if require is not None:
+        if not info["gpu_trace"]:
+            raise ScenarioError(f"--trace {trace}: no GPU kernels (a CPU trace)")
+        traced = match_gpu(model)
+        if traced and traced != require:
+            raise ScenarioError(f"--trace {trace}: traced on {traced}, the scenario runs on {require}")
+        gpu = require
+    gpu = gpu or (match_gpu(model) if info["gpu_trace"] else "cpu")
+    rows = f"{len(kernels)} kernel, {len(colls)} collective"
+    source_info = SourceInfo(rows=rows, source=source, licence=licence)
+    table = merge_into(out, kernels, colls, source_info, model, gpu, skipped=info["skipped"])
+    return table, info, model, gpu, len(kernels) + len(colls)
