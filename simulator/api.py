@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from simulator.costs.collectives import CollectiveModel
 from simulator.costs.compute import COMPUTE_BOUND, ComputeModel
-from simulator.costs.contention import contention_s, lengthened
+from simulator.costs.contention import contention_s, dispatcher_sms, lengthened, sm_slowdown
 from simulator.costs.dispatch import task_cost
 from simulator.costs.host import HOST_GROUPS, HostModel
 from simulator.costs.tables import table_lookups
@@ -26,6 +26,7 @@ from simulator.metrics.periodic import NotPeriodic, extrapolate, sample_windows
 from simulator.metrics.sources import source_seconds, summarise_sources
 from simulator.program import Program
 from simulator.scenario.loader import load_scenario
+from simulator.scenario.parallelism import DUAL_SCHEDULES
 from simulator.scenario.schema import MAX_STAGE_MICROBATCHES, ONEBIT_OPTIMIZERS, Scenario
 from simulator.strategy import build_program, check_scenario
 from simulator.strategy.groups import placement_for
@@ -160,6 +161,8 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
 
     # NCCL's thread blocks hold SMs that compute-bound kernels beside them lose (costs/contention.py)
     sms, channels = cluster.gpu.sm_count, s.memory.nccl_channels if s.cluster.nccl_sm_contention else 0
+    # and so do the dispatcher's kernels behind another micro-batch's compute (combined 1F1B, DualPipe)
+    behind = sm_slowdown(sms, dispatcher_sms(s)) if s.cluster.nccl_sm_contention else 1.0
 
     def replay(sc: Scenario, program: Program) -> tuple[Timeline, dict, dict]:
         """The program's timeline and what it adds up (metrics.measure, sources.source_seconds)."""
@@ -168,7 +171,9 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
         def task_duration(task) -> TaskCost:
             key = id(task.ops)
             if key not in durations:
-                durations[key] = task_cost(task.ops, compute, comm_time, dispatch, s.training.cuda_graphs)
+                durations[key] = task_cost(
+                    task.ops, compute, comm_time, dispatch, s.training.cuda_graphs, behind
+                )
             return durations[key]
 
         stage_of = [r.stage for r in program.ranks]
@@ -244,7 +249,10 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
     check_scenario(s)  # on the real micro-batch count, before a periodic replay samples fewer
     windows = []
     if periodic and s.training.optimizer not in ONEBIT_OPTIMIZERS:
-        windows = sample_windows(s.gradient_accumulation_steps, s.parallelism.pipeline_parallel)
+        par = s.parallelism
+        # DualPipe needs 2 micro-batches a rank at least (schedules/dualpipe.py)
+        depth = par.pipeline_parallel * (2 if par.pipeline_schedule in DUAL_SCHEDULES else 1)
+        windows = sample_windows(s.gradient_accumulation_steps, depth)
     try:
         if not windows:
             raise NotPeriodic("too few micro-batches to gain")

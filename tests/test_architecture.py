@@ -22,6 +22,7 @@ FLOORS = [
             "simulator.scenario.cluster",
             "simulator.scenario.training",
             "simulator.scenario.parallelism",
+            "simulator.scenario.pipeline_layout",
             "simulator.scenario.memory",
             "simulator.scenario.schema",
             "simulator.scenario.presets",

@@ -335,7 +335,11 @@ def test_a_scenarios_description_is_its_first_sentence(tmp_path):
 
 def test_scenarios_filter_by_any_column_and_refuse_what_matches_nothing():
     rows = json.loads(runner.invoke(app, ["scenarios", "moe", "--json"]).stdout)
-    assert {r["name"] for r in rows} == {"deepseek-v3-ep64-1024xh100", "mixtral-8x7b-ep8-16xh100"}
+    assert {r["name"] for r in rows} == {
+        "deepseek-v3-dualpipe-2048xh800",
+        "deepseek-v3-ep64-1024xh100",
+        "mixtral-8x7b-ep8-16xh100",
+    }
     rows = json.loads(
         runner.invoke(app, ["scenarios", "GB200", "--json"]).stdout
     )  # the GPUs column, any case

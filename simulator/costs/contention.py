@@ -34,6 +34,20 @@ def sm_slowdown(sms: int, channels: int) -> float:
     return sms / max(sms - channels, 1)
 
 
+DEEPEP_SMS = (
+    20  # deepseek-ai/DeepEP deep_ep/buffer.py (v1, 4151890): Buffer.num_sms = 20; DeepSeek-V3 Sec. 3.2.2
+)
+
+
+def dispatcher_sms(s) -> int:
+    """SMs an MoE dispatcher's communication holds: DeepEP's ``num_sms`` (parallelism.moe.dispatcher_sms,
+    Megatron-Core's moe_flex_dispatcher_num_sms), else NCCL's channels (memory.nccl_channels)."""
+    moe = s.parallelism.moe
+    if moe.dispatcher == "deepep":
+        return moe.dispatcher_sms or DEEPEP_SMS
+    return s.memory.nccl_channels
+
+
 # Point-to-point transfers (pipeline sends) run on NCCL_NCHANNELS_PER_NET_PEER channels per peer, 2 by default
 # (NCCL 2.12 and later, src/transport/net.cc / docs' environment variables), not a collective's whole set
 P2P_CHANNELS = 2

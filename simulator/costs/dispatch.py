@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from simulator.costs.compute import ComputeModel
+from simulator.costs.compute import COMPUTE_BOUND, ComputeModel
 from simulator.engine.engine import TaskCost
 from simulator.frameworks import HostProfile
 from simulator.timeline.timeline import Part
@@ -36,7 +36,10 @@ def op_host_s(op: Op, host: HostProfile) -> float:
 
 
 def gpu_times(
-    ops: tuple[Op, ...], compute: ComputeModel, comm_time: Callable[[Op], float]
+    ops: tuple[Op, ...],
+    compute: ComputeModel,
+    comm_time: Callable[[Op], float],
+    behind_slowdown: float = 1.0,
 ) -> tuple[list[float], list[Part]]:
     """GPU seconds of each op in order (a collective: the part the stream waits for) and the task's parts
     (runs of kernels and the collectives the stream waits for; empty without collectives). A collective that
@@ -44,14 +47,18 @@ def gpu_times(
     ZeRO-3's module hooks, is no kernel: it looks past it); only what outlasts it adds time. One
     that runs ``behind`` (combined 1F1B, ``strategy/pipeline/combined.py``) hides behind the kernels after it up to
     the end of its window (a ``boundary`` op or a blocking collective), sharing them with the other ``behind``
-    collectives of that window."""
+    collectives of that window. Its kernels hold SMs meanwhile (NCCL's channels, DeepEP's ``num_sms``): the
+    window's compute-bound kernels run ``behind_slowdown`` times longer while it runs (costs/contention.py), and
+    the window takes the longer of its two streams, the slowed kernels and the collective."""
     parts: list[Part] = []
     gpu: list[float] = []
     run_s = 0.0
     in_run = False
     budget = 0.0  # time of the last kernel that "previous"-overlapping collectives can still hide behind
     beside = 0.0  # time of the last collective, which an "alongside" collective runs beside
-    window: float | None = None  # kernel time left in the window that "behind" collectives hide behind
+    window: float | None = None  # kernel time of the window that "behind" collectives hide behind
+    extra = sent = 0.0  # what the window's kernels slow by beside them; its collectives' seconds so far
+    slowed = 0.0  # what a "behind" collective's SMs cost the kernels it hides behind
     has_collective = False
     for i, op in enumerate(ops):
         if _ends_window(op):
@@ -83,15 +90,29 @@ def gpu_times(
             hidden = min(seconds, beside)
         elif op.overlaps == "behind":
             if window is None:
-                window = _window_kernels_s(ops, i, compute)
-            hidden = min(seconds, window)
-            window -= hidden
+                window, bound = _window_kernels_s(ops, i, compute)
+                extra = (bound / window if window else 0.0) * (behind_slowdown - 1.0)
+                sent = 0.0
+            grew = _beyond(sent + seconds, window, extra) - _beyond(sent, window, extra)
+            exposed = min(grew, max(sent + seconds - window, 0.0) - max(sent - window, 0.0))
+            sent += seconds
+            slowed = grew - exposed
+            hidden = seconds - exposed
         beside = seconds
-        gpu.append(seconds - hidden)
+        gpu.append(seconds - hidden + slowed)
         parts.append(Part(op.name, op.collective, op.group, op.bytes, seconds - hidden, hidden))
+        if slowed > 0:
+            parts.append(Part("kernels beside communication", "compute", "", 0.0, slowed))
+        slowed = 0.0
     if has_collective and in_run:
         parts.append(Part("kernels", "compute", "", 0.0, run_s))
     return gpu, parts if has_collective else []
+
+
+def _beyond(sent: float, kernels: float, extra: float) -> float:
+    """How much longer than its ``kernels`` seconds a window runs with ``sent`` seconds of collectives behind them:
+    the longer of its two streams, the kernels slowed by ``extra`` of the time a collective runs beside them."""
+    return max(sent, kernels + min(sent, kernels) * extra) - kernels
 
 
 def _ends_window(op: Op) -> bool:
@@ -102,16 +123,18 @@ def _ends_window(op: Op) -> bool:
     )
 
 
-def _window_kernels_s(ops: tuple[Op, ...], start: int, compute: ComputeModel) -> float:
+def _window_kernels_s(ops: tuple[Op, ...], start: int, compute: ComputeModel) -> tuple[float, float]:
     """Kernel seconds after ``ops[start]`` up to the end of its window (a ``boundary`` op or a blocking
-    collective)."""
-    total = 0.0
+    collective), and those of its compute-bound kernels."""
+    total = bound = 0.0
     for op in ops[start + 1 :]:
         if _ends_window(op):
             break
         if op.kind != "collective":
-            total += compute.op_time_s(op)
-    return total
+            g = compute.op_time_s(op)
+            total += g
+            bound += g if op.kind in COMPUTE_BOUND else 0.0
+    return total, bound
 
 
 def host_times(
@@ -133,11 +156,12 @@ def task_cost(
     comm_time: Callable[[Op], float],
     host: HostProfile | None = None,
     cuda_graphs: bool = False,
+    behind_slowdown: float = 1.0,
 ) -> TaskCost:
     """GPU seconds of a compute task, its parts, and how its host thread issues it (``TaskCost``)."""
     if not ops:
         return TaskCost(0.0)
-    gpu, parts = gpu_times(ops, compute, comm_time)
+    gpu, parts = gpu_times(ops, compute, comm_time, behind_slowdown)
     total = sum(gpu)
     parts_t = tuple(parts)
     if host is None or not host.active:

@@ -130,13 +130,17 @@ class Placement:
     @cache  # noqa: B019 - placements are few and immutable
     def groups(self, kind: str) -> Groups:
         """All groups of ``kind`` (``tp``, ``cp``, ``pp``, ``dp``, ``dp_shard``, ``dp_replicate``, a ``+``-joined
-        combination such as ``dp+cp``, ``embedding``, or ``KIND/N`` / ``KIND%N`` sub-groups), each a tuple of
+        combination such as ``dp+cp``, ``embedding``, ``mirror``, or ``KIND/N`` / ``KIND%N`` sub-groups), each a tuple of
         global GPU indices (read from one array: :class:`Groups`)."""
         return Groups(self._group_array(kind), (self, kind))
 
     def _group_array(self, kind: str) -> np.ndarray:
         if kind == "embedding":  # first and last stage of each pipeline: they share tied embedding weights
             return self.groups("pp").array[:, [0, -1]]
+        if kind == "mirror":  # stages i and p - 1 - i: DualPipe's two copies of a model stage
+            pp = self.groups("pp").array
+            half = pp.shape[1] // 2
+            return np.stack([pp[:, :half], pp[:, ::-1][:, :half]], axis=-1).reshape(-1, 2)
         if set(kind.split("+")) <= set(EXPERT_AXES):
             return np.array(self._expert_groups(kind), dtype=np.int64)
         if "/" in kind or "%" in kind:
@@ -233,7 +237,7 @@ class Placement:
 
     def group_size(self, kind: str) -> int:
         """The ranks in one group of ``kind``, from the axes' sizes (``groups`` builds every group: O(GPUs))."""
-        if kind == "embedding":
+        if kind in ("embedding", "mirror"):
             return 2
         if "/" in kind or "%" in kind:
             sep = "/" if "/" in kind else "%"

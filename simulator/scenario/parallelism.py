@@ -50,6 +50,7 @@ class AioConfig(Section):
     thread_count: PositiveInt = 1
 
 
+DUAL_SCHEDULES = ("dualpipe", "dualpipev")  # two model chunks a rank (strategy/schedules/dualpipe.py)
 DEEPSPEED_VERSION = "0.16.4"  # the behaviour simulated when a scenario does not say (the newest release read)
 
 
@@ -197,12 +198,45 @@ class MoeParallelConfig(Section):
         "(backward) cross in FP8 with a 4-byte scale per 128 elements, the combine and its gradient in BF16, as "
         "DeepSeek-V3 trained (its report Sec. 3.3.2; deepseek-ai/DeepEP README: FP8 dispatch, BF16 combine).",
     )
+    dispatcher_sms: PositiveInt | None = Field(
+        None,
+        le=1024,
+        description="SMs the DeepEP dispatcher's kernels hold while they run (Megatron-Core "
+        "--moe-flex-dispatcher-num-sms; default DeepEP's Buffer.num_sms, 20): with overlap_a2a the compute-bound "
+        "kernels beside its dispatch and combine run on the other SMs (cluster.nccl_sm_contention).",
+    )
     fused_multihot: bool = Field(
         False,
         description="DeepEP dispatcher: the indices-to-multihot step as one Triton kernel (Megatron-Core "
         "--enable-experimental with --moe-permute-fusion); false (the default): boolean-mask indexing with three "
         "host synchronisations in forward and one in backward.",
     )
+
+    @model_validator(mode="after")
+    def _dispatcher_sms(self) -> MoeParallelConfig:
+        if self.dispatcher_sms is not None and self.dispatcher != "deepep":
+            raise ValueError(
+                f"parallelism.moe.dispatcher_sms is DeepEP's SM count: it needs dispatcher: deepep (got {self.dispatcher}; "
+                "NCCL's collectives hold memory.nccl_channels SMs)"
+            )
+        return self
+
+
+def _layout_stages(data: dict) -> dict:
+    """Megatron infers the virtual stages from a layout (pipeline_parallel_layer_layout.py: ``len(layout) //
+    pipeline_model_parallel_size``); a layout that does not parse or divide is left to the scenario's check."""
+    from simulator.scenario.pipeline_layout import parse
+
+    pp = data.get("pipeline_parallel", 1)
+    if "virtual_pipeline_stages" in data or data.get("pipeline_schedule") in DUAL_SCHEDULES:
+        return data
+    try:
+        n = len(parse(data["pipeline_layout"]))
+    except ValueError:
+        return data
+    if isinstance(pp, int) and pp > 0 and n % pp == 0 and n // pp > 1:
+        return {**data, "virtual_pipeline_stages": n // pp}
+    return data
 
 
 class ParallelismConfig(Section):
@@ -227,12 +261,14 @@ class ParallelismConfig(Section):
         description="Interleaved 1F1B: pipeline sends / receives beside the next step's compute (Megatron-Core "
         "--overlap-p2p-communication). Default: the framework profile's.",
     )
-    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "pipedream-2bw", "zb-h1", "deepspeed"] = (
-        Field(
-            "1f1b",
-            description="Megatron's schedules, or 'deepspeed': DeepSpeed's PipelineEngine running TrainSchedule "
-            "(lock-step stages, blocking send/recv between steps), as Megatron-DeepSpeed with --deepspeed runs.",
-        )
+    pipeline_schedule: Literal[
+        "gpipe", "1f1b", "interleaved-1f1b", "pipedream-2bw", "zb-h1", "deepspeed", "dualpipe", "dualpipev"
+    ] = Field(
+        "1f1b",
+        description="Megatron's schedules; 'deepspeed': DeepSpeed's PipelineEngine running TrainSchedule "
+        "(lock-step stages, blocking send/recv between steps), as Megatron-DeepSpeed with --deepspeed runs; "
+        "'dualpipe' / 'dualpipev': DeepSeek's bidirectional and V-shaped schedules (deepseek-ai/DualPipe), two "
+        "model chunks a rank, a forward beside another micro-batch's backward.",
     )
     virtual_pipeline_stages: PositiveInt = 1
     zero_stage: Literal[0, 1, 2, 3] = 0
@@ -244,6 +280,14 @@ class ParallelismConfig(Section):
         "tp-cp-dp-pp",
         pattern=r"^(tp|cp|dp|pp)-(tp|cp|dp|pp)-(tp|cp|dp|pp)-(tp|cp|dp|pp)$",
         description="Parallel axes, innermost (adjacent GPUs) first, as Megatron-Core's order.",
+    )
+    pipeline_layout: str | None = Field(
+        None,
+        max_length=4096,
+        description="What each virtual stage holds, as Megatron-Core's --pipeline-model-parallel-layout: "
+        "'Et*3|(tt|)*29,m|L' (E embedding, t transformer layer, m multi-token prediction layer, L loss, | between "
+        "stages in Megatron's order, virtual stage v of rank r at v x PP + r; DualPipe's along a micro-batch's "
+        "path). Sets virtual_pipeline_stages to its stages / pipeline_parallel.",
     )
     first_pipeline_stage_layers: PositiveInt | None = Field(
         None, description="Layers on the first stage (Megatron --decoder-first-pipeline-num-layers)."
@@ -268,6 +312,11 @@ class ParallelismConfig(Section):
         get_forward_backward_func picks the interleaved schedule whenever virtual_pipeline_model_parallel_size is set
         (megatron/core/pipeline_parallel/schedules.py, core_v0.13.0). A schedule named beside them is kept (and
         checked)."""
+        if isinstance(data, dict) and isinstance(data.get("pipeline_layout"), str):
+            data = _layout_stages(data)
+        if isinstance(data, dict) and data.get("pipeline_schedule") in DUAL_SCHEDULES:
+            # DualPipe and DualPipeV hold two model chunks a rank (deepseek-ai/DualPipe: modules[0], modules[1])
+            return {"virtual_pipeline_stages": 2, **data}
         if isinstance(data, dict) and "pipeline_schedule" not in data:
             v = data.get("virtual_pipeline_stages")
             if isinstance(v, int) and not isinstance(v, bool) and v > 1:
@@ -281,6 +330,13 @@ class ParallelismConfig(Section):
         if isinstance(value, bool) or value in ("te", "async"):
             return value
         raise ValueError(f"must be true, false, te or async (got {value!r})")
+
+    @property
+    def layout_stages(self):
+        """``pipeline_layout`` parsed: one ``pipeline_layout.Stage`` per virtual stage (None without one)."""
+        from simulator.scenario.pipeline_layout import parse
+
+        return None if self.pipeline_layout is None else parse(self.pipeline_layout)
 
     @property
     def etp(self) -> int:

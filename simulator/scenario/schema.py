@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
+from simulator.scenario import pipeline_layout
 from simulator.scenario.cluster import ClusterConfig
 from simulator.scenario.memory import MemoryConfig
 from simulator.scenario.model import ModelConfig
 from simulator.scenario.parallelism import (
     DEEPSPEED_VERSION,
+    DUAL_SCHEDULES,
     AioConfig,
     DdpConfig,
     FsdpConfig,
@@ -95,6 +97,20 @@ class Scenario(Section):
     def _check(self) -> Scenario:
         m, p = self.model, self.parallelism
         tp = p.tensor_parallel
+        if p.pipeline_layout is not None:
+            self._check_layout()
+        if "mla_up_proj" in self.training.recompute.modules and m.mla is None:
+            # Megatron-Core transformer_config.py (d98e8a64): "mla_up_proj in recompute_modules is only supported
+            # with multi-latent attention"
+            raise ValueError(
+                "training.recompute.modules: mla_up_proj needs multi-head latent attention (model.mla)"
+            )
+        if self.training.activation_fp8_input_store and m.activation != "swiglu":
+            # Megatron-Core transformer_config.py: "Storing activation input in FP8 is supported only for SwiGLU."
+            raise ValueError(
+                f"training.activation_fp8_input_store needs model.activation swiglu (got {m.activation}): "
+                "Megatron-Core stores only SwiGLU's input in FP8"
+            )
         n = self.training.activation_offload_layers
         if n:
             # Megatron-LM arguments.py: num_layers_per_offload < num_layers; no pipeline parallelism with it
@@ -198,6 +214,25 @@ class Scenario(Section):
             )
         return self
 
+    def _check_layout(self) -> None:
+        """Megatron-Core's layout string: what it parses, and validate_layer_layout's conditions."""
+        p, m = self.parallelism, self.model
+        if p.first_pipeline_stage_layers or p.last_pipeline_stage_layers:
+            raise ValueError(
+                "parallelism.pipeline_layout states every stage: leave first_pipeline_stage_layers and "
+                "last_pipeline_stage_layers unset (Megatron refuses them together)"
+            )
+        if p.pipeline_parallel == 1 or p.pipeline_schedule == "deepspeed":
+            raise ValueError(
+                "parallelism.pipeline_layout is Megatron-Core's: it needs pipeline_parallel > 1 and a Megatron or "
+                "DualPipe schedule"
+            )
+        pp, v, name = p.pipeline_parallel, p.virtual_pipeline_stages, p.pipeline_schedule
+        positions = {"dualpipe": pp, "dualpipev": 2 * pp}.get(name, pp * v)
+        pipeline_layout.check(
+            p.pipeline_layout, pipeline_layout.parse(p.pipeline_layout), m.num_layers, m.mtp_layers, positions
+        )
+
     def _check_moe(self) -> None:
         """Expert parallelism against the model and the layouts the frameworks accept (Megatron-Core
         ``parallel_state.initialize_model_parallel`` and ``moe_layer.py``, core_v0.13.0; DeepSpeed refuses ZeRO-3)."""
@@ -297,12 +332,14 @@ class Scenario(Section):
                     "reduces its gradients, which the combined 1F1B does not replay; use zero_stage 0 or 1 (the "
                     "distributed optimizer)"
                 )
-            if p.pipeline_parallel > 1 and (
-                p.pipeline_schedule != "interleaved-1f1b" or p.virtual_pipeline_stages < 2
+            if (
+                p.pipeline_parallel > 1
+                and p.pipeline_schedule not in DUAL_SCHEDULES
+                and (p.pipeline_schedule != "interleaved-1f1b" or p.virtual_pipeline_stages < 2)
             ):
                 raise ValueError(
                     "parallelism.moe.overlap_a2a with pipeline_parallel > 1 needs pipeline_schedule: interleaved-1f1b "
-                    "with virtual_pipeline_stages >= 2 (Megatron-Core asserts virtual stages)"
+                    "with virtual_pipeline_stages >= 2 (Megatron-Core asserts virtual stages), or dualpipe / dualpipev"
                 )
         if p.pipeline_schedule == "deepspeed":
             raise ValueError(

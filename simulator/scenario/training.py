@@ -107,11 +107,14 @@ class RecomputeConfig(Section):
         le=2**16,
         description="selective-layer (torchtitan selective_ac_option: N): every N-th layer recomputed in full.",
     )
-    modules: tuple[Literal["core_attn", "moe_act", "layernorm", "mlp", "moe", "shared_experts"], ...] = Field(
+    modules: tuple[
+        Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"], ...
+    ] = Field(
         ("core_attn",),
         description="With activation_recompute: selective, Megatron-Core's --recompute-modules: core_attn "
         "(attention's core), moe_act (the experts' activation: its output not kept), layernorm (the norms not "
-        "fused into a linear layer: an MoE layer's pre-MLP norm; its output not kept), mlp (a dense layer's MLP: "
+        "fused into a linear layer: an MoE layer's pre-MLP norm; its output not kept), mla_up_proj (multi-head "
+        "latent attention's up-projections and rotary: queries, keys and values not kept), mlp (a dense layer's MLP: "
         "only its input kept, re-run whole), moe (an MoE layer's MLP, dispatch and combine included), "
         "shared_experts (the shared experts). Default: core_attn, Megatron-Core's (workload/recompute.py).",
     )
@@ -127,6 +130,18 @@ class TrainingConfig(Section):
     precision: Literal["fp16", "bf16", "fp32", "fp8"] = "bf16"
     optimizer: Literal["adam", "adamw", "sgd", "onebit-adam", "zero-one-adam"] = "adam"
     onebit: OneBitConfig = Field(default_factory=OneBitConfig)
+    optimizer_moments: Literal["fp32", "bf16", "fp16", "fp8"] = Field(
+        "fp32",
+        description="The dtype Adam keeps its two moments in (Megatron-LM --use-precision-aware-optimizer "
+        "--exp-avg-dtype X --exp-avg-sq-dtype X, Transformer Engine's FusedAdam; DeepSeek-V3: bf16): optimizer "
+        "states 4 + 2 x its bytes per parameter beside the fp32 master weights, and the step streams fewer bytes.",
+    )
+    activation_fp8_input_store: bool = Field(
+        False,
+        description="SwiGLU keeps its input for backward in FP8, one byte an element, cast back before its backward "
+        "(Megatron-Core --activation-func-fp8-input-store, TransformerConfig.activation_func_fp8_input_store: dense "
+        "MLPs, routed and shared experts; DeepSeek-V3 caches its MoE SwiGLU inputs in FP8).",
+    )
     fp8: Fp8Config = Field(
         default_factory=Fp8Config, description="How precision: fp8 runs (ignored otherwise)."
     )
@@ -185,6 +200,11 @@ class TrainingConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> TrainingConfig:
+        if self.optimizer_moments != "fp32" and self.optimizer not in ("adam", "adamw"):
+            raise ValueError(
+                f"training.optimizer_moments ({self.optimizer_moments}) is Adam's moments' dtype: it needs optimizer "
+                f"adam or adamw (got {self.optimizer})"
+            )
         rc = self.recompute
         if rc.modules != ("core_attn",) and self.activation_recompute != "selective":
             raise ValueError(

@@ -20,8 +20,17 @@ from simulator.strategy.pipeline.combined import combined_ops
 from simulator.strategy.pipeline.flush import flush_and_step, reduce_per_batch
 from simulator.strategy.pipeline.memory import stage_memory
 from simulator.strategy.pipeline.partition import check, chunk_units, stage_label
+from simulator.strategy.pipeline.route import Route
 from simulator.strategy.pipeline.step_ids import StepIds
-from simulator.strategy.schedules import ASYNCHRONOUS, SPLITS_BACKWARD, Step, combined_1f1b, get_schedule
+from simulator.strategy.schedules import (
+    ASYNCHRONOUS,
+    DUAL,
+    SPLITS_BACKWARD,
+    Step,
+    combined_1f1b,
+    dualpipe,
+    get_schedule,
+)
 from simulator.strategy.steps import add_optimizer, overlaps_a2a
 from simulator.strategy.units import unit_tensors
 from simulator.workload.ops import collective_op
@@ -46,14 +55,14 @@ def overlaps_p2p(setting: bool | None, profile: bool, pp: int, schedule: str) ->
     return profile if setting is None else setting
 
 
-def sends_output(step: Step, st: int, pp: int, v: int) -> bool:
+def sends_output(step: Step, st: int, route: Route) -> bool:
     """Does this step send to another stage (the last stage's last chunk's forward and the first stage's first
     chunk's backward feed nobody; W steps send nothing)?"""
     kind, _, c = step
     if kind == "F":
-        return not (st == pp - 1 and c == v - 1)
-    if kind == "B":
-        return not (st == 0 and c == 0)
+        return route.sends(st, c)
+    if kind in ("B", "I"):
+        return route.receives(st, c)
     return False
 
 
@@ -66,16 +75,26 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
     # Megatron-Core's combined 1F1B (MoE all-to-alls behind another micro-batch's compute): a forward and the
     # backward after it in the steady state are one task
     combined = overlaps_a2a(s)
-    if combined:
+    dual = par.pipeline_schedule in DUAL
+    if dual:  # DualPipe / DualPipeV: their own tasks, a forward beside a backward as one
+        tasks = {st: list(dualpipe.tasks(par.pipeline_schedule, pp, m, st)) for st in range(pp)}
+        order = {st: [x for task in tasks[st] for x in task] for st in range(pp)}
+    elif combined:
         tasks = {st: combined_1f1b.tasks(pp, m, v, st) for st in range(pp)}
         order = {st: [x for task in tasks[st] for x in task] for st in range(pp)}
     else:
         order = {st: get_schedule(par.pipeline_schedule)(pp, m, v, st) for st in range(pp)}
         tasks = {st: [(x,) for x in order[st]] for st in range(pp)}
     chunks = chunk_units(w, pp, v)
+    route = Route(par.pipeline_schedule, pp, v)
     overlap_p2p = p2p_overlapped(s, w)
-    pieces = {key: chunk_pieces(s, w, us, key, pp, v, sends=not overlap_p2p) for key, us in chunks.items()}
+    pieces = {
+        key: chunk_pieces(s, w, us, key, pp, v, not overlap_p2p, (route.receives(*key), route.sends(*key)))
+        for key, us in chunks.items()
+    }
     ops = {key: ops_of(p, split) for key, p in pieces.items()}
+    # DualPipe's zero-bubble backwards (I) leave their weight gradients to a later W step
+    split_ops = {key: ops_of(p, True) for key, p in pieces.items()} if dual else ops
 
     sharding = " + fsdp" if par.fsdp else (f" + zero-{par.zero_stage}" if par.zero_stage else "")
     prog = Program(f"megatron {par.pipeline_schedule}{sharding}")
@@ -92,7 +111,7 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
     if overlap_p2p:
         for st in range(pp):
             for step in order[st]:
-                if sends_output(step, st, pp, v):
+                if sends_output(step, st, route):
                     sends[(st, step)] = n + len(sends)
 
     def upstream(st: int, step: Step) -> tuple[int, ...]:
@@ -101,13 +120,19 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
         where sends are tasks of their own)."""
         kind, mb, c = step
         if kind == "F":
-            src = (st - 1, step) if st > 0 else (pp - 1, Step("F", mb, c - 1))
-        elif kind == "B":
-            src = (st + 1, step) if st < pp - 1 else (0, Step("B", mb, c + 1))
+            key, kinds = route.upstream(st, c), ("F",)
+        elif kind in ("B", "I"):
+            key, kinds = route.downstream(st, c), ("B", "I")
         else:
             return ()
-        i = sends.get(src) if overlap_p2p else pos[src[0]].get(src[1])
-        return () if i is None else (i,)
+        if key is None:
+            return ()
+        for k in kinds:
+            src = (key[0], Step(k, mb, key[1]))
+            i = sends.get(src) if overlap_p2p else pos[src[0]].get(src[1])
+            if i is not None:
+                return (i,)
+        return ()
 
     stage_params = [sum(u.params for c in range(v) for u in chunks[(st, c)]) for st in range(pp)]
     stage_tensors = [unit_tensors(s, [u for c in range(v) for u in chunks[(st, c)]]) for st in range(pp)]
@@ -123,8 +148,13 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
     for st in range(pp):
         # (ops, phase) of each step kind, per chunk
         work = [
-            {"F": (f, "forward"), "B": (b, "backward"), "W": (wg, "backward")}
-            for f, b, wg in (ops[(st, c)] for c in range(v))
+            {
+                "F": (ops[(st, c)][0], "forward"),
+                "B": (ops[(st, c)][1], "backward"),
+                "I": (split_ops[(st, c)][1], "backward"),
+                "W": (split_ops[(st, c)][2], "backward"),
+            }
+            for c in range(v)
         ]
         for steps in tasks[st]:
             if len(steps) == 2:  # combined 1F1B: this forward and that backward as one task
@@ -134,8 +164,12 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
                         x, f"{x.kind}{x.microbatch}.{x.chunk}" if v > 1 else f"{x.kind}{x.microbatch}"
                     )
                 pair = (st, f.chunk, b.chunk)  # one op tuple per chunk pair: its cost is computed once
-                if pair not in joined_ops:
+                if pair not in joined_ops and (combined or not dual):
                     joined_ops[pair] = combined_ops(pieces[(st, f.chunk)][0], pieces[(st, b.chunk)][1])
+                elif (
+                    pair not in joined_ops
+                ):  # DualPipe without the a2a overlap: the forward, then the backward
+                    joined_ops[pair] = ops[(st, f.chunk)][0] + ops[(st, b.chunk)][1]
                 joined = joined_ops[pair]
                 deps = upstream(st, f) + upstream(st, b)
                 add(

@@ -74,7 +74,9 @@ def model_state_bytes(
     ``shards`` ranks, the routed experts' over the expert data-parallel group (DeepSpeed-MoE's expert param
     groups; Megatron-Core's expert distributed optimizer). ``params`` / ``expert_params``: a stage's, default
     the whole model's on one rank."""
-    w_b, _, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
+    w_b, _, k_b = state_bytes_per_param(
+        s.training.precision, s.training.optimizer, s.training.optimizer_moments
+    )
     g_b = grad_bytes(s, w.framework)
     dense = zero_model_state_bytes(
         w.params_per_rank if params is None else params, shards, stage, k_b, w_b, g_b
@@ -102,7 +104,7 @@ def memory_breakdown(
     expert data parallelism), plus ``unsharded_params`` kept whole on every rank, activations of every layer,
     and the strategy's buffers. ``grads_at_loss`` false: the gradients are not allocated when the loss runs;
     ``buffers_at_loss``: the buffers allocated then, where fewer (both fsdp.py)."""
-    w_b = state_bytes_per_param(s.training.precision, s.training.optimizer)[0]
+    w_b = state_bytes_per_param(s.training.precision, s.training.optimizer, s.training.optimizer_moments)[0]
     params, grads, opt = model_state_bytes(s, w, shards, stage)
     params += unsharded_params * w_b * (1 - 1 / shards)
     relief = (0.0 if grads_at_loss else grads) + (

@@ -69,7 +69,9 @@ def offloaded_memory(
     NVMe with ``nvme``, leaving swap buffers); the GPU keeps no gradient partition at stages 2-3. Parameter
     offload moves the 16-bit shard w Psi/N. Host and NVMe use are reported per node (DeepSpeed's estimators:
     16 and 18 bytes per parameter for a one-node job, ``estimate_zero3_model_states_mem_needs``)."""
-    w_b, _, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
+    w_b, _, k_b = state_bytes_per_param(
+        s.training.precision, s.training.optimizer, s.training.optimizer_moments
+    )
     z = s.parallelism.zero
     node = cluster.spec.node
     host = nvme = 0.0

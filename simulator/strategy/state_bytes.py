@@ -8,7 +8,7 @@ from simulator.workload.memory import state_bytes_per_param
 
 
 def weight_bytes(s: Scenario) -> int:
-    return state_bytes_per_param(s.training.precision, s.training.optimizer)[0]
+    return state_bytes_per_param(s.training.precision, s.training.optimizer, s.training.optimizer_moments)[0]
 
 
 def grad_bytes(s: Scenario, framework=None) -> int:
@@ -18,7 +18,7 @@ def grad_bytes(s: Scenario, framework=None) -> int:
     "bfloat16 requires gradient accumulation and all-reduce to be done in fp32"). ``framework``: the run's
     profile, which decides; without it, the precision. DeepSpeed's BF16_Optimizer is the pipeline engine's
     (``reduction.bf16_optimizer``)."""
-    g = state_bytes_per_param(s.training.precision, s.training.optimizer)[1]
+    g = state_bytes_per_param(s.training.precision, s.training.optimizer, s.training.optimizer_moments)[1]
     if framework is None or s.training.dtype != "bf16":
         return g
     par = s.parallelism

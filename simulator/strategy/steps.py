@@ -6,6 +6,7 @@ from __future__ import annotations
 from simulator.program import COMPUTE, Program
 from simulator.scenario.schema import Scenario
 from simulator.strategy.units import Unit
+from simulator.workload.memory import MOMENT_BYTES
 from simulator.workload.ops import Op, host_op, memory_op
 from simulator.workload.transformer import Workload
 
@@ -87,9 +88,11 @@ def optimizer_step_bytes(s: Scenario, framework) -> float:
     """Bytes the optimizer step streams per parameter: the table above, or for Adam the profile's
     ``optimizer_step_bytes`` where it states an unfused step (Composer's DecoupledAdamW and clipping: 92)."""
     opt = "sgd" if s.training.optimizer == "sgd" else "adam"
+    # moments kept narrower than fp32 (training.optimizer_moments): each is read and written in that dtype
+    narrower = 4 * (4 - MOMENT_BYTES[s.training.optimizer_moments]) if opt == "adam" else 0
     if opt == "adam" and framework is not None and framework.optimizer_step_bytes:
-        return framework.optimizer_step_bytes
-    return _OPTIMIZER_BYTES[(opt, s.training.precision != "fp32")]
+        return framework.optimizer_step_bytes - narrower
+    return _OPTIMIZER_BYTES[(opt, s.training.precision != "fp32")] - narrower
 
 
 def add_optimizer(

@@ -141,6 +141,19 @@ def megatron(row: dict) -> str:
         notes.append("# async TP is PyTorch's (torchtitan); Megatron-Core's overlap is --tp-comm-overlap")
     if c["a2a_overlap"]:
         args.append("--overlap-moe-expert-parallel-comm")
+    training = row["scenario"].get("training", {})
+    moments = training.get("optimizer_moments", "fp32")
+    if moments != "fp32":  # Transformer Engine's precision-aware FusedAdam (arguments.py)
+        args += [
+            "--use-precision-aware-optimizer",
+            f"--exp-avg-dtype {moments}",
+            f"--exp-avg-sq-dtype {moments}",
+        ]
+    if training.get("activation_fp8_input_store"):
+        notes.append(
+            "# SwiGLU's input in FP8 is TransformerConfig.activation_func_fp8_input_store: Megatron-LM's parser has "
+            "no switch for it (arguments.py lists it among the fields without one)"
+        )
     if row["scenario"].get("model", {}).get("activation") == "geglu":
         notes.append(
             "# GeGLU is Megatron-Core's gated_linear_unit with gelu: Megatron-LM's parser has no switch for it"
@@ -157,6 +170,8 @@ def megatron(row: dict) -> str:
             notes.append(f"# the {dispatcher} dispatcher is DeepSpeed-MoE's: no Megatron-LM switch")
         if moe.get("grouped_gemm", True):
             args.append("--moe-grouped-gemm")
+        if moe.get("dispatcher_sms"):
+            args.append(f"--moe-deepep-num-sms {moe['dispatcher_sms']}")  # core_v0.15.0's name
     ddp = par.get("ddp", {})
     if ddp.get("overlap_grad_reduce"):
         args.append("--overlap-grad-reduce")

@@ -1,11 +1,8 @@
-"""The planner's closed-form estimate of one layout (:class:`Screen`).
-
-Each layer's forward and backward time comes from the engine's kernel and collective costs (``build_workload`` +
-``task_cost``, cached per shape), the pipeline as (m + (p - 1)/v) steps of its slowest stage, data-parallel
-reductions as NCCL rings at the links' bandwidth exposed where the framework does not overlap them, FSDP's
-per-unit calls and ZeRO-3's per-module calls (the simulation's replay of its coordinator) hidden under their
-pass's compute up to what their count and size cost, memory from the same formulas. It ranks; the simulation of
-the best ``k`` decides."""
+"""The planner's closed-form estimate of one layout (:class:`Screen`): each layer's times from the engine's
+kernel and collective costs (``build_workload`` + ``task_cost``, cached per shape), the pipeline as (m + (p - 1)/v)
+steps of its slowest stage, data-parallel reductions as NCCL rings at the links' bandwidth exposed where the
+framework does not overlap them, FSDP's per-unit and ZeRO-3's per-module calls hidden under their pass's compute
+up to what their count and size cost, memory from the same formulas. It ranks; the simulation of the best k decides."""
 
 from __future__ import annotations
 
@@ -64,6 +61,8 @@ class Screen:
         self.batch = batch or base.training.global_batch_size
         self.cluster = cluster
         self.framework = get_framework(base.framework)
+        tr = base.training
+        self._state_bytes = state_bytes_per_param(tr.precision, tr.optimizer, tr.optimizer_moments)
         channels = base.memory.nccl_channels if base.cluster.nccl_sm_contention else 0
         self.contention = sm_slowdown(cluster.gpu.sm_count, channels)
         # the kernel and collective tables the simulation would use (api.simulate)
@@ -241,7 +240,7 @@ class Screen:
         bubble = (lay.pp - 1) / lay.v * step if lay.pp > 1 else 0.0
         pipeline = gas * step + bubble
         # data-parallel traffic per GPU: where the dp group's ranks sit (rank order tp-cp-dp-pp)
-        w_b, g_b, k_b = state_bytes_per_param(self.base.training.precision, self.base.training.optimizer)
+        w_b, g_b, k_b = self._state_bytes
         # parameters of one GPU's (first or last) stage
         mean_layer = self._mean_layer(w)
         ends = max(w.embedding.params, w.head.params)
@@ -362,7 +361,7 @@ class Screen:
         return self._calls[memo]
 
     def memory(self, lay: Layout, psi: float, s: Scenario, experts: float = 0.0, edp: int = 1) -> float:
-        w_b, _, k_b = state_bytes_per_param(self.base.training.precision, self.base.training.optimizer)
+        w_b, _, k_b = self._state_bytes
         g_b = grad_bytes(s, self.framework)  # as the simulation keeps them (Megatron's fp32 main grads)
         stage = lay.stage
         states = 0.0

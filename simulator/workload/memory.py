@@ -98,17 +98,23 @@ def nccl_buffer_bytes(communicators: int, channels: int) -> float:
     return communicators * channels * NCCL_CONNECTION_BYTES
 
 
-def state_bytes_per_param(precision: str, optimizer: str) -> tuple[int, int, int]:
+MOMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+def state_bytes_per_param(precision: str, optimizer: str, moments: str = "fp32") -> tuple[int, int, int]:
     """(weight, gradient, optimizer-state) bytes per parameter.
 
     Mixed precision with Adam: 2 + 2 + K, K = 12 (fp32 master weights, momentum, variance), ZeRO paper
     (Rajbhandari et al. SC20) Sec. 3.1. fp32 training keeps no master copy: 4 + 4 + 8. SGD with momentum
-    keeps K = 4 + 4 (mixed) or 4 (fp32).
+    keeps K = 4 + 4 (mixed) or 4 (fp32). ``moments``: the dtype Adam keeps its two moments in (Megatron-LM
+    --use-precision-aware-optimizer with --exp-avg-dtype / --exp-avg-sq-dtype, Transformer Engine's FusedAdam;
+    DeepSeek-V3 keeps them in bf16): K = 4 + 2 x 2 with bf16.
     """
     adam = optimizer != "sgd"  # Adam, AdamW and the 1-bit variants keep momentum and variance
+    m = MOMENT_BYTES[moments]
     if precision == "fp32":
-        return 4, 4, 8 if adam else 4
-    return 2, 2, 12 if adam else 8
+        return 4, 4, 2 * m if adam else 4
+    return 2, 2, 4 + 2 * m if adam else 8
 
 
 def zero_model_state_bytes(
@@ -173,8 +179,12 @@ def activation_bytes_per_layer(s: Scenario, recompute: str | None = None, moe: b
     gathered = sbh * 2 * lin if sp > 1 and get_framework(s.framework).tensor_parallel == "dtensor" else 0.0
     replicated = sbh * (lin + 1 + lin + 1 + 4) - gathered
     # MLP up out, act out (the down projection's input; MoE: its own; recomputed mlp: only its input)
-    mlp = 0.0 if moe or "mlp" in modules else 2 * f_up + lin * f
-    sharded = sbh * (2 * q + 2 * kv + 2 * v + lin * out + mlp)  # Q, K, V, projection input, MLP
+    act_in = 1 if tr.activation_fp8_input_store else 2  # SwiGLU's input kept in FP8 (Megatron-Core's option)
+    mlp = 0.0 if moe or "mlp" in modules else act_in * f_up + lin * f
+    # Q, K, V (not kept where multi-head latent attention's up-projections are recomputed: mla_up_proj), the
+    # projection input, MLP
+    qkv = 0.0 if "mla_up_proj" in modules and m.mla is not None else 2 * q + 2 * kv + 2 * v
+    sharded = sbh * (qkv + lin * out + mlp)
     if m.attention == "standard" and "core_attn" not in modules:
         # softmax output (fp32 where Megatron's fused kernel does not take the shape: attention.softmax_in_fp32),
         # dropout mask, dropout output
@@ -284,12 +294,13 @@ def moe_mlp_activation_bytes(
     experts = moe.num_experts
     router = T * experts * (4 + 4 + 1) + T * experts * 4  # logits, probabilities, map; the row map (int32)
     lin = linear_input_bytes(s)
-    routed = n * (lin * m.hidden_size + e * f_up + (0 if recompute_act else lin * f) + 4)
+    act_in = 1 if s.training.activation_fp8_input_store else e  # SwiGLU's input in FP8 (fused_bias_swiglu.py)
+    routed = n * (lin * m.hidden_size + act_in * f_up + (0 if recompute_act else lin * f) + 4)
     shared = 0.0
     if moe.shared_expert_ffn_hidden_size and not recompute_shared:
         fs = moe.shared_expert_ffn_hidden_size
         fs_up = (2 if m.gated else 1) * fs
-        shared = tokens * e * (fs_up + fs) / t
+        shared = tokens * (act_in * fs_up + e * fs) / t
     einsums = 0.0
     if p.moe.dispatcher == "deepspeed":  # sharded_moe.py: the einsums keep their operands for backward
         from simulator.workload.expert_load import capacity

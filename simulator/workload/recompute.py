@@ -23,8 +23,47 @@ N-th layer in full and keeps the others.
 from __future__ import annotations
 
 from simulator.scenario.schema import Scenario
+from simulator.workload.block import Part
 from simulator.workload.memory import activation_bytes_per_layer
 from simulator.workload.ops import Op, linear, recomputed
+
+
+def selective_ops(
+    s: Scenario,
+    attn_core: tuple[Op, ...],
+    moe_norm: Op | None,
+    mlp: Part,
+    moe: bool,
+    projections: tuple[Op, ...] = (),
+):
+    """What Megatron-Core's selective recompute re-runs of a layer before its backward, module by module
+    (--recompute-modules, core_v0.13.0 transformer_layer.py / experts.py): core_attn the unfused attention core
+    (FlashAttention stores nothing it would re-run); layernorm the norms not fused into the next linear layer
+    (with Transformer Engine the input norm and a dense layer's pre-MLP norm are fused, an MoE layer's pre-MLP
+    norm, which the router reads, is not); moe_act the experts' activation; mlp a dense layer's whole MLP, moe an
+    MoE layer's (router, dispatch, experts, combine: its all-to-alls again), shared_experts the shared expert
+    (each checkpointed from its input, tensor_parallel.checkpoint); mla_up_proj multi-head latent attention's
+    up-projections and rotary (``projections``: the layer's query / key / value projections), its queries, keys
+    and values discarded after the attention (multi_latent_attention.py ``qkv_up_checkpoint``,
+    CheckpointWithoutOutput, Megatron-LM d98e8a64)."""
+    mods = set(s.training.recompute.modules)
+    ops: list[Op] = []
+    if "mla_up_proj" in mods and s.model.mla is not None:
+        ops += [op for op in projections if "up-projection" in op.name or "rotary" in op.name]
+    if "core_attn" in mods and s.model.attention == "standard":
+        ops += attn_core
+    if "layernorm" in mods and moe_norm is not None:
+        ops.append(moe_norm)
+    if moe and "moe" in mods:
+        ops += mlp.forward
+    else:
+        if "moe_act" in mods:
+            ops += mlp.activations
+        if "shared_experts" in mods:
+            ops += mlp.shared
+    if not moe and "mlp" in mods:
+        ops += mlp.forward
+    return recomputed(tuple(ops))
 
 
 def chunk_policies(s: Scenario, count: int) -> tuple[str, ...]:

@@ -38,7 +38,13 @@ from simulator.workload.ops import (
     sync_op,
 )
 from simulator.workload.params import parameter_count
-from simulator.workload.recompute import chunk_policies, early_stopped, op_policy_recompute, stops_early
+from simulator.workload.recompute import (
+    chunk_policies,
+    early_stopped,
+    op_policy_recompute,
+    selective_ops,
+    stops_early,
+)
 from simulator.workload.shape import (
     LayerShape,
     activation,
@@ -122,32 +128,6 @@ def tensors_per_layer(m) -> int:
     (weight, and bias for LayerNorm). Megatron fuses Q, K, V and the SwiGLU gate and up projections."""
     norm_tensors = 2 if m.normalization == "layernorm" else 1
     return 4 + (4 if m.add_bias_linear else 0) + 2 * norm_tensors
-
-
-def selective_ops(s: Scenario, attn_core: tuple[Op, ...], moe_norm: Op | None, mlp: Part, moe: bool):
-    """What Megatron-Core's selective recompute re-runs of a layer before its backward, module by module
-    (--recompute-modules, core_v0.13.0 transformer_layer.py / experts.py): core_attn the unfused attention core
-    (FlashAttention stores nothing it would re-run); layernorm the norms not fused into the next linear layer
-    (with Transformer Engine the input norm and a dense layer's pre-MLP norm are fused, an MoE layer's pre-MLP
-    norm, which the router reads, is not); moe_act the experts' activation; mlp a dense layer's whole MLP, moe an
-    MoE layer's (router, dispatch, experts, combine: its all-to-alls again), shared_experts the shared expert
-    (each checkpointed from its input, tensor_parallel.checkpoint)."""
-    mods = set(s.training.recompute.modules)
-    ops: list[Op] = []
-    if "core_attn" in mods and s.model.attention == "standard":
-        ops += attn_core
-    if "layernorm" in mods and moe_norm is not None:
-        ops.append(moe_norm)
-    if moe and "moe" in mods:
-        ops += mlp.forward
-    else:
-        if "moe_act" in mods:
-            ops += mlp.activations
-        if "shared_experts" in mods:
-            ops += mlp.shared
-    if not moe and "mlp" in mods:
-        ops += mlp.forward
-    return recomputed(tuple(ops))
 
 
 def dense_mlp_part(s: Scenario, sh: LayerShape, tp, mlp_bias: Op | None, eager: bool = False) -> Part:
@@ -283,7 +263,7 @@ def build_workload(
             name,
             fwd,
             bwd,
-            selective_ops(s, attn_fwd, pre_mlp_norm if moe else None, mlp, moe),
+            selective_ops(s, attn_fwd, pre_mlp_norm if moe else None, mlp, moe, proj_fwd),
             params,
             (*fetch, *recompute),
             mlp.expert_params,

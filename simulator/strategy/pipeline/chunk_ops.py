@@ -45,11 +45,19 @@ Piece = tuple[bool, tuple[Op, ...]]  # (a transformer layer's ops?, the ops)
 
 
 def chunk_pieces(
-    s: Scenario, w: Workload, us: list[Unit], key: tuple[int, int], pp: int, v: int, sends: bool = True
+    s: Scenario,
+    w: Workload,
+    us: list[Unit],
+    key: tuple[int, int],
+    pp: int,
+    v: int,
+    sends: bool = True,
+    ends: tuple[bool, bool] | None = None,
 ) -> tuple[list[Piece], list[Piece]]:
     """A chunk's forward and backward ops in the order they run, in pieces: what comes before the layers (the
     micro-batch's setup, the pipeline regather), each unit (embedding, layers, output layer; backward: its
-    recomputation and backward), and the send."""
+    recomputation and backward), and the send. ``ends``: (receives its input from another rank, sends its output
+    to another rank), as ``pipeline/route.py`` says; by default every chunk but the model's first and last."""
     st, c = key
     par, mdl = s.parallelism, s.model
     t = par.tensor_parallel
@@ -63,6 +71,8 @@ def chunk_pieces(
         else None
     )
     first, last = st == 0 and c == 0, st == pp - 1 and c == v - 1
+    if ends is not None:
+        first, last = not ends[0], not ends[1]
 
     # every forward step calls get_batch (pretrain_gpt.py)
     head = (*w.microbatch_setup, *((regather,) if not first and regather is not None else ()))

@@ -20,6 +20,7 @@ from simulator.program import Program
 from simulator.scenario.schema import Scenario
 from simulator.strategy.groups import EXPERT_GROUP, expert_grad_group_size, grad_group, grad_group_size
 from simulator.strategy.reduction import bf16_optimizer, ddp_settings, pipeline_grad_reduction
+from simulator.strategy.schedules import DUAL
 from simulator.strategy.state_bytes import fsdp_reduce_bytes, gather_bytes, grad_bytes
 from simulator.strategy.steps import add_optimizer
 from simulator.workload.ops import memory_op
@@ -46,6 +47,7 @@ def flush_and_step(
     distributed = par.zero_stage == 1 or fsdp or bf16_opt
     overlap = ddp_settings(s, w)[0] and not fsdp  # FSDP's REDUCE_GRAD follows the stage's last backward
     tied = None
+    mirrors: dict[int, int] = {}
     for st in range(pp):
         reductions = []
         if deepspeed:
@@ -111,7 +113,24 @@ def flush_and_step(
                         bytes=params * gb,
                     )
                 )
-        if st == 0 and s.model.tied_embeddings and pp > 1:
+        if par.pipeline_schedule == "dualpipe":
+            # DualPipe holds every model stage on two ranks, i and p - 1 - i, whose gradients are summed
+            # (deepseek-ai/DualPipe 3da1bbe examples/example_dualpipe.py: p0.grad += p1all[pp_size - 1 - rank])
+            mirror = pp - 1 - st
+            if st < mirror:
+                mirrors[st] = mirrors[mirror] = prog.add(
+                    st,
+                    "comm.dp",
+                    "all_reduce",
+                    "backward",
+                    "mirror-stage grad all-reduce",
+                    (last_compute[st], last_compute[mirror]),
+                    group="mirror",
+                    bytes=stage_params[st] * gb,
+                )
+            reductions.append(mirrors[st])
+        if st == 0 and s.model.tied_embeddings and pp > 1 and par.pipeline_schedule not in DUAL:
+            # (DualPipe's and DualPipeV's first and last model stages share a rank)
             # the first and last stage each hold the word embedding and sum its gradients after the flush (Megatron
             # finalize_model_grads: after the data-parallel reductions, _allreduce_word_embedding_grads; DeepSpeed
             # allreduce_tied_weight_gradients): one collective of the two stages, simulated once, awaited by both

@@ -37,7 +37,9 @@ def stage_memory(
     -1 at its backward (at W for the half of the activations the weight gradient still needs). PipeDream-2BW
     keeps ``versions`` = 2 copies of the weights (the extra one counted as a buffer)."""
     par = s.parallelism
-    w_b, _, k_b = state_bytes_per_param(s.training.precision, s.training.optimizer)
+    w_b, _, k_b = state_bytes_per_param(
+        s.training.precision, s.training.optimizer, s.training.optimizer_moments
+    )
     g_b = grad_bytes(s, w.framework)
     stage = 1 if par.fsdp else par.zero_stage
     if par.fsdp:
@@ -68,7 +70,13 @@ def stage_memory(
         kept[c], extra = chunk_activation_bytes(s, pairs)
         recompute_peak = max(recompute_peak, extra)
 
-    change = {"F": 1.0, "B": -0.5 if par.pipeline_schedule in SPLITS_BACKWARD else -1.0, "W": -0.5, "O": 0.0}
+    change = {
+        "F": 1.0,
+        "B": -0.5 if par.pipeline_schedule in SPLITS_BACKWARD else -1.0,
+        "I": -0.5,  # DualPipe's zero-bubble backward: the weight gradient's inputs stay until its W
+        "W": -0.5,
+        "O": 0.0,
+    }
 
     # the loss's working set (on the last stage, one micro-batch's, from its forward's end to its output layer's
     # backward) and a recomputation's are never live together; the allocator holds the forward's working set (a
