@@ -129,10 +129,11 @@ def test_the_first_stage_holds_the_whole_vocabularys_embedding_gradient_under_to
     K = 1000.0
     E = 128256 * 4096
     torch_tp = SimpleNamespace(framework=SimpleNamespace(tensor_parallel="dtensor"))
-    most, at_embedding = _walk(steps, change, {0: K}, _embedding_gradient(s, torch_tp, chunks, 0, 1))
+    tasks = [(x,) for x in steps]  # one step a task (pipeline/memory.py walks tasks)
+    most, at_embedding = _walk(tasks, change, {0: K}, _embedding_gradient(s, torch_tp, chunks, 0, 1))
     assert at_embedding == K + 8 * E
     # two in flight again after the third forward, beside the accumulated gradient
     assert most == 2 * K + 2 * E
     megatron = SimpleNamespace(framework=SimpleNamespace(tensor_parallel="megatron"))
     assert _embedding_gradient(s, megatron, chunks, 0, 1) is None
-    assert _walk(steps, change, {0: K}, None) == (2 * K, 0.0)
+    assert _walk(tasks, change, {0: K}, None) == (2 * K, 0.0)

@@ -338,6 +338,8 @@ def test_scenarios_filter_by_any_column_and_refuse_what_matches_nothing():
     assert {r["name"] for r in rows} == {
         "deepseek-v3-dualpipe-2048xh800",
         "deepseek-v3-ep64-1024xh100",
+        "gpt-oss-120b-ep8-64xh100",
+        "llama4-maverick-ep16-256xh100",
         "mixtral-8x7b-ep8-16xh100",
     }
     rows = json.loads(

@@ -221,3 +221,68 @@ def test_deepseek_v3_on_2048_h800_fits_and_runs_near_its_reported_throughput():
     assert m.tokens_per_s_per_gpu == pytest.approx(1346.5, rel=0.02)  # the figure docs/moe.md states
     assert abs(m.tokens_per_s_per_gpu / published - 1) < 0.15
     assert m.moe["expert_comm_s"] > 1.0  # DeepEP's traffic is reported
+
+
+def test_plan_from_a_dualpipe_scenario_sets_its_own_layout_beside_the_pick():
+    """plan --scenario simulates the file's own layout too and says where it beats the pick, and what of it the
+    search does not lay out (study/own.py)."""
+    from simulator.study.own import own_layout
+
+    own = pipeline(4, 16, "dualpipev", 2, equal_stages=False, ideal=False).scenario
+    t = simulate(own).metrics.iteration_time_s
+    row = own_layout(own, 4, 16, {"top": [{"status": "ok", "iteration_time_s": 2 * t}]})
+    assert row["iteration_time_s"] == pytest.approx(t, rel=1e-12) and row["fits"] and row["beats_pick"]
+    assert (
+        "faster than the plan's pick" in row["note"] and "does not cover" not in row["note"]
+    )  # it searches it
+    data = own.model_dump(mode="json", exclude_none=True)
+    data["parallelism"]["pipeline_layout"] = "Ett|tt|tt|tt|tt|tt|tt|ttL"  # the even split, stated
+    stated = load_scenario(data)
+    row = own_layout(stated, 4, 16, {"top": [{"status": "ok", "iteration_time_s": 2 * t}]})
+    assert "the search does not cover its pipeline_layout" in row["note"]
+    slower = own_layout(own, 4, 16, {"top": [{"status": "ok", "iteration_time_s": t / 2}]})
+    assert not slower["beats_pick"] and "faster" not in slower["note"]
+    assert own_layout(own, 8, 16, {"top": []}) is None  # another job: nothing to compare
+
+
+def test_the_planner_lays_out_dualpipe_and_dualpipev_where_their_stages_fill():
+    """study/layouts.py dual_plans: DualPipe over an even PP with an even count of at least 2 PP micro-batches,
+    DualPipeV over 2 PP stages with at least 2 PP; the bubble the README gives at B = 2F = 2W (pipeline_bubble)."""
+    from simulator.study.layouts import Layout, candidates, dual_plans, pipeline_bubble
+
+    assert dual_plans(16, 4, 8, {}) == [(2, "dualpipe", (0, 0)), (2, "dualpipev", (0, 0))]
+    assert dual_plans(16, 4, 6, {}) == []  # fewer than 2 PP micro-batches
+    assert dual_plans(12, 3, 6, {}) == [(2, "dualpipev", (0, 0))]  # DualPipe needs an even PP
+    assert dual_plans(61, 8, 32, {}) == [
+        (2, "dualpipe", (7, 6)),
+        (2, "dualpipev", (3, 2)),
+    ]  # DeepSeek-V3's 61
+    step = 6.0  # a rank's F + B per micro-batch: 2 chunks of F = 1, B = 2 (DualPipeV); 2 stages (DualPipe)
+    v = Layout(1, 8, 1, 1, 2, 1, "zero1", "none", schedule="dualpipev")
+    d = Layout(1, 8, 1, 1, 2, 1, "zero1", "none", schedule="dualpipe")
+    assert pipeline_bubble(v, step) == (8 - 1) * (3 + 2 - 3) * 1.0  # (PP - 1)(F&B + B - 3W) a chunk
+    assert pipeline_bubble(d, step) == (8 / 2 - 1) * (3 + 2 - 3) * 1.0  # its stages are half a rank's step
+    assert pipeline_bubble(Layout(1, 8, 1, 1, 1, 1, "zero1", "none"), step) == 7 * step  # 1F1B
+    assert v.label() == "TP1 PP8 DualPipeV DP1 mbs1 zero1 rc:none"
+    assert v.parallelism()["pipeline_schedule"] == "dualpipev"
+    s = pipeline(4, 16, "1f1b").scenario
+    lays = [x for x in candidates(s, 4, 4, {"tp": [1], "mbs": [1], "shardings": ["ddp"]}) if x.schedule]
+    assert {(x.pp, x.schedule) for x in lays} == {
+        (2, "dualpipe"),
+        (2, "dualpipev"),
+        (4, "dualpipe"),
+        (4, "dualpipev"),
+    }
+
+
+def test_dual_layouts_emit_as_their_stacks_can_run_them():
+    from simulator.study.emit import emit_text
+
+    row = {
+        "tp": 1, "pp": 8, "cp": 1, "dp": 16, "v": 2, "mbs": 1, "sharding": "zero1", "recompute": "none",
+        "ep": 1, "etp": 1, "first": 0, "last": 0, "schedule": "dualpipev",
+        "scenario": {"model": {"num_layers": 32, "seq_length": 4096}, "training": {"global_batch_size": 256}},
+    }  # fmt: skip
+    megatron = emit_text(row, "megatron")
+    assert "has no switch for it" in megatron and "virtual" not in megatron.split("\n", 1)[1]
+    assert 'pipeline_parallel_schedule = "DualPipeV"' in emit_text(row, "torchtitan")

@@ -256,3 +256,116 @@ def test_emitted_deepspeed_configs_are_deepspeeds_and_run_to_the_plans_time(tmp_
         path.write_text(yaml.safe_dump(data))
         got = simulate(load_scenario(path)).metrics.iteration_time_s
         assert got == pytest.approx(row["iteration_time_s"], rel=0.01), row["layout"]
+
+
+def megatron_options() -> set[str]:
+    text = (DATA / "megatron-lm-core_v0.15.0-options.txt").read_text()
+    return {line.strip() for line in text.splitlines() if line.startswith("--")}
+
+
+@pytest.mark.parametrize(
+    ("model", "gpus", "batch", "extra"),
+    [
+        ("llama3-8b", 16, 64, ()),
+        ("llama3-70b", 64, 256, ("--pp", "4")),
+        ("mixtral-8x7b", 16, 64, ()),
+    ],
+)
+def test_emitted_megatron_arguments_are_megatrons_and_run_to_the_plans_time(
+    tmp_path, model, gpus, batch, extra
+):
+    """plan --stack megatron: each confirmed layout emitted as Megatron-LM arguments uses only flags of its
+    core_v0.15.0 parser and, read back as the scenario's megatron_args beside the plan's cluster and profile
+    alone (the model, batch, precision, layout and switches from the arguments), simulates to the plan's time."""
+    from simulator.scenario.megatron_args import MegatronArgsWarning
+
+    options = megatron_options()
+    rows, _ = plan_rows("megatron", model, gpus, batch, *extra, top=3)
+    checked = 0
+    for i, row in enumerate(rows):
+        text = emit_text(row, "megatron")
+        if row.get("schedule"):  # DeepSeek's schedules: said, and run as 1F1B by Megatron-LM (another time)
+            assert "Megatron-LM has no switch for it" in text
+            continue
+        checked += 1
+        flags = re.findall(
+            r"(?m)(?:^|\s)(--[a-z0-9-]+)", "\n".join(x for x in text.splitlines() if not x.startswith("#"))
+        )
+        assert flags and set(flags) <= options, set(flags) - options
+        (tmp_path / f"{i}.sh").write_text(text)
+        s = row["scenario"]
+        data = {
+            "name": f"mg{i}",
+            "cluster": s["cluster"],
+            "framework": s["framework"],
+            "megatron_args": f"{i}.sh",
+        }
+        path = tmp_path / f"{i}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", MegatronArgsWarning)  # every flag emitted is one it reads
+            got = simulate(load_scenario(path)).metrics.iteration_time_s
+        assert got == pytest.approx(row["iteration_time_s"], rel=0.01), row["layout"]
+    assert checked, "every confirmed layout was DeepSeek's: nothing read back"
+
+
+def test_a_megatron_command_line_gets_megatrons_defaults_and_names_what_it_ignores(tmp_path):
+    """A launch script as people write one: torchrun's --nnodes, the script, its flags; absent flags are
+    Megatron's defaults (fp32, GeLU, LayerNorm, learned positions, tied embeddings, biases), unmodelled ones
+    named in one warning, a value against the scenario one line naming both."""
+    from simulator.scenario.megatron_args import MegatronArgsWarning
+
+    (tmp_path / "run.sh").write_text(
+        "#!/bin/bash\n# GPT-2 small, as in Megatron-LM's examples\n"
+        "torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py \\\n"
+        "  --num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --vocab-size 50257 \\\n"
+        "  --micro-batch-size 4 --global-batch-size 64 --tensor-model-parallel-size 2 --lr 6e-4 \\\n"
+        "  --data-path /data/a 0.5 /data/b 0.5 --fancy-new-flag 3\n"
+    )
+    data = {"name": "mg", "cluster": {"topology": "dgx-a100"}, "megatron_args": "run.sh"}
+    with pytest.warns(MegatronArgsWarning, match=r"not modelled, ignored: --fancy-new-flag$"):
+        s = load_scenario(data, base_dir=tmp_path)
+    m, t, p = s.model, s.training, s.parallelism
+    assert (s.cluster.num_nodes, p.tensor_parallel, p.data_parallel) == (2, 2, 8)
+    assert (t.precision, t.micro_batch_size, t.global_batch_size) == ("fp32", 4, 64)
+    assert (m.activation, m.normalization, m.position_embedding, m.tied_embeddings, m.add_bias_linear) == (
+        "gelu",
+        "layernorm",
+        "learned",
+        True,
+        True,
+    )
+    with pytest.raises(
+        ScenarioError,
+        match=r"--tensor-model-parallel-size \(2\) contradicts parallelism.tensor_parallel \(4\)",
+    ):
+        load_scenario({**data, "parallelism": {"tensor_parallel": 4}}, base_dir=tmp_path)
+    (tmp_path / "bad.sh").write_text("--num-layers twelve\n")
+    with pytest.raises(ScenarioError, match="--num-layers must be int"):
+        load_scenario({**data, "megatron_args": "bad.sh"}, base_dir=tmp_path)
+
+
+def test_a_torchtitan_dualpipev_job_reads_as_dualpipev(tmp_path):
+    """torchtitan runs torch.distributed.pipelining's ScheduleDualPipeV (torchtitan/distributed/pipeline_parallel.py):
+    two stages a rank in a V."""
+    toml = """
+[training]
+local_batch_size = 8
+seq_len = 2048
+
+[parallelism]
+data_parallel_shard_degree = 1
+data_parallel_replicate_degree = 8
+pipeline_parallel_degree = 2
+pipeline_parallel_schedule = "DualPipeV"
+pipeline_parallel_microbatch_size = 1
+"""
+    s = load_scenario(scenario(tmp_path, toml))
+    p = s.parallelism
+    assert (p.pipeline_schedule, p.virtual_pipeline_stages, p.pipeline_parallel, p.data_parallel) == (
+        "dualpipev",
+        2,
+        2,
+        8,
+    )
+    assert simulate(s).metrics.iteration_time_s > 0

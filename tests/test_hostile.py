@@ -239,6 +239,35 @@ def torchtitan_case(work: Path, cfg) -> int:
     return check_cli(["run", str(_dump(scenario, d / "s.yaml", "yaml")), "--quiet", "--json"], [])
 
 
+MEGATRON_FLAGS = [
+    "--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--vocab-size", "--micro-batch-size",
+    "--global-batch-size", "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--bf16", "--swiglu",
+    "--num-layers-per-virtual-pipeline-stage", "--pipeline-model-parallel-layout", "--recompute-granularity",
+    "--recompute-modules", "--num-experts", "--moe-router-topk", "--expert-model-parallel-size", "--fp8-format",
+    "--fp8-recipe", "--normalization", "--position-embedding-type", "--use-precision-aware-optimizer",
+    "--exp-avg-dtype", "--moe-token-dispatcher-type", "--sequence-parallel", "--group-query-attention",
+    "--num-query-groups", "--unknown-flag", "pretrain_gpt.py", "--nnodes", "\\", "#", "'", '"',
+]  # fmt: skip
+MEGATRON = st.lists(
+    st.one_of(
+        st.sampled_from(MEGATRON_FLAGS),
+        st.integers(-3, 5000).map(str),
+        st.sampled_from(["RMSNorm", "rope", "full", "selective", "e4m3", "bf16", "Et*3|(tt|)*2,L", "x", ""]),
+        st.text(max_size=8),
+    ),
+    max_size=30,
+)
+
+
+def megatron_case(work: Path, tokens) -> int:
+    d = _fresh(work)
+    (d / "run.sh").write_text(" ".join(tokens), encoding="utf-8", errors="surrogatepass")
+    scenario = {k: v for k, v in BASE.items() if k not in ("training", "parallelism")} | {
+        "megatron_args": "run.sh"
+    }
+    return check_cli(["run", str(_dump(scenario, d / "s.yaml", "yaml")), "--quiet", "--json"], [])
+
+
 def hf_case(work: Path, cfg) -> int:
     d = _fresh(work)
     _dump(cfg, d / "config.json", "json")
@@ -271,6 +300,7 @@ GENERATORS = {
     "deepspeed": (deepspeed_case, st.one_of(mutated(DEEPSPEED), HOSTILE)),
     "hf_config": (hf_case, st.one_of(mutated(HF), HOSTILE)),
     "torchtitan": (torchtitan_case, st.one_of(mutated(TORCHTITAN), HOSTILE)),
+    "megatron_args": (megatron_case, MEGATRON),
     "raw": (raw_case, RAW),
 }
 

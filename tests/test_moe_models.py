@@ -48,6 +48,19 @@ PUBLISHED = {
 }
 
 
+# presets read by hand from their configs (no Hugging Face reader for their model types yet)
+BY_HAND = {
+    "gpt-oss-120b": (116.83, 5.13, False, 2, "openai/gpt-oss-120b model card: 116.83B total, 5.13B active"),
+    "llama4-maverick": (
+        400,
+        17,
+        True,
+        0,
+        "meta-llama/Llama-4-Maverick-17B-128E model card: 17B active, 400B total",
+    ),
+}
+
+
 def published_as(count: int, places: int) -> tuple[float, float]:
     """A count in billions as a publisher writes it to ``places`` decimals: rounded, or cut."""
     billions = count / 1e9
@@ -65,9 +78,9 @@ def scenario(model) -> object:
     )
 
 
-@pytest.mark.parametrize("name", sorted(PUBLISHED))
+@pytest.mark.parametrize("name", sorted(PUBLISHED | BY_HAND))
 def test_presets_give_the_published_total_and_active_parameters(name):
-    total, active, with_embedding, places, _ = PUBLISHED[name]
+    total, active, with_embedding, places, _ = (PUBLISHED | BY_HAND)[name]
     s = scenario(name)
     # equal at the precision published: rounded (46.70 -> 46.7) or cut (Qwen's 3.353 -> 3.3, DeepSeek's 2.451 -> 2.4)
     assert total in published_as(parameter_count(s), places)
@@ -112,3 +125,40 @@ def test_overrides_merge_into_a_presets_subsections():
 def test_the_fixtures_are_the_published_configs_keys():
     cfg = json.loads((HF / "deepseek-v3.json").read_text())
     assert cfg["n_routed_experts"] == 256 and cfg["first_k_dense_replace"] == 3 and cfg["q_lora_rank"] == 1536
+
+
+def test_a_gpt_oss_config_reads_as_the_preset(tmp_path):
+    """openai/gpt-oss-120b's shape as its config.json states it (GptOssConfig keys; layer_types alternate sliding
+    and full attention from the first layer)."""
+    cfg = {
+        "model_type": "gpt_oss",
+        "attention_bias": True,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "hidden_size": 2880,
+        "intermediate_size": 2880,
+        "layer_types": ["sliding_attention", "full_attention"] * 18,
+        "num_attention_heads": 64,
+        "num_experts_per_tok": 4,
+        "num_hidden_layers": 36,
+        "num_key_value_heads": 8,
+        "num_local_experts": 128,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 150000,
+        "sliding_window": 128,
+        "tie_word_embeddings": False,
+        "vocab_size": 201088,
+    }
+    (tmp_path / "gpt-oss-120b.json").write_text(json.dumps(cfg))
+    from_hf = load_scenario(
+        {
+            "model": {"hf_config": "gpt-oss-120b.json", "seq_length": 4096},
+            "cluster": {"topology": "dgx-h100", "num_nodes": 1},
+            "training": {"global_batch_size": 8},
+        },
+        base_dir=tmp_path,
+    )
+    preset = scenario("gpt-oss-120b")
+    assert parameter_count(from_hf) == parameter_count(preset) == 116_829_149_760
+    assert from_hf.model.moe.model_dump() == preset.model.moe.model_dump()
+    assert (from_hf.model.sliding_window, from_hf.model.full_attention_every) == (128, 2)

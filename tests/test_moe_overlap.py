@@ -85,7 +85,7 @@ def test_overlap_hides_most_of_the_all_to_all_and_holds_one_more_micro_batch():
 
 def test_without_pipeline_stages_each_forward_runs_beside_the_previous_backward():
     """combined_1f1b_schedule_for_no_pipelining: F0 alone, F1 + B0, ..., the last backward alone (it reduces the
-    gradients); two micro-batches' activations are live."""
+    gradients); one micro-batch's activations and a layer of the next are live."""
     from simulator.strategy.steps import microbatch_order
 
     d = {
@@ -117,7 +117,14 @@ def test_without_pipeline_stages_each_forward_runs_beside_the_previous_backward(
         < 0.6 * a.comm_by_collective["all_to_all:ep"]["exposed_s"]
     )
     assert b.iteration_time_s < a.iteration_time_s
-    assert b.memory_gib["activations"] == pytest.approx(2 * a.memory_gib["activations"], rel=0.05)
+    # forward layer i beside backward layer 31 - i, each backward layer releasing its activations as it ends
+    # (model_chunk_schedule_plan.py run, ScheduleNode._release_state): one micro-batch's activations and at most
+    # one layer of the next's, not two micro-batches'
+    assert (
+        a.memory_gib["activations"]
+        <= b.memory_gib["activations"]
+        <= a.memory_gib["activations"] * (1 + 1 / 32)
+    )
 
 
 def test_the_periodic_replay_of_a_combined_schedule_equals_replaying_every_micro_batch():

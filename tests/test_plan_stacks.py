@@ -235,8 +235,14 @@ def test_a_prime_layer_count_plans_uneven_pipelines_and_run_agrees(tmp_path):
     )
     options = {"shardings": ("ddp",), "recompute": ("none",), "micro_batch_sizes": (1,), "pp": (2, 4)}
     layouts = candidates(base, 8, 8, options)
-    assert {(lay.pp, lay.first, lay.last) for lay in layouts} == {(2, 4, 3), (4, 2, 1)}
-    r = plan(base, 8, top=2, options={**options, "tp": (1,), "cp": (1,)})
+    assert {(lay.pp, lay.first, lay.last) for lay in layouts if not lay.schedule} == {(2, 4, 3), (4, 2, 1)}
+    # DeepSeek's schedules split their own stages: DualPipe PP stages, DualPipeV 2 PP (7 on 8 does not split)
+    assert {(lay.pp, lay.schedule, lay.first, lay.last) for lay in layouts if lay.schedule} == {
+        (2, "dualpipe", 4, 3),
+        (2, "dualpipev", 2, 1),
+        (4, "dualpipe", 2, 1),
+    }
+    r = plan(base, 8, top=2, options={**options, "tp": (1,), "cp": (1,), "schedules": ()})
     for row in r["top"]:
         assert row["status"] == "ok", row
         p = row["scenario"]["parallelism"]

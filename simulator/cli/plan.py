@@ -154,9 +154,10 @@ def plan(
     from simulator.report.output import check_output_dir
     from simulator.scenario.loader import load_scenario
     from simulator.study.emit import FRAMEWORKS, emit_notes, emit_text, write_layouts
+    from simulator.study.own import own_layout
     from simulator.study.plan import accuracy_line
     from simulator.study.plan import plan as run_plan
-    from simulator.study.stacks import STACKS
+    from simulator.study.stacks import STACK_SCHEDULES, STACKS
 
     own = None  # the --scenario file's scenario
     if scenario_file is not None:
@@ -252,11 +253,14 @@ def plan(
                 if stack != "auto":  # every layout on that stack, its shardings alone (study/stacks.py)
                     options["stack"] = stack
                     options["shardings"] = stack_shardings(stack, options.get("shardings"))
+                    options["schedules"] = STACK_SCHEDULES[stack]
                 elif own is None and framework == "auto":  # each layout on the stack that runs it
                     options["stack"] = "auto"
                 if dask:
                     options["dask"] = dask
                 result = run_plan(base, n, top=top, batch=global_batch_size, options=options)
+        if own is not None:  # the file's own layout beside the pick, where it is the same job
+            result["scenario_own"] = own_layout(own, n, global_batch_size, result)
     except ScenarioError as e:
         fail(str(e), getattr(e, "exit_code", 2))
     seq_len = base.model.seq_length
@@ -341,6 +345,8 @@ def plan(
             highlight=False,
         )
     c.print(result["why"], markup=False, highlight=False)
+    if result.get("scenario_own"):
+        c.print(result["scenario_own"]["note"], markup=False, highlight=False)
     if line := accuracy_line(result["screen_accuracy"]):
         c.print(line, markup=False, highlight=False)
     c.print(result["caveat"], markup=False, highlight=False)

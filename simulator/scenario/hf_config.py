@@ -1,6 +1,6 @@
 """A Hugging Face ``config.json`` as the ``model:`` section: Llama-style and GPT-2 decoders, and the
 mixture-of-experts families (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2 / V3 with multi-head latent
-attention), each read as its transformers modelling code builds the model (transformers ``models/<type>/
+attention, GPT-OSS), each read as its transformers modelling code builds the model (transformers ``models/<type>/
 configuration_<type>.py`` and ``modeling_<type>.py``: which keys exist, their defaults, which layers are MoE)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ _HF_KEYS = {
 }
 # config.json keys that count experts (Mixtral, Qwen2-MoE, DeepSeek-MoE, DBRX-style configs)
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3")
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "gpt_oss")
 
 
 class HfConfigWarning(UserWarning):
@@ -141,6 +141,13 @@ def _moe(cfg: dict, model_type: str, out: dict, where: str) -> None:
             out["qkv_bias"] = bool(cfg.get("qkv_bias", True))
         else:
             out["qk_layernorm"] = True  # Qwen3MoeAttention: q_norm and k_norm over each head
+    elif model_type == "gpt_oss":
+        # GptOssMLP (transformers models/gpt_oss/modeling_gpt_oss.py): a biased router, top-k experts whose
+        # gate_up_proj and down_proj carry biases, as the attention's projections do (attention_bias, default true)
+        moe["num_experts"] = _int(cfg, "num_local_experts", where, 128)
+        moe["top_k"] = _int(cfg, "num_experts_per_tok", where, 4)
+        moe["ffn_hidden_size"] = _int(cfg, "intermediate_size", where, 2880)
+        out["add_bias_linear"] = bool(cfg.get("attention_bias", True))
     elif model_type == "olmoe":
         moe["num_experts"] = _int(cfg, "num_experts", where)
         moe["top_k"] = _int(cfg, "num_experts_per_tok", where)

@@ -59,15 +59,17 @@ def load_scenario(
             k: f"deepspeed_config {path.name}: {v}" for k, v in data.pop("_deepspeed_sources").items()
         }
         data["deepspeed_config"] = str(path)
-    tt_path = data.get("torchtitan_config")
-    if tt_path is not None:
-        check_path_value(tt_path, "torchtitan_config")
-        from simulator.scenario.torchtitan import merge_torchtitan_config, read_torchtitan_config
-
-        path = Path(tt_path)
+    # a stack's own launch file beside the scenario: torchtitan's TOML, Megatron-LM's command line
+    for key in ("torchtitan_config", "megatron_args"):
+        given = data.get(key)
+        if given is None:
+            continue
+        check_path_value(given, key)
+        read, merge = _stack_readers(key)
+        path = Path(given)
         path = base_dir / path if not path.is_absolute() and base_dir is not None else path
-        data = merge_torchtitan_config(data, read_torchtitan_config(path), f"torchtitan_config {path.name}")
-        data["torchtitan_config"] = str(path)
+        data = merge(data, read(path), f"{key} {path.name}")
+        data[key] = str(path)
     data = _paths_relative_to(data, base_dir)
     if framework is not None:  # after the scenario's own paths: this one is the command line's
         data = {**data, "framework": str(Path(framework).resolve()) if is_path(framework) else framework}
@@ -90,6 +92,17 @@ def load_scenario(
             f"{scenario.gradient_accumulation_steps}"
         )
     return scenario
+
+
+def _stack_readers(key: str):
+    """(read, merge) of a stack's launch file: scenario/torchtitan.py, scenario/megatron_args.py."""
+    if key == "torchtitan_config":
+        from simulator.scenario.torchtitan import merge_torchtitan_config, read_torchtitan_config
+
+        return read_torchtitan_config, merge_torchtitan_config
+    from simulator.scenario.megatron_args import merge_megatron_args, read_megatron_args
+
+    return read_megatron_args, merge_megatron_args
 
 
 def _from_deepspeed(message: str, err: dict, sources: dict[str, str]) -> str:

@@ -75,6 +75,11 @@ class Scenario(Section):
         description="A torchtitan TOML job config whose batch, sequence, parallelism, activation checkpointing and "
         "compile settings fill this scenario (scenario/torchtitan.py).",
     )
+    megatron_args: str | None = Field(
+        None,
+        description="A Megatron-LM launch command line (a shell script or the text plan --emit megatron writes) whose "
+        "flags fill this scenario, Megatron's defaults where a flag is absent (scenario/megatron_args.py).",
+    )
     kernels: str = Field(
         "auto",
         description="Measured kernel and collective costs (docs/calibration.md): 'auto' = the shipped table of the "

@@ -38,7 +38,12 @@ class TorchtitanConfigWarning(UserWarning):
 
 
 # torch.distributed.pipelining schedule names (get_schedule_class, case-insensitive) -> parallelism.pipeline_schedule
-SCHEDULES = {"1F1B": "1f1b", "Interleaved1F1B": "interleaved-1f1b", "GPipe": "gpipe"}
+SCHEDULES = {
+    "1F1B": "1f1b",
+    "Interleaved1F1B": "interleaved-1f1b",
+    "GPipe": "gpipe",
+    "DualPipeV": "dualpipev",
+}
 RECOMPUTE = ("none", "full", "selective")  # activation_checkpoint.mode, training.activation_recompute alike
 # sections whose keys the simulation cannot use (logging, checkpoints, data, the learning rate): not warned about
 NEUTRAL_SECTIONS = {
@@ -178,6 +183,10 @@ def merge_torchtitan_config(data: dict, tt: dict, label: str = "torchtitan_confi
             _choice(tt, "parallelism", "pipeline_parallel_schedule", "1F1B", tuple(SCHEDULES))
         ]
         put(par, "parallelism", "pipeline_schedule", schedule, "pipeline_parallel_schedule")
+        if (
+            schedule == "dualpipev"
+        ):  # two stages a rank in a V (ScheduleDualPipeV, torchtitan's "v" stage style)
+            put(par, "parallelism", "virtual_pipeline_stages", 2, "pipeline_parallel_schedule DualPipeV")
         if schedule == "interleaved-1f1b":
             per_stage = _int(tt, "parallelism", "pipeline_parallel_layers_per_stage", None)
             layers = model.get("num_layers")

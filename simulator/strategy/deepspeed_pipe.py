@@ -153,6 +153,6 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
     order = {st: [x for x in sorted(pos[st], key=pos[st].get)] for st in range(pp)}
     flush_and_step(prog, s, w, order, step_ids, chunks, stage_params, stage_tensors, last_compute)
     for st in range(pp):
-        mem = stage_memory(s, w, cluster, chunks, order[st], st, 1, stage_params[st])
+        mem = stage_memory(s, w, cluster, chunks, [(x,) for x in order[st]], st, 1, stage_params[st])
         prog.ranks.append(RankClass(stage_label(st, chunks[(st, 0)]), ranks_per_stage(s), mem, stage=st))
     return prog

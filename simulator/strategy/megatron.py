@@ -216,6 +216,6 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
     for st in range(pp):
         mine = [u for c in range(v) for u in chunks[(st, c)]]
         versions = 2 if asynchronous else 1
-        memory = stage_memory(s, w, cluster, chunks, order[st], st, v, stage_params[st], versions=versions)
+        memory = stage_memory(s, w, cluster, chunks, tasks[st], st, v, stage_params[st], versions=versions)
         prog.ranks.append(RankClass(stage_label(st, mine), ranks_per_stage(s), memory, stage=st))
     return prog

@@ -19,12 +19,17 @@ from simulator.workload.memory import (
     zero_model_state_bytes,
 )
 from simulator.workload.offload import BUFFERS
-from simulator.workload.recompute import chunk_activation_bytes, chunk_policies
+from simulator.workload.recompute import chunk_activation_bytes, chunk_policies, largest_layer_bytes
 from simulator.workload.transformer import Workload
 
 
 def activation_memory(
-    s: Scenario, layers: list, in_flight: int = 1, has_head: bool = True, relief: float = 0.0
+    s: Scenario,
+    layers: list,
+    in_flight: int = 1,
+    has_head: bool = True,
+    relief: float = 0.0,
+    transient: float = 0.0,
 ) -> tuple[float, float]:
     """(activations held at the peak, what the caching allocator holds beyond them at the loss).
 
@@ -40,7 +45,8 @@ def activation_memory(
     checkpoint, above it; the next layer's forward reuses that hole, and the last one's is still free under the
     logits, too small for the loss's tensors, which go above it and leave holes of their own (LOSS_TENSORS). So
     at the loss the allocator holds the recomputation's working set (the same tensors) and the loss's holes on
-    top of what is allocated, and the relief, which other streams' pools hold."""
+    top of what is allocated, and the relief, which other streams' pools hold. ``transient``: a working set
+    never live with the loss's or a recomputation's (combined 1F1B's layer pair, below)."""
     policies = chunk_policies(s, len(layers))
     pairs = list(zip(policies, layers, strict=True))
     kept, peak = chunk_activation_bytes(s, [(p, b.moe) for p, b in pairs if not b.offloaded])
@@ -49,6 +55,7 @@ def activation_memory(
         off_kept, off_peak = chunk_activation_bytes(s, away)
         kept += off_kept * min(BUFFERS, len(away)) / len(away)
         peak = max(peak, off_peak)
+    peak = max(peak, transient)
     if not has_head:
         return kept * in_flight + peak, 0.0
     # the output layer's, once more per multi-token prediction depth
@@ -110,10 +117,14 @@ def memory_breakdown(
     relief = (0.0 if grads_at_loss else grads) + (
         buffers - buffers_at_loss if buffers_at_loss is not None else 0.0
     )
-    # Megatron-Core's combined 1F1B without pipeline stages runs a forward while the previous micro-batch's
-    # backward still holds its activations: two micro-batches in flight
+    # Megatron-Core's combined 1F1B without pipeline stages runs a forward beside the previous micro-batch's
+    # backward layer by layer, forward layer i beside backward layer L-1-i, and each backward node releases what
+    # it kept as it ends (core_v0.14.0 model_chunk_schedule_plan.py ``run``, pipeline_parallel/utils.py
+    # ``ScheduleNode._release_state``): one micro-batch's activations and at most a layer of the next's
     combined = overlaps_a2a(s) and s.gradient_accumulation_steps > 1
-    acts, reserve = activation_memory(s, list(w.layers), in_flight=2 if combined else 1, relief=relief)
+    pairs = list(zip(chunk_policies(s, len(w.layers)), (b.moe for b in w.layers), strict=True))
+    layer = largest_layer_bytes(s, pairs) if combined else 0.0
+    acts, reserve = activation_memory(s, list(w.layers), relief=relief, transient=layer)
     mem = MemoryBreakdown(params, grads, opt, acts, buffers, cluster.gpu.hbm_bytes, reserve=reserve)
     return with_host_checkpoints(s, mem, w.num_layers, cluster)
 

@@ -80,6 +80,12 @@ def megatron(row: dict) -> str:
         f"--pipeline-model-parallel-size {row['pp']}",
     ]
     notes = []
+    if row.get("schedule"):  # DeepSeek's schedules: no Megatron-LM switch; the stages as 1F1B would run them
+        notes.append(
+            f"# {row['schedule']} is DeepSeek's schedule (deepseek-ai/DualPipe; DualPipeV also torchtitan's): Megatron-LM "
+            "has no switch for it; these arguments run the layout's stages with 1F1B"
+        )
+        row = {**row, "v": 1, "first": 0}
     # uneven stages: Megatron asks for the virtual stages per rank (arguments.py, core_v0.15.0)
     if row.get("first"):
         args += [
@@ -310,10 +316,18 @@ def torchtitan(row: dict) -> str:
         lines.append("# the optimizer on the host CPU (ZeRO-Offload) is DeepSpeed's here: --emit deepspeed")
     lines += [f"tensor_parallel_degree = {row['tp']}", f"pipeline_parallel_degree = {pp}"]
     if pp > 1:
+        # torch.distributed.pipelining's ScheduleDualPipeV (torchtitan pipeline_parallel.py); DualPipe has none
+        name = {"dualpipev": "DualPipeV"}.get(
+            row.get("schedule", ""), "Interleaved1F1B" if row["v"] > 1 else "1F1B"
+        )
         lines += [
-            f'pipeline_parallel_schedule = "{"Interleaved1F1B" if row["v"] > 1 else "1F1B"}"',
+            f'pipeline_parallel_schedule = "{name}"',
             f"pipeline_parallel_microbatch_size = {row['mbs']}",
         ]
+        if row.get("schedule") == "dualpipe":
+            lines.append(
+                "# DualPipe (bidirectional) is DeepSeek's (deepseek-ai/DualPipe): torchtitan runs DualPipeV"
+            )
         if row.get("first"):
             lines.append(
                 f"# uneven stages ({row['first']} layers on the first, {row['last']} on the last, the rest alike "

@@ -1,7 +1,7 @@
 """The layouts a plan searches: every way to lay a model out on N GPUs that divides (tensor, context, pipeline
 and data parallel sizes, virtual stages, micro-batch size, weight / gradient sharding (DDP, ZeRO-1/2/3, FSDP and
 HSDP with shard groups of whole nodes), activation recompute; for a mixture-of-experts model expert parallel and
-expert tensor parallel sizes too)."""
+expert tensor parallel sizes too; DeepSeek's DualPipe and DualPipeV beside Megatron's pipeline schedules)."""
 
 from __future__ import annotations
 
@@ -16,16 +16,7 @@ SHARDINGS = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp", "zero2-offload", 
 FULL_SHARDINGS = ("zero3", "fsdp", "hsdp", "zero3-offload")
 # ZeRO stage of each sharding; ``-offload``: DeepSpeed's optimizer on the host CPU (ZeRO-Offload, Ren et al.
 # ATC'21; with stage 3 the weights stay on the GPU), without pipelining as DeepSpeed and the simulation allow
-STAGES = {
-    "ddp": 0,
-    "zero1": 1,
-    "zero2": 2,
-    "zero3": 3,
-    "fsdp": 3,
-    "hsdp": 3,
-    "zero2-offload": 2,
-    "zero3-offload": 3,
-}
+STAGES = dict(ddp=0, zero1=1, zero2=2, zero3=3, fsdp=3, hsdp=3) | {"zero2-offload": 2, "zero3-offload": 3}
 OFFLOAD = {"offload_optimizer": {"device": "cpu", "pin_memory": True}}
 HSDP_NODES = (1, 2, 4, 8)  # HSDP shard groups searched: this many whole nodes
 RECOMPUTE = ("none", "selective", "full")
@@ -50,9 +41,22 @@ class Layout:
     # (Megatron's --decoder-first / --decoder-last-pipeline-num-layers); 0: every stage the same
     first: int = 0
     last: int = 0
+    # a schedule beyond Megatron's: DeepSeek's "dualpipe" (each rank stages i and PP - 1 - i, every stage twice) or
+    # "dualpipev" (2 PP stages in a V), first and last then the path's end stages, both on rank 0; "": Megatron's
+    schedule: str = ""
 
     def stage_layers(self, num_layers: int) -> tuple[int, int, int]:
-        """Layers on the first, a middle and the last stage."""
+        """Layers on the first, a middle and the last stage (DualPipe, DualPipeV: the first rank's, whose two chunks
+        are the model's ends with the embedding and the output layer, and a middle rank's)."""
+        if self.schedule in ("dualpipe", "dualpipev"):
+            stages = 2 * self.pp if self.schedule == "dualpipev" else self.pp
+            middle = (
+                (num_layers - self.first - self.last) // max(stages - 2, 1)
+                if self.first
+                else num_layers // stages
+            )
+            ends = self.first + self.last if self.first else 2 * middle
+            return (ends,) * 3 if stages == 2 else (ends, 2 * middle, ends)
         if not self.first:
             return (num_layers // self.pp,) * 3
         middle = (num_layers - self.first - self.last) // (self.pp - 2) if self.pp > 2 else 0
@@ -73,7 +77,9 @@ class Layout:
             "context_parallel": self.cp,
             "data_parallel": self.dp,
         }
-        if self.v > 1:
+        if self.schedule:
+            par.update(pipeline_schedule=self.schedule)
+        elif self.v > 1:
             par.update(pipeline_schedule="interleaved-1f1b", virtual_pipeline_stages=self.v)
         if self.first:
             par.update(first_pipeline_stage_layers=self.first, last_pipeline_stage_layers=self.last)
@@ -109,7 +115,8 @@ class Layout:
         return self.sharding.removesuffix("-offload")
 
     def label(self) -> str:
-        pipe = f"PP{self.pp}" + (f"x{self.v}" if self.v > 1 else "")
+        names = {"dualpipe": " DualPipe", "dualpipev": " DualPipeV"}
+        pipe = f"PP{self.pp}" + (names.get(self.schedule) or (f"x{self.v}" if self.v > 1 else ""))
         if self.first:  # PP16[3..2]: 3 layers on the first stage, 2 on the last, the rest alike between
             pipe += f"[{self.first}..{self.last}]"
         parts = [f"TP{self.tp}", pipe, f"DP{self.dp}"]
@@ -122,6 +129,18 @@ class Layout:
     def sharding_label(self) -> str:
         """The sharding as a table shows it: ``hsdp8`` for HSDP with shard groups of 8 data-parallel ranks."""
         return f"hsdp{self.shard}" if self.sharding == "hsdp" else self.sharding
+
+
+@dataclass
+class Estimate:
+    layout: Layout
+    iteration_s: float
+    memory_gib: float
+    compute_s: float
+    bubble_s: float
+    comm_s: float
+    fits: bool
+    bound: bool = False  # a lower bound: ZeRO-3's calls taken as hidden, the coordinator not replayed yet
 
 
 # The base scenario's parallelism switches a planned layout keeps: they do not depend on the degrees (rank order,
@@ -153,6 +172,8 @@ def carried(par: dict, lay: Layout) -> dict:
 
 def schedule_of(base: Scenario, lay: Layout) -> str:
     """The pipeline schedule ``lay`` runs (``Layout.parallelism`` and ``carried``)."""
+    if lay.schedule:
+        return lay.schedule
     if lay.v > 1:
         return "interleaved-1f1b"
     given = base.parallelism.pipeline_schedule
@@ -189,10 +210,10 @@ def candidates(
     mbss = o.get("micro_batch_sizes")  # default: every micro-batch up to 16 dividing a rank's batch (below)
     moe = m.moe
     shardings = o.get("shardings", SHARDINGS if moe is None else ("ddp", "zero1", "zero2"))
-    # selective recompute re-runs the attention scores that FlashAttention never stores: the same as none
-    recomputes = o.get(
-        "recompute", tuple(r for r in RECOMPUTE if not (r == "selective" and m.attention == "flash"))
-    )
+    # selective recompute re-runs the attention scores that FlashAttention never stores: the same as none, unless
+    # the base names Megatron-Core's other recompute modules
+    plain = m.attention == "flash" and base.training.recompute.modules == ("core_attn",)
+    recomputes = o.get("recompute", tuple(r for r in RECOMPUTE if not (r == "selective" and plain)))
     out = []
     for tp in o.get("tp", tps):
         for cp in o.get("cp", cps):
@@ -215,8 +236,12 @@ def candidates(
                         for v in o.get("virtual", range(2, m.num_layers // pp + 1))
                         if pp > 1 and middle % v == 0 and min(first, last) >= v - 1 and gas % pp == 0
                     ]
-                    for v in vs:
+                    # DeepSeek's DualPipe / DualPipeV where their stages split the layers (dual_plans)
+                    plans = [(v, "", ends) for v in vs] + dual_plans(m.num_layers, pp, gas, o)
+                    for v, schedule, cut in plans:
                         for sh in shardings:
+                            if schedule and sh not in ("ddp", "zero1"):
+                                continue
                             if pp > 1 and sh not in ("ddp", "zero1"):
                                 continue
                             if dp == 1 and sh != "ddp":
@@ -230,8 +255,24 @@ def candidates(
                                 for rc in recomputes:
                                     for shard in shards:
                                         out.append(
-                                            Layout(tp, pp, cp, dp, v, mbs, sh, rc, ep, etp, shard, *ends)
+                                            Layout(
+                                                tp, pp, cp, dp, v, mbs, sh, rc, ep, etp, shard, *cut, schedule
+                                            )
                                         )
+    return out
+
+
+def dual_plans(num_layers: int, pp: int, gas: int, o: dict) -> list[tuple[int, str, tuple[int, int]]]:
+    """(virtual stages, schedule, (first, last)) of DeepSeek's schedules where their stages split the layers
+    (``stage_split`` over PP stages for DualPipe, 2 PP for DualPipeV) and the micro-batches fill them (at least
+    2 PP; DualPipe an even count over an even PP: strategy/pipeline/partition.py)."""
+    out = []
+    for name in o.get("schedules", ("dualpipe", "dualpipev")):
+        stages = 2 * pp if name == "dualpipev" else pp
+        split = stage_split(num_layers, stages)
+        if pp < 2 or gas < 2 * pp or split is None or (name == "dualpipe" and (pp % 2 or gas % 2)):
+            continue
+        out.append((2, name, (0, 0) if num_layers % stages == 0 else (split[0], split[2])))
     return out
 
 
@@ -338,3 +379,15 @@ def why_none(
             "experts over these layouts"
         )
     return "every combination is refused by the shardings, recompute or HSDP groups given"
+
+
+def pipeline_bubble(lay: Layout, step: float) -> float:
+    """Pipeline idle time at ``step`` s a rank per micro-batch: (PP - 1) steps / v (1F1B, interleaved); DualPipe's
+    README's (PP/2 - 1)(F&B + B - 3W) of its stages at B = 2F = 2W: DualPipeV (PP - 1) / 3 steps, DualPipe a third."""
+    if lay.pp == 1:
+        return 0.0
+    if lay.schedule == "dualpipev":
+        return (lay.pp - 1) / 3 * step
+    if lay.schedule == "dualpipe":
+        return (lay.pp / 2 - 1) * 2 / 3 * step / 2
+    return (lay.pp - 1) / lay.v * step

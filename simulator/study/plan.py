@@ -318,7 +318,7 @@ def _twin(c: Confirmed, others: list[Confirmed]) -> Confirmed | None:
 
 
 def shape(lay: Layout) -> tuple:
-    return (lay.tp, lay.pp, lay.cp, lay.dp, lay.v, lay.mbs, lay.ep, lay.etp)
+    return (lay.tp, lay.pp, lay.cp, lay.dp, lay.v, lay.mbs, lay.ep, lay.etp, lay.schedule)
 
 
 def why(ranked: list[Confirmed], fitting: int | None = None) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
 
 from simulator.costs.collectives import CollectiveModel
 from simulator.costs.compute import ComputeModel
@@ -29,7 +28,7 @@ from simulator.strategy.state_bytes import fsdp_reduce_bytes, grad_bytes, weight
 from simulator.strategy.steps import optimizer_step_bytes
 from simulator.strategy.zero import fetch_key, screen_buffer_bytes
 from simulator.strategy.zero3_fetch import call_sizes
-from simulator.study.layouts import Layout, carried, collective_span, schedule_of
+from simulator.study.layouts import Estimate, Layout, carried, collective_span, pipeline_bubble, schedule_of
 from simulator.study.offload import OffloadScreen
 from simulator.study.step_overhead import step_overhead_s
 from simulator.tables.select import resolve_tables
@@ -39,18 +38,6 @@ from simulator.workload.memory import activation_bytes_per_layer, state_bytes_pe
 from simulator.workload.transformer import build_workload
 
 MEMORY_HEADROOM = 0.9  # screen out what needs more than 90% of the GPU (allocator, context, NCCL buffers)
-
-
-@dataclass
-class Estimate:
-    layout: Layout
-    iteration_s: float
-    memory_gib: float
-    compute_s: float
-    bubble_s: float
-    comm_s: float
-    fits: bool
-    bound: bool = False  # a lower bound: ZeRO-3's calls taken as hidden, the coordinator not replayed yet
 
 
 class Screen:
@@ -179,8 +166,7 @@ class Screen:
         return self._layer_params[key]
 
     def _comm(self, lay: Layout) -> CollectiveModel:
-        """The collectives inside a layer (TP, CP, and the experts' EP / ETP), on as many nodes as their groups
-        span."""
+        """The collectives inside a layer (TP, CP, the experts' EP / ETP), on as many nodes as their groups span."""
         dp, pp = collective_span(lay, self.gpn)
         key = (lay.tp, lay.cp, lay.ep, lay.etp, dp, pp)
         if key not in self._tp_comm:
@@ -236,17 +222,21 @@ class Screen:
                 s, w, cost, lay.pp, lay.v, link, schedule_of(self.base, lay)
             )
         step = lay.slowest_stage_s(self.base.model.num_layers, per_layer, emb, head) + self._overheads[okey]
-        compute = gas * (layers * per_layer + (emb + head) / lay.pp)
-        bubble = (lay.pp - 1) / lay.v * step if lay.pp > 1 else 0.0
-        pipeline = gas * step + bubble
+        copies = (
+            2 if lay.schedule == "dualpipe" else 1
+        )  # DualPipe: each stage twice, each copy half the batch
+        compute = gas * (layers * per_layer + (emb + head) / lay.pp) / copies
+        bubble = pipeline_bubble(lay, step)
+        pipeline = gas * step / copies + bubble
         # data-parallel traffic per GPU: where the dp group's ranks sit (rank order tp-cp-dp-pp)
         w_b, g_b, k_b = self._state_bytes
         # parameters of one GPU's (first or last) stage
         mean_layer = self._mean_layer(w)
-        ends = max(w.embedding.params, w.head.params)
+        # (DeepSeek's schedules: the first rank holds both ends)
+        ends = w.embedding.params + w.head.params if lay.schedule else max(w.embedding.params, w.head.params)
         psi = w.params_per_rank if lay.pp == 1 else layers * mean_layer + ends
         # a mixture-of-experts model's routed experts: reduced over expert data parallelism, states sharded there
-        experts = w.expert_params_per_rank / lay.pp
+        experts = w.expert_params_per_rank / lay.pp * copies
         edp = lay.tp * lay.cp * lay.dp // (lay.ep * lay.etp)
         per_node_e = max(1, min(edp, self.gpn // (lay.ep * lay.etp))) if lay.ep * lay.etp < self.gpn else 1
         inner = lay.tp * lay.cp
@@ -371,9 +361,10 @@ class Screen:
             if not lay.offload:
                 states += g_b * params / (n if stage >= 2 else 1) + k_b * params / (n if stage >= 1 else 1)
         layers = max(lay.stage_layers(self.base.model.num_layers))
-        # micro-batches' activations the first stage holds: PP (1F1B), or interleaved 1F1B's warm-up of
-        # 2(PP - 1) + (v - 1) PP chunks and one more, each 1/v of the stage (Megatron-LM schedules.py)
+        # micro-batches' activations the first stage holds: PP (1F1B), or interleaved 1F1B's warm-up of 2(PP - 1) +
+        # (v - 1) PP chunks and one more, each 1/v of the stage (Megatron-LM schedules.py); DualPipeV's PP + 1 halves
         in_flight = (2 * (lay.pp - 1) + (lay.v - 1) * lay.pp + 1) / lay.v if lay.v > 1 else max(lay.pp, 1)
+        in_flight = {"dualpipev": lay.pp + 0.5, "dualpipe": (lay.pp + 1) / 2}.get(lay.schedule, in_flight)
         per_layer, head, whole = self._activations(lay, s)
         # the loss's working set and a recomputation's are never live together (strategy/memory.py)
         act = per_layer * layers * in_flight + max(head, whole if lay.recompute == "full" else 0.0)

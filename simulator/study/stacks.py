@@ -52,6 +52,9 @@ STACK_SHARDINGS = {
     "deepspeed": ("ddp", "zero1", "zero2", "zero3", "zero2-offload", "zero3-offload"),
 }
 STACKS = tuple(STACK_SHARDINGS)
+# DeepSeek's schedules each stack runs: torchtitan DualPipeV (torch.distributed.pipelining ScheduleDualPipeV),
+# Megatron-LM and DeepSpeed neither
+STACK_SCHEDULES = {"megatron": (), "torchtitan": ("dualpipev",), "deepspeed": ()}
 
 
 def stack_of(base: Scenario, lay: Layout, architecture: str, stack: str = AUTO) -> str:

@@ -182,3 +182,8 @@ def chunk_activation_bytes(s: Scenario, layers: list[tuple[str, bool]]) -> tuple
             if policy == "op":
                 peak = max(peak, activation_bytes_per_layer(s, recompute="none", moe=moe) - own)
     return kept, peak
+
+
+def largest_layer_bytes(s: Scenario, layers: list[tuple[str, bool]]) -> float:
+    """What the largest of a chunk's layers keeps for one micro-batch (``layers``: (policy, is MoE) each)."""
+    return max((chunk_activation_bytes(s, [x])[0] for x in set(layers)), default=0.0)

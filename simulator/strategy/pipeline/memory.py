@@ -8,8 +8,9 @@ from simulator.scenario.schema import Scenario
 from simulator.strategy.groups import expert_grad_group_size, grad_group_size
 from simulator.strategy.memory import with_host_checkpoints
 from simulator.strategy.reduction import bf16_optimizer
-from simulator.strategy.schedules import SPLITS_BACKWARD, Step
+from simulator.strategy.schedules import DUAL, SPLITS_BACKWARD, Step
 from simulator.strategy.state_bytes import fp8_weight_copy_bytes, fsdp_reduce_bytes, grad_bytes
+from simulator.strategy.steps import overlaps_a2a
 from simulator.workload.fp8 import is_quantized
 from simulator.workload.loss import head_activation_bytes, head_reserve_bytes
 from simulator.workload.memory import (
@@ -17,7 +18,7 @@ from simulator.workload.memory import (
     state_bytes_per_param,
     zero_model_state_bytes,
 )
-from simulator.workload.recompute import chunk_activation_bytes, chunk_policies
+from simulator.workload.recompute import chunk_activation_bytes, chunk_policies, largest_layer_bytes
 from simulator.workload.transformer import Workload
 
 
@@ -26,15 +27,15 @@ def stage_memory(
     w: Workload,
     cluster: Cluster,
     chunks,
-    steps: list[Step],
+    tasks: list[tuple[Step, ...]],
     st: int,
     v: int,
     params: float,
     versions: int = 1,
 ) -> MemoryBreakdown:
     """Model states of the stage's layers (ZeRO-1 / distributed optimizer shards the optimizer states over DP),
-    and activations for the microbatches in flight, counted by walking the schedule: +1 at a chunk's forward,
-    -1 at its backward (at W for the half of the activations the weight gradient still needs). PipeDream-2BW
+    and activations for the microbatches in flight, counted by walking the schedule's ``tasks`` (a step each, or a
+    forward and a backward run as one): +1 at a chunk's forward, -1 at its backward (at W for the half of the activations the weight gradient still needs). PipeDream-2BW
     keeps ``versions`` = 2 copies of the weights (the extra one counted as a buffer)."""
     par = s.parallelism
     w_b, _, k_b = state_bytes_per_param(
@@ -63,12 +64,18 @@ def stage_memory(
     layers = {c: sum(1 for u in chunks[(st, c)] if u.is_layer) for c in range(v)}
     heads = {c: chunks[(st, c)][-1].name == "head" for c in range(v)}
     # each chunk's layers under their recompute policies (Megatron counts recompute_num_layers per chunk)
-    kept, recompute_peak = {}, 0.0
+    kept, recompute_peak, layer = {}, 0.0, 0.0
     for c in range(v):
         blocks = [u.block for u in chunks[(st, c)] if u.is_layer]
         pairs = [(p, b.moe) for p, b in zip(chunk_policies(s, len(blocks)), blocks, strict=True)]
         kept[c], extra = chunk_activation_bytes(s, pairs)
         recompute_peak = max(recompute_peak, extra)
+        layer = max(layer, largest_layer_bytes(s, pairs))
+    # Megatron-Core's combined 1F1B runs a forward beside a backward layer by layer and frees each backward
+    # layer's activations as it ends (core_v0.14.0 model_chunk_schedule_plan.py ``run``, ScheduleNode
+    # ``_release_state``): the pair holds at most a layer beyond the forward-before-backward count. DualPipe's
+    # overlapped forward-backward is counted whole, as its README's PP + 1 counts it.
+    paired = layer if overlaps_a2a(s) and par.pipeline_schedule not in DUAL else None
 
     change = {
         "F": 1.0,
@@ -84,7 +91,7 @@ def stage_memory(
     # activation_memory)
     depths = 1 + s.model.mtp_layers
     loss = head_activation_bytes(s) * depths if any(heads.values()) else 0.0
-    live, at_embedding = _walk(steps, change, kept, _embedding_gradient(s, w, chunks, st, v))
+    live, at_embedding = _walk(tasks, change, kept, _embedding_gradient(s, w, chunks, st, v), paired)
     peak = max(live + max(recompute_peak, loss), at_embedding)
     at_loss = live + loss + recompute_peak + head_reserve_bytes(s) * depths if loss else 0.0
     mem = MemoryBreakdown(
@@ -99,21 +106,33 @@ def stage_memory(
     if not s.training.cpu_checkpointing:
         return mem
     # checkpoints of the microbatches in flight, in host memory instead
-    return with_host_checkpoints(s, mem, _walk(steps, change, layers)[0], cluster)
+    return with_host_checkpoints(s, mem, _walk(tasks, change, layers)[0], cluster)
 
 
-def _walk(steps: list[Step], change: dict, chunk_bytes: dict, embedding=None) -> tuple[float, float]:
-    """(the most live, the most at one of the embedding's gradient steps) over the stage's schedule: +1 at a
+def _walk(
+    tasks: list[tuple[Step, ...]],
+    change: dict,
+    chunk_bytes: dict,
+    embedding=None,
+    paired: float | None = None,
+) -> tuple[float, float]:
+    """(the most live, the most at one of the embedding's gradient steps) over the stage's tasks: +1 at a
     chunk's forward, -1 at its backward (``change``); ``embedding`` (_embedding_gradient): from its chunk's first
     gradient step on, the whole vocabulary's fp32 gradient beyond its shard, and at each such step 6 bytes per
-    element more."""
+    element more. ``paired``: a forward and a backward run as one task hold at most that many bytes beyond what
+    was live before them (then what the two leave); None: the task's steps one after the other."""
     live = most = at_embedding = extra = 0.0
-    for kind, _, chunk in steps:
-        live += change[kind] * chunk_bytes[chunk]
-        if embedding and (kind, chunk) == embedding[:2]:
-            _, _, whole, tp = embedding
-            at_embedding = max(at_embedding, live + extra + 6 * whole)
-            extra = 4 * whole * (1 - 1 / tp)
+    for task in tasks:
+        if paired is not None and len(task) == 2:
+            most = max(most, live + extra + paired)
+        for kind, _, chunk in task:
+            live += change[kind] * chunk_bytes[chunk]
+            if embedding and (kind, chunk) == embedding[:2]:
+                _, _, whole, tp = embedding
+                at_embedding = max(at_embedding, live + extra + 6 * whole)
+                extra = 4 * whole * (1 - 1 / tp)
+            if paired is None or len(task) == 1:
+                most = max(most, live + extra)
         most = max(most, live + extra)
     return most, at_embedding
 
