@@ -119,5 +119,46 @@ def test_the_dispatchers_sms_slow_the_compute_it_hides_behind():
     )
     assert dispatcher_sms(dsv3) == 24
     assert dispatcher_sms(deepseek()) == deepseek().memory.nccl_channels
-    with pytest.raises(ScenarioError, match="dispatcher_sms is DeepEP's SM count"):
+    with pytest.raises(ScenarioError, match="dispatcher_sms is the flex dispatcher's SM count"):
         make(parallelism={"moe": {"dispatcher_sms": 24}}, training={"global_batch_size": 8})
+
+
+def test_hybridep_takes_the_routing_map_as_it_is_and_waits_only_where_the_counts_are_unknown():
+    """Megatron-LM d98e8a64 token_dispatcher.py _HybridEPManager: the same traffic as DeepEP, no indices to
+    multihot; num_permuted_tokens known with drop-and-pad (no CPU sync), None when dropless ("will cause a CPU
+    sync"); fused_a2a.py: no FP8 dispatch."""
+    from simulator.workload.transformer import build_workload
+
+    def layer(dispatcher: str, pad: bool):
+        model = {"preset": "deepseek-v3"} | (
+            {"moe": {"capacity_factor": 1.0, "pad_to_capacity": True}} if pad else {}
+        )
+        s = load_scenario(
+            {
+                "model": model,
+                "cluster": {"topology": "dgx-h800", "num_nodes": 8},
+                "training": {"global_batch_size": 64},
+                "parallelism": {"expert_parallel": 64, "moe": {"dispatcher": dispatcher}},
+            }
+        )
+        return build_workload(s).layers[-1].forward
+
+    deepep, hybrid, padded = layer("deepep", False), layer("hybridep", False), layer("hybridep", True)
+    names = lambda ops: [op.name for op in ops]  # noqa: E731
+    assert "indices to multihot" in names(deepep) and "indices to multihot" not in names(hybrid)
+    assert "host waits for the received token counts" in names(hybrid)
+    assert "host waits for the received token counts" not in names(padded)
+    comm = lambda ops: [(op.group, op.bytes) for op in ops if op.kind == "collective" and "deepep" in op.name]  # noqa: E731
+    assert comm(deepep) == comm(hybrid)  # the same traffic
+    with pytest.raises(ScenarioError, match="HybridEP does not support FP8 dispatch"):
+        load_scenario(
+            {
+                "model": {"preset": "deepseek-v3"},
+                "cluster": {"topology": "dgx-h800", "num_nodes": 8},
+                "training": {"global_batch_size": 64, "precision": "fp8"},
+                "parallelism": {
+                    "expert_parallel": 64,
+                    "moe": {"dispatcher": "hybridep", "fp8_dispatch": True},
+                },
+            }
+        )

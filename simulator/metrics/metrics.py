@@ -22,7 +22,7 @@ from simulator.costs.host import COPIES, HOST_GROUPS
 from simulator.hardware.placement import Placement
 from simulator.metrics.flops import narayanan_eq3_flops
 from simulator.program import COMPUTE
-from simulator.scenario.schema import Scenario
+from simulator.scenario.schema import DUAL_SCHEDULES, Scenario
 from simulator.timeline.timeline import Timeline, intersection_length, length, overlap, union
 
 
@@ -105,8 +105,8 @@ def layout_label(s: Scenario) -> str:
     if p.tensor_parallel > 1:
         parts.append(f"TP{p.tensor_parallel}" + ("+SP" if p.sequence_parallel else ""))
     if p.pipeline_parallel > 1:
-        v = p.virtual_pipeline_stages
-        parts.append(f"PP{p.pipeline_parallel}" + (f"x{v}" if v > 1 else ""))
+        v, name = p.virtual_pipeline_stages, DUAL_SCHEDULES.get(p.pipeline_schedule)
+        parts.append(f"PP{p.pipeline_parallel}" + (f" {name}" if name else f"x{v}" if v > 1 else ""))
     if p.context_parallel > 1:
         parts.append(f"CP{p.context_parallel}")
     parts.append(f"DP{p.data_parallel}")

@@ -233,9 +233,10 @@ def merge_megatron_args(data: dict, tokens: list[str], label: str = "megatron_ar
         put("parallelism", "tp_comm_overlap", True, "tp-comm-overlap")
     if experts:
         dispatcher = value("moe-token-dispatcher-type", str, "allgather")
+        backend = value("moe-flex-dispatcher-backend", str, "deepep")  # Megatron-LM main: deepep, hybridep
         if on("moe-enable-deepep") or dispatcher == "flex":
-            dispatcher = "deepep"
-        if dispatcher not in ("allgather", "alltoall", "deepep"):
+            dispatcher = backend
+        if dispatcher not in ("allgather", "alltoall", "deepep", "hybridep"):
             raise ScenarioError(f"{label}: --moe-token-dispatcher-type must be allgather, alltoall or flex")
         put("parallelism", "moe.dispatcher", dispatcher, "moe-token-dispatcher-type")
         put("parallelism", "moe.grouped_gemm", on("moe-grouped-gemm"), "moe-grouped-gemm")

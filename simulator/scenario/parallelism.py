@@ -50,7 +50,8 @@ class AioConfig(Section):
     thread_count: PositiveInt = 1
 
 
-DUAL_SCHEDULES = ("dualpipe", "dualpipev")  # two model chunks a rank (strategy/schedules/dualpipe.py)
+# two model chunks a rank (strategy/schedules/dualpipe.py), with their names as DeepSeek writes them
+DUAL_SCHEDULES = {"dualpipe": "DualPipe", "dualpipev": "DualPipeV"}
 DEEPSPEED_VERSION = "0.16.4"  # the behaviour simulated when a scenario does not say (the newest release read)
 
 
@@ -168,11 +169,13 @@ class DdpConfig(Section):
 class MoeParallelConfig(Section):
     """How a framework runs the MoE layers (Megatron-Core's ``--moe-*`` options; docs/moe.md)."""
 
-    dispatcher: Literal["alltoall", "allgather", "deepep", "deepspeed"] = Field(
+    dispatcher: Literal["alltoall", "allgather", "deepep", "hybridep", "deepspeed"] = Field(
         "alltoall",
         description="Token dispatcher: all-to-all over the expert-parallel group (Megatron-Core's recommended choice "
         "with EP), all-gather of every token over ETP x EP (its default type), DeepEP (the flex dispatcher: each "
-        "token sent once per destination rank, across nodes once per node over RDMA and forwarded over NVLink), or "
+        "token sent once per destination rank, across nodes once per node over RDMA and forwarded over NVLink), "
+        "HybridEP (the flex dispatcher's NVIDIA backend: DeepEP's traffic, the routing map taken as it is, the "
+        "permutation in its own kernels, no host wait where the received counts are known: drop-and-pad), or "
         "DeepSpeed-MoE's (dense [tokens, experts, capacity] einsums around a capacity-padded all-to-all).",
     )
     grouped_gemm: bool = Field(
@@ -214,9 +217,9 @@ class MoeParallelConfig(Section):
 
     @model_validator(mode="after")
     def _dispatcher_sms(self) -> MoeParallelConfig:
-        if self.dispatcher_sms is not None and self.dispatcher != "deepep":
+        if self.dispatcher_sms is not None and self.dispatcher not in ("deepep", "hybridep"):
             raise ValueError(
-                f"parallelism.moe.dispatcher_sms is DeepEP's SM count: it needs dispatcher: deepep (got {self.dispatcher}; "
+                f"parallelism.moe.dispatcher_sms is the flex dispatcher's SM count: it needs dispatcher: deepep or hybridep (got {self.dispatcher}; "
                 "NCCL's collectives hold memory.nccl_channels SMs)"
             )
         return self

@@ -28,7 +28,7 @@ def resolve_cluster_degrees(scenario: Scenario) -> Scenario:
     moe = scenario.parallelism.moe
     if (
         scenario.model.moe is not None
-        and moe.dispatcher == "deepep"
+        and moe.dispatcher in ("deepep", "hybridep")
         and gpu.architecture not in DEEPEP_ARCHITECTURES
     ):
         raise ScenarioError(

@@ -300,6 +300,11 @@ class Scenario(Section):
             raise ValueError("parallelism.zero offload is not modelled with model.moe")
         if p.pipeline_schedule == "pipedream-2bw":
             raise ValueError("parallelism.pipeline_schedule pipedream-2bw is not modelled with model.moe")
+        if p.moe.fp8_dispatch and p.moe.dispatcher == "hybridep":
+            # Megatron-LM fused_a2a.py: "HybridEP dispatcher does not support fp8 dispatch now"
+            raise ValueError(
+                "parallelism.moe.fp8_dispatch: HybridEP does not support FP8 dispatch (Megatron-LM)"
+            )
         if p.moe.fp8_dispatch and (p.moe.dispatcher != "deepep" or self.training.precision != "fp8"):
             raise ValueError(
                 "parallelism.moe.fp8_dispatch is DeepEP's FP8 dispatch: it needs dispatcher: deepep and training."
@@ -322,7 +327,7 @@ class Scenario(Section):
                 raise ValueError(
                     "parallelism.moe.overlap_a2a needs expert_parallel > 1 (Megatron-Core asserts it)"
                 )
-            if p.moe.dispatcher not in ("alltoall", "deepep"):
+            if p.moe.dispatcher not in ("alltoall", "deepep", "hybridep"):
                 raise ValueError(
                     f"parallelism.moe.overlap_a2a works with the alltoall and deepep (flex) dispatchers, not "
                     f"{p.moe.dispatcher}"

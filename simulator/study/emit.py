@@ -170,6 +170,8 @@ def megatron(row: dict) -> str:
         dispatcher = moe.get("dispatcher", "alltoall")
         if dispatcher == "deepep":
             args += ["--moe-token-dispatcher-type flex", "--moe-enable-deepep"]
+        elif dispatcher == "hybridep":  # Megatron-LM main (after core_v0.15.0): moe_flex_dispatcher_backend
+            args += ["--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend hybridep"]
         elif dispatcher in ("alltoall", "allgather"):
             args.append(f"--moe-token-dispatcher-type {dispatcher}")
         else:

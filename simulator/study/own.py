@@ -22,7 +22,7 @@ def own_layout(own: Scenario, gpus: int, batch: int, result: dict) -> dict | Non
     got = _confirm(own)
     if isinstance(got, str):
         return None
-    label = layout_label(own) + (f" {p.pipeline_schedule}" if p.pipeline_parallel > 1 else "")
+    label = layout_label(own)
     pick = next((r for r in result["top"] if r["status"] == "ok"), None)
     row = {"layout": label, "iteration_time_s": got["iteration_time_s"], "memory_gib": got["device_gib"]}
     row["fits"] = not got["oom"]

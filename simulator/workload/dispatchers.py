@@ -164,7 +164,12 @@ def deepep(
     (``MoEFlexTokenDispatcher``, core_v0.13.0; deepseek-ai/DeepEP): one group over ETP x EP; a token goes once to
     each rank that holds one of its experts (``is_token_in_rank``), and across nodes once to each node over RDMA
     (to the GPU of the same local index), which forwards it over NVLink in the same kernel; the host waits for
-    the received counts; the tokens are then permuted into expert order. Combine is the reverse."""
+    the received counts; the tokens are then permuted into expert order. Combine is the reverse.
+
+    HybridEP (``dispatcher: hybridep``, Megatron-LM d98e8a64 token_dispatcher.py ``_HybridEPManager``,
+    fused_a2a.py ``HybridEPDispatch``): the same traffic, but it takes the routing map as it is (no indices to
+    multihot) and waits on the host for the received counts only where they are not known beforehand (dropless:
+    ``num_permuted_tokens`` None, "will cause a CPU sync"; drop-and-pad computes them on the CPU)."""
     p, moe = s.parallelism, s.model.moe
     e, h = sh.e, sh.h
     size = p.expert_parallel * p.etp
@@ -206,10 +211,11 @@ def deepep(
     # kernels and a sync on the mask (nonzero). With --enable-experimental and --moe-permute-fusion one Triton
     # kernel each way (fusions/fused_indices_converter.py), no sync.
     fused = p.moe.fused_multihot
+    hybrid = p.moe.dispatcher == "hybridep"
     multihot_bytes = rows * (INDEX_BYTES + PROB_BYTES + 1)
     multihot_f: tuple[Op, ...] = ()
     multihot_b: tuple[Op, ...] = ()
-    if size > 1:
+    if size > 1 and not hybrid:
         wait = sync_op("host waits on a boolean mask (indices to multihot)", fw.host.sync_s)
         multihot_f = (
             replace(memory_op("indices to multihot", multihot_bytes), launches=1 if fused else 18),
@@ -229,7 +235,9 @@ def deepep(
     toward_b = [replace(o, bytes=o.bytes * scale) for o in ops_b]
     dispatch = present(
         *toward_f,
-        sync_op("host waits for the received token counts", fw.host.sync_s) if size > 1 else None,
+        sync_op("host waits for the received token counts", fw.host.sync_s)
+        if size > 1 and not (hybrid and moe.pad_to_capacity)
+        else None,
         *multihot_f,
         memory_op("permute received tokens", e * T * ranks * h + gathered, "elementwise", round(rows), h),
     )

@@ -136,7 +136,7 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
         dispatch, combine, dispatch_bwd, combine_bwd = alltoall(s, sh, fw, load, T, a2a_rows, rows)
     elif p.moe.dispatcher == "deepspeed":
         dispatch, combine, dispatch_bwd, combine_bwd = deepspeed_einsum(s, sh, T, capacity(moe, T))
-    elif p.moe.dispatcher == "deepep":
+    elif p.moe.dispatcher in ("deepep", "hybridep"):
         dispatch, combine, dispatch_bwd, combine_bwd = deepep(s, sh, fw, load, T, rows, gpus_per_node)
     else:
         dispatch, combine, dispatch_bwd, combine_bwd = allgather(s, sh, fw, T, rows)
