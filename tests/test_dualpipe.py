@@ -10,7 +10,7 @@ from test_pipeline import pipeline
 
 from simulator import load_scenario, simulate
 from simulator.errors import ScenarioError
-from simulator.strategy.schedules import dualpipe
+from simulator.strategy.schedules import dualpipe, path_length
 
 ROOT = Path(__file__).parents[1]
 
@@ -23,7 +23,7 @@ def replay(name: str, p: int, m: int, f: float, i: float, w: float, fb: float | 
     fb = f + b if fb is None else fb
     tasks = {st: dualpipe.tasks(name, p, m, st) for st in range(p)}
     owner = {dualpipe.position(name, p, st, c): (st, c) for st in range(p) for c in (0, 1)}
-    length = dualpipe.chain_length(name, p)
+    length = path_length(name, p, 2)
     end: dict = {}
     nxt, clock = [0] * p, [0.0] * p
 

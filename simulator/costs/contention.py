@@ -24,6 +24,7 @@ from itertools import accumulate
 from simulator.costs.host import HOST_GROUPS
 from simulator.engine.engine import TaskCost
 from simulator.program import COMPUTE, Program
+from simulator.scenario.schema import FLEX_DISPATCHERS
 from simulator.timeline.timeline import Part, Timeline, union
 
 
@@ -43,7 +44,7 @@ def dispatcher_sms(s) -> int:
     """SMs an MoE dispatcher's communication holds: DeepEP's ``num_sms`` (parallelism.moe.dispatcher_sms,
     Megatron-Core's moe_flex_dispatcher_num_sms), else NCCL's channels (memory.nccl_channels)."""
     moe = s.parallelism.moe
-    if moe.dispatcher in ("deepep", "hybridep"):  # (HybridEP's own default is not read here: DeepEP's)
+    if moe.dispatcher in FLEX_DISPATCHERS:  # (HybridEP's own default is not read here: DeepEP's)
         return moe.dispatcher_sms or DEEPEP_SMS
     return s.memory.nccl_channels
 

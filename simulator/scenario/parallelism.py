@@ -52,6 +52,16 @@ class AioConfig(Section):
 
 # two model chunks a rank (strategy/schedules/dualpipe.py), with their names as DeepSeek writes them
 DUAL_SCHEDULES = {"dualpipe": "DualPipe", "dualpipev": "DualPipeV"}
+# Megatron-Core's flex dispatcher's backends (token_dispatcher.py MoEFlexTokenDispatcher): DeepEP's traffic both
+FLEX_DISPATCHERS = ("deepep", "hybridep")
+
+
+def path_stages(schedule: str, pp: int, v: int) -> int:
+    """Model stages along one micro-batch's way through the pipeline: PP x v for Megatron's schedules, PP for
+    DualPipe (two paths of PP stages), 2 PP for DualPipeV (one path in a V)."""
+    return {"dualpipe": pp, "dualpipev": 2 * pp}.get(schedule, pp * v)
+
+
 DEEPSPEED_VERSION = "0.16.4"  # the behaviour simulated when a scenario does not say (the newest release read)
 
 
@@ -217,10 +227,10 @@ class MoeParallelConfig(Section):
 
     @model_validator(mode="after")
     def _dispatcher_sms(self) -> MoeParallelConfig:
-        if self.dispatcher_sms is not None and self.dispatcher not in ("deepep", "hybridep"):
+        if self.dispatcher_sms is not None and self.dispatcher not in FLEX_DISPATCHERS:
             raise ValueError(
-                f"parallelism.moe.dispatcher_sms is the flex dispatcher's SM count: it needs dispatcher: deepep or hybridep (got {self.dispatcher}; "
-                "NCCL's collectives hold memory.nccl_channels SMs)"
+                "parallelism.moe.dispatcher_sms is the flex dispatcher's SM count: it needs dispatcher: deepep or "
+                f"hybridep (got {self.dispatcher}; NCCL's collectives hold memory.nccl_channels SMs)"
             )
         return self
 
@@ -333,6 +343,11 @@ class ParallelismConfig(Section):
         if isinstance(value, bool) or value in ("te", "async"):
             return value
         raise ValueError(f"must be true, false, te or async (got {value!r})")
+
+    @property
+    def path_stages(self) -> int:
+        """Model stages along one micro-batch's way through the pipeline (``path_stages``)."""
+        return path_stages(self.pipeline_schedule, self.pipeline_parallel, self.virtual_pipeline_stages)
 
     @property
     def layout_stages(self):

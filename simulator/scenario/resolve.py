@@ -8,7 +8,7 @@ from simulator.errors import ScenarioError
 from simulator.frameworks import AUTO, default_framework, get_framework
 from simulator.hardware.gpus import GPU, get_gpu
 from simulator.hardware.topology import cluster_spec
-from simulator.scenario.schema import MAX_GPUS, MAX_MICROBATCHES, Scenario
+from simulator.scenario.schema import FLEX_DISPATCHERS, MAX_GPUS, MAX_MICROBATCHES, Scenario
 
 # deepseek-ai/DeepEP README: Ampere (SM80), Hopper (SM90) and later NVIDIA parts; no ROCm build
 DEEPEP_ARCHITECTURES = ("ampere", "hopper", "blackwell")
@@ -28,7 +28,7 @@ def resolve_cluster_degrees(scenario: Scenario) -> Scenario:
     moe = scenario.parallelism.moe
     if (
         scenario.model.moe is not None
-        and moe.dispatcher in ("deepep", "hybridep")
+        and moe.dispatcher in FLEX_DISPATCHERS
         and gpu.architecture not in DEEPEP_ARCHITECTURES
     ):
         raise ScenarioError(

@@ -18,6 +18,7 @@ from simulator.scenario.model import ModelConfig
 from simulator.scenario.parallelism import (
     DEEPSPEED_VERSION,
     DUAL_SCHEDULES,
+    FLEX_DISPATCHERS,
     AioConfig,
     DdpConfig,
     FsdpConfig,
@@ -26,6 +27,7 @@ from simulator.scenario.parallelism import (
     OffloadParamConfig,
     ParallelismConfig,
     ZeroConfig,
+    path_stages,  # noqa: F401  (the pipeline's stage count, for the strategies: schedules/__init__.py)
 )
 from simulator.scenario.section import MAX_GPUS, MAX_MICROBATCHES, MAX_STAGE_MICROBATCHES, Section
 from simulator.scenario.training import ONEBIT_OPTIMIZERS, OneBitConfig, TrainingConfig
@@ -232,11 +234,7 @@ class Scenario(Section):
                 "parallelism.pipeline_layout is Megatron-Core's: it needs pipeline_parallel > 1 and a Megatron or "
                 "DualPipe schedule"
             )
-        pp, v, name = p.pipeline_parallel, p.virtual_pipeline_stages, p.pipeline_schedule
-        positions = {"dualpipe": pp, "dualpipev": 2 * pp}.get(name, pp * v)
-        pipeline_layout.check(
-            p.pipeline_layout, pipeline_layout.parse(p.pipeline_layout), m.num_layers, m.mtp_layers, positions
-        )
+        pipeline_layout.check(p.pipeline_layout, p.layout_stages, m.num_layers, m.mtp_layers, p.path_stages)
 
     def _check_moe(self) -> None:
         """Expert parallelism against the model and the layouts the frameworks accept (Megatron-Core
@@ -327,9 +325,9 @@ class Scenario(Section):
                 raise ValueError(
                     "parallelism.moe.overlap_a2a needs expert_parallel > 1 (Megatron-Core asserts it)"
                 )
-            if p.moe.dispatcher not in ("alltoall", "deepep", "hybridep"):
+            if p.moe.dispatcher not in ("alltoall", *FLEX_DISPATCHERS):
                 raise ValueError(
-                    f"parallelism.moe.overlap_a2a works with the alltoall and deepep (flex) dispatchers, not "
+                    f"parallelism.moe.overlap_a2a works with the alltoall and the flex (deepep, hybridep) dispatchers, not "
                     f"{p.moe.dispatcher}"
                 )
             if self.training.activation_recompute == "full":

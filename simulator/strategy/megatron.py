@@ -164,12 +164,13 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
                         x, f"{x.kind}{x.microbatch}.{x.chunk}" if v > 1 else f"{x.kind}{x.microbatch}"
                     )
                 pair = (st, f.chunk, b.chunk)  # one op tuple per chunk pair: its cost is computed once
-                if pair not in joined_ops and (combined or not dual):
-                    joined_ops[pair] = combined_ops(pieces[(st, f.chunk)][0], pieces[(st, b.chunk)][1])
-                elif (
-                    pair not in joined_ops
-                ):  # DualPipe without the a2a overlap: the forward, then the backward
-                    joined_ops[pair] = ops[(st, f.chunk)][0] + ops[(st, b.chunk)][1]
+                # merged in Megatron-Core's windows; DualPipe without the a2a overlap: the forward, then the backward
+                if pair not in joined_ops:
+                    joined_ops[pair] = (
+                        combined_ops(pieces[(st, f.chunk)][0], pieces[(st, b.chunk)][1])
+                        if combined
+                        else ops[(st, f.chunk)][0] + ops[(st, b.chunk)][1]
+                    )
                 joined = joined_ops[pair]
                 deps = upstream(st, f) + upstream(st, b)
                 add(

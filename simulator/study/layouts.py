@@ -9,14 +9,23 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from simulator.scenario.schema import Scenario
+from simulator.scenario.schema import DUAL_SCHEDULES, Scenario, path_stages
 
 SHARDINGS = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp", "zero2-offload", "zero3-offload")
 # weights sharded too (--no-zero3 leaves them out)
 FULL_SHARDINGS = ("zero3", "fsdp", "hsdp", "zero3-offload")
 # ZeRO stage of each sharding; ``-offload``: DeepSpeed's optimizer on the host CPU (ZeRO-Offload, Ren et al.
 # ATC'21; with stage 3 the weights stay on the GPU), without pipelining as DeepSpeed and the simulation allow
-STAGES = dict(ddp=0, zero1=1, zero2=2, zero3=3, fsdp=3, hsdp=3) | {"zero2-offload": 2, "zero3-offload": 3}
+STAGES = {
+    "ddp": 0,
+    "zero1": 1,
+    "zero2": 2,
+    "zero3": 3,
+    "fsdp": 3,
+    "hsdp": 3,
+    "zero2-offload": 2,
+    "zero3-offload": 3,
+}
 OFFLOAD = {"offload_optimizer": {"device": "cpu", "pin_memory": True}}
 HSDP_NODES = (1, 2, 4, 8)  # HSDP shard groups searched: this many whole nodes
 RECOMPUTE = ("none", "selective", "full")
@@ -49,7 +58,7 @@ class Layout:
         """Layers on the first, a middle and the last stage (DualPipe, DualPipeV: the first rank's, whose two chunks
         are the model's ends with the embedding and the output layer, and a middle rank's)."""
         if self.schedule in ("dualpipe", "dualpipev"):
-            stages = 2 * self.pp if self.schedule == "dualpipev" else self.pp
+            stages = path_stages(self.schedule, self.pp, self.v)
             middle = (
                 (num_layers - self.first - self.last) // max(stages - 2, 1)
                 if self.first
@@ -115,8 +124,8 @@ class Layout:
         return self.sharding.removesuffix("-offload")
 
     def label(self) -> str:
-        names = {"dualpipe": " DualPipe", "dualpipev": " DualPipeV"}
-        pipe = f"PP{self.pp}" + (names.get(self.schedule) or (f"x{self.v}" if self.v > 1 else ""))
+        name = DUAL_SCHEDULES.get(self.schedule)
+        pipe = f"PP{self.pp}" + (f" {name}" if name else f"x{self.v}" if self.v > 1 else "")
         if self.first:  # PP16[3..2]: 3 layers on the first stage, 2 on the last, the rest alike between
             pipe += f"[{self.first}..{self.last}]"
         parts = [f"TP{self.tp}", pipe, f"DP{self.dp}"]
@@ -240,8 +249,6 @@ def candidates(
                     plans = [(v, "", ends) for v in vs] + dual_plans(m.num_layers, pp, gas, o)
                     for v, schedule, cut in plans:
                         for sh in shardings:
-                            if schedule and sh not in ("ddp", "zero1"):
-                                continue
                             if pp > 1 and sh not in ("ddp", "zero1"):
                                 continue
                             if dp == 1 and sh != "ddp":
@@ -268,7 +275,7 @@ def dual_plans(num_layers: int, pp: int, gas: int, o: dict) -> list[tuple[int, s
     2 PP; DualPipe an even count over an even PP: strategy/pipeline/partition.py)."""
     out = []
     for name in o.get("schedules", ("dualpipe", "dualpipev")):
-        stages = 2 * pp if name == "dualpipev" else pp
+        stages = path_stages(name, pp, 2)
         split = stage_split(num_layers, stages)
         if pp < 2 or gas < 2 * pp or split is None or (name == "dualpipe" and (pp % 2 or gas % 2)):
             continue

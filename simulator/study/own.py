@@ -29,10 +29,7 @@ def own_layout(own: Scenario, gpus: int, batch: int, result: dict) -> dict | Non
     best = pick["iteration_time_s"] if pick else math.inf
     row["beats_pick"] = row["fits"] and got["iteration_time_s"] < best
     # what the search does not lay out: a layout string, end stages other than its even split (stage_split)
-    stages = {"dualpipe": p.pipeline_parallel, "dualpipev": 2 * p.pipeline_parallel}.get(
-        p.pipeline_schedule, p.pipeline_parallel * p.virtual_pipeline_stages
-    )
-    split = stage_split(own.model.num_layers, stages)
+    split = stage_split(own.model.num_layers, p.path_stages)
     ends = (p.first_pipeline_stage_layers, p.last_pipeline_stage_layers)
     uncovered = [
         x

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from simulator.frameworks import Framework
-from simulator.scenario.schema import Scenario
+from simulator.scenario.schema import FLEX_DISPATCHERS, Scenario
 from simulator.workload.block import Part, present
 from simulator.workload.dispatchers import (
     INDEX_BYTES,
@@ -136,7 +136,7 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
         dispatch, combine, dispatch_bwd, combine_bwd = alltoall(s, sh, fw, load, T, a2a_rows, rows)
     elif p.moe.dispatcher == "deepspeed":
         dispatch, combine, dispatch_bwd, combine_bwd = deepspeed_einsum(s, sh, T, capacity(moe, T))
-    elif p.moe.dispatcher in ("deepep", "hybridep"):
+    elif p.moe.dispatcher in FLEX_DISPATCHERS:
         dispatch, combine, dispatch_bwd, combine_bwd = deepep(s, sh, fw, load, T, rows, gpus_per_node)
     else:
         dispatch, combine, dispatch_bwd, combine_bwd = allgather(s, sh, fw, T, rows)

@@ -35,8 +35,9 @@ def stage_memory(
 ) -> MemoryBreakdown:
     """Model states of the stage's layers (ZeRO-1 / distributed optimizer shards the optimizer states over DP),
     and activations for the microbatches in flight, counted by walking the schedule's ``tasks`` (a step each, or a
-    forward and a backward run as one): +1 at a chunk's forward, -1 at its backward (at W for the half of the activations the weight gradient still needs). PipeDream-2BW
-    keeps ``versions`` = 2 copies of the weights (the extra one counted as a buffer)."""
+    forward and a backward run as one): +1 at a chunk's forward, -1 at its backward (at W for the half of the
+    activations the weight gradient still needs). PipeDream-2BW keeps ``versions`` = 2 copies of the weights (the
+    extra one counted as a buffer)."""
     par = s.parallelism
     w_b, _, k_b = state_bytes_per_param(
         s.training.precision, s.training.optimizer, s.training.optimizer_moments

@@ -120,7 +120,7 @@ def _check_dual(s: Scenario) -> None:
             f"global_batch_size / (micro_batch_size x data_parallel) = {s.training.global_batch_size} / "
             f"({s.training.micro_batch_size} x {p.data_parallel}) = {gas}"
         )
-    stages = 2 * pp if name == "dualpipev" else pp
+    stages = p.path_stages
     first, last = p.first_pipeline_stage_layers, p.last_pipeline_stage_layers
     inner = stages - (first is not None) - (last is not None)
     rest = s.model.num_layers - (first or 0) - (last or 0)
@@ -137,10 +137,6 @@ def _check_dual(s: Scenario) -> None:
         )
     if p.fsdp is not None:
         raise ScenarioError(f"parallelism: {name} with fsdp is not modelled (DeepSeek runs it with ZeRO-1)")
-    if p.zero_stage > 1:
-        raise ScenarioError(
-            f"parallelism: {name} with zero_stage {p.zero_stage} is not modelled (use 0 or 1)"
-        )
 
 
 def chunk_units(w: Workload, pp: int, v: int) -> dict[tuple[int, int], list[Unit]]:

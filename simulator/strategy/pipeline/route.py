@@ -11,7 +11,6 @@ from simulator.strategy.schedules import path_length, route
 
 class Route:
     def __init__(self, schedule: str, pp: int, v: int):
-        self.pp, self.v = pp, v
         self.pos = {(st, c): route(schedule, pp, v, st, c) for st in range(pp) for c in range(v)}
         self.owner = {where: key for key, where in self.pos.items()}
         self.length = path_length(schedule, pp, v)

@@ -4,7 +4,7 @@ module here and one line below."""
 
 from __future__ import annotations
 
-from simulator.scenario.schema import DUAL_SCHEDULES
+from simulator.scenario.schema import DUAL_SCHEDULES, path_stages
 from simulator.strategy.schedules import (
     combined_1f1b,
     dualpipe,
@@ -53,6 +53,4 @@ def route(name: str, p: int, v: int, stage: int, chunk: int) -> tuple[int, int]:
     return 0, chunk * p + stage
 
 
-def path_length(name: str, p: int, v: int) -> int:
-    """Model stages along one micro-batch's path."""
-    return dualpipe.chain_length(name, p) if name in DUAL else p * v
+path_length = path_stages  # model stages along one micro-batch's path (scenario/parallelism.py)

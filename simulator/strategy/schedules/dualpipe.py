@@ -32,11 +32,6 @@ def position(name: str, p: int, stage: int, chunk: int) -> tuple[int, int]:
     return chunk, stage if chunk == 0 else p - 1 - stage
 
 
-def chain_length(name: str, p: int) -> int:
-    """Model stages along one micro-batch's path."""
-    return 2 * p if name == "dualpipev" else p
-
-
 def schedule_of(name: str):
     def schedule(p: int, m: int, v: int, stage: int) -> list[Step]:
         return [step for task in tasks(name, p, m, stage) for step in task]
