@@ -283,3 +283,13 @@ def check_tree(data: object, label: str) -> None:
         return total
 
     size(data, 0)
+
+
+def mapping_sections(data: dict, names: tuple[str, ...], label: str) -> dict:
+    """A copy of the scenario dict (``data``) whose sections are fresh dicts, for a launch file (``label``) to fill:
+    one line where one of ``names`` is there but not a mapping (scenario/torchtitan.py, scenario/megatron_args.py)."""
+    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    for name in names:
+        if data.get(name) is not None and not isinstance(data[name], dict):
+            raise ScenarioError(f"{name}: expected a mapping of its fields beside {label}")
+    return data

@@ -19,7 +19,7 @@ import warnings
 from pathlib import Path
 
 from simulator.errors import ScenarioError
-from simulator.scenario.files import read_bytes
+from simulator.scenario.files import mapping_sections, read_bytes
 
 
 class MegatronArgsWarning(UserWarning):
@@ -79,10 +79,7 @@ def _flags(tokens: list[str]) -> dict[str, list[str]]:
 def merge_megatron_args(data: dict, tokens: list[str], label: str = "megatron_args") -> dict:
     """The scenario dict with the command line's settings filled in, each checked against what the scenario
     already states."""
-    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
-    for name in ("model", "cluster", "training", "parallelism"):
-        if data.get(name) is not None and not isinstance(data[name], dict):
-            raise ScenarioError(f"{name}: expected a mapping of its fields beside {label}")
+    data = mapping_sections(data, ("model", "cluster", "training", "parallelism"), label)
     flags, launcher = parse_flags(tokens)
     used: set[str] = set()
 

@@ -30,7 +30,7 @@ import warnings
 from pathlib import Path
 
 from simulator.errors import ScenarioError
-from simulator.scenario.files import read_bytes
+from simulator.scenario.files import mapping_sections, read_bytes
 
 
 class TorchtitanConfigWarning(UserWarning):
@@ -118,10 +118,7 @@ def _world(data: dict) -> int:
 def merge_torchtitan_config(data: dict, tt: dict, label: str = "torchtitan_config") -> dict:
     """The scenario dict with the torchtitan config's settings filled in, each checked against what the scenario
     already states."""
-    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
-    for name in ("model", "training", "parallelism"):
-        if data.get(name) is not None and not isinstance(data[name], dict):
-            raise ScenarioError(f"{name}: expected a mapping of its fields beside {label}")
+    data = mapping_sections(data, ("model", "training", "parallelism"), label)
     model, training = data.setdefault("model", {}), data.setdefault("training", {})
     par = data.setdefault("parallelism", {})
 

@@ -19,7 +19,7 @@ from simulator.hardware.cluster import Cluster
 from simulator.program import Program, RankClass
 from simulator.scenario.schema import Scenario
 from simulator.strategy.groups import ranks_per_stage
-from simulator.strategy.pipeline.chunk_ops import chunk_ops
+from simulator.strategy.pipeline.chunk_ops import chunk_pieces, ops_of
 from simulator.strategy.pipeline.flush import flush_and_step
 from simulator.strategy.pipeline.memory import stage_memory
 from simulator.strategy.pipeline.partition import check, chunk_units, stage_label
@@ -38,7 +38,11 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
     par = s.parallelism
     pp, m = par.pipeline_parallel, s.gradient_accumulation_steps
     chunks = chunk_units(w, pp, 1)
-    ops = {st: chunk_ops(s, w, chunks[(st, 0)], (st, 0), pp, 1, False, sends=False) for st in range(pp)}
+    # the p2p sends are the engine's instructions of their own (sends=False), the backward whole
+    ops = {
+        st: ops_of(chunk_pieces(s, w, chunks[(st, 0)], (st, 0), pp, 1, sends=False), False)
+        for st in range(pp)
+    }
     stage_params = [sum(u.params for u in chunks[(st, 0)]) for st in range(pp)]
     stage_tensors = [unit_tensors(s, chunks[(st, 0)]) for st in range(pp)]
     if bf16_optimizer(s):

@@ -11,21 +11,6 @@ from simulator.workload.recompute import chunk_policies
 from simulator.workload.transformer import Workload
 
 
-def chunk_ops(
-    s: Scenario,
-    w: Workload,
-    us: list[Unit],
-    key: tuple[int, int],
-    pp: int,
-    v: int,
-    split: bool,
-    sends: bool = True,
-):
-    """(forward, backward, weight-gradient) ops of one chunk, with the p2p sends as blocking collectives (unless
-    ``sends`` is false: DeepSpeed's engine runs them as instructions of their own)."""
-    return ops_of(chunk_pieces(s, w, us, key, pp, v, sends), split)
-
-
 def ops_of(
     pieces: tuple[list[Piece], list[Piece]], split: bool
 ) -> tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]:
