@@ -342,3 +342,33 @@ def test_shallow_replays_stand_for_gpt3_175b():
         mp.setattr(zero3_fetch, "model_modules", spy)
         zero3_fetch.call_sizes.__wrapped__(key, knobs)
     assert replayed == [1, 15, 16]
+
+
+def test_zero_offload_holds_the_host_for_every_bucket_and_one_nccl_queue_serves_both_directions():
+    """With ZeRO-Offload, stage3.py copies each reduced gradient partition into the host's fp32 buffer with a
+    blocking copy_ at the accumulation boundary (__partition_grads, v0.6.2 line 1706; v0.16.4 line 1515): the host
+    issues nothing after a flush until that bucket's reduction and copy have ended. And the all-gathers and
+    reduce-scatters, one process group's collectives, run on its one NCCL stream in issue order."""
+    s = make(
+        model={**GPT, "num_layers": 4},
+        cluster={"num_nodes": 2, "gpus_per_node": 1, "nic_bandwidth_gbps": 10.0},
+        training={"global_batch_size": 2},
+        parallelism={
+            "zero_stage": 3,
+            "zero": {"reduce_bucket_size": 1e5, "overlap_comm": True, "offload_optimizer": {"device": "cpu"}},
+        },
+    )
+    r = simulate(s.model_copy(update={"framework": "pytorch-2024"}))
+    tl, tasks = r.timeline, r.program.tasks
+    copies = [t.id for t in tasks if "gradient bucket" in t.name]
+    waiting = [t for t in tasks if t.host_waits]
+    assert len(copies) >= 8 and len(waiting) >= 4
+    for t in waiting:
+        (w,) = t.host_waits
+        assert w == max(c for c in copies if c < t.id)  # the latest bucket's own copy, not one three back
+        assert tl.issued[t.id] >= tl.end[w]
+    nccl = [t for t in tasks if t.kind in ("all_gather", "reduce_scatter")]
+    assert {t.stream for t in nccl} == {"comm.nccl.dp"}
+    ends = [tl.end[t.id] for t in nccl]
+    starts = [tl.start[t.id] for t in nccl]
+    assert all(b >= a - 1e-12 for a, b in zip(ends, starts[1:], strict=False))  # one after another

@@ -14,6 +14,8 @@ def megatron_flops(s: Scenario) -> float:
     prediction, and the logits; the router, the permutation and any padding are not counted. 3x forward."""
     m = s.model
     B, seq, h, V = s.training.global_batch_size, m.seq_length, m.hidden_size, m.vocab_size
+    if m.hybrid_pattern:
+        return hybrid_flops(s)
     mtp = m.mtp_layers
     L = m.num_layers + mtp
     moe_layers = m.moe_layers + (mtp if m.moe is not None and m.is_moe_layer(m.num_layers - 1) else 0)
@@ -49,8 +51,42 @@ def megatron_flops(s: Scenario) -> float:
     return B * seq * per_token
 
 
+def hybrid_flops(s: Scenario) -> float:
+    """A hybrid stack's FLOPs per iteration as Megatron-LM counts them (training.py ``hybrid_flops``, d98e8a64):
+    attention layers' projections and causal core, MLP and MoE layers, Mamba layers (in_proj, the scan as
+    7 d_inner N a token with d_inner = 2 h, out_proj), the logits; 3x forward."""
+    m = s.model
+    B, seq, h, V = s.training.global_batch_size, m.seq_length, m.hidden_size, m.vocab_size
+    tokens = B * seq
+    g = 1.5 if m.gated else 1.0
+    c = m.mamba_config
+    d_in = 2 * h  # Megatron's formula fixes it (its heads are mamba_num_heads)
+    mamba = 2 * tokens * h * (2 * d_in + 2 * c.num_groups * c.state_dim + m.mamba_heads)
+    mamba += 7 * tokens * d_in * c.state_dim + 2 * tokens * d_in * h
+    p = m.head_dim * m.num_attention_heads / h
+    attention = (
+        4 * tokens * h * p * (h + h * m.query_groups / m.num_attention_heads) + 2 * B * seq * seq * h * p
+    )
+    mlp = 4 * m.ffn_size * g * tokens * h
+    moe = 0.0
+    if m.moe is not None:
+        moe = 4 * tokens * h * (m.expert_ffn_size * m.moe.top_k + m.moe.shared_expert_ffn_hidden_size) * g
+    fwd = (
+        m.layers_of("attention") * attention
+        + m.layers_of("mlp") * mlp
+        + m.layers_of("mamba") * mamba
+        + m.layers_of("moe") * moe
+        + 2 * tokens * h * V
+    )
+    return 3 * fwd
+
+
 def narayanan_eq3_flops(s: Scenario) -> float:
     """Narayanan et al. SC21 Eq. 3: FLOPs per iteration with full recompute, 96 B s l h^2 (1 + s/6h + V/16lh)."""
     m = s.model
+    if (
+        m.hybrid_pattern
+    ):  # the convention counts a GPT's 72 B s l h^2 (...) and its recomputed forward: 4/3 of it
+        return 4 / 3 * hybrid_flops(s)
     B, sq, L, h, V = s.training.global_batch_size, m.seq_length, m.num_layers, m.hidden_size, m.vocab_size
     return 96 * B * sq * L * h * h * (1 + sq / (6 * h) + V / (16 * L * h))

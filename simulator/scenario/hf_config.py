@@ -58,8 +58,11 @@ def read_hf_config(path: Path) -> dict:
             if cfg.get(key) is not None:
                 out[ours] = cfg[key]
                 break
-    act = str(cfg.get("hidden_act") or cfg.get("activation_function") or _default_act(model_type))
-    if not (cfg.get("hidden_act") or cfg.get("activation_function")) and model_type != "gpt2":
+    given = (
+        cfg.get("hidden_act") or cfg.get("activation_function") or cfg.get("mlp_hidden_act")
+    )  # Nemotron-H's
+    act = str(given or _default_act(model_type))
+    if not given and model_type != "gpt2":
         warnings.warn(
             f"hf_config {path}: no hidden_act; a {model_type or 'config'} without one uses {act} "
             f"({'SwiGLU' if act == 'silu' else act} MLP), transformers' default for it",
@@ -79,6 +82,8 @@ def read_hf_config(path: Path) -> dict:
             # down_proj with act_fn = gelu_pytorch_tanh): GeGLU
             else "geglu"
             if model_type in GATED_GELU_TYPES and act.startswith("gelu")
+            else "squared-relu"
+            if act == "relu2"
             else "gelu"
         )
         out.update(_sliding_window(cfg, model_type))
@@ -95,10 +100,40 @@ def read_hf_config(path: Path) -> dict:
             out["kv_channels"] = cfg["head_dim"]  # DeepSeek-V3's head_dim is its rotary width, not a head's
     if model_type in MOE_TYPES:
         _moe(cfg, model_type, out, f"hf_config {path}")
+    if model_type == "nemotron_h":
+        _hybrid(cfg, out, f"hf_config {path}")
     missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size") if k not in out]
     if missing:
         raise ValueError(f"hf_config {path} lacks {', '.join(missing)}")
     return out
+
+
+def _hybrid(cfg: dict, out: dict, where: str) -> None:
+    """A Nemotron-H config (transformers models/nemotron_h/configuration_nemotron_h.py): the layer pattern, the
+    Mamba-2 mixers (ssm_state_size, mamba_head_dim, n_groups, mamba_num_heads, expand, conv_kernel, chunk_size),
+    RMSNorm (its epsilon is layer_norm_epsilon), no biases unless stated."""
+    pattern = cfg.get("hybrid_override_pattern")
+    if not isinstance(pattern, str) or not pattern:
+        raise ValueError(
+            f"{where}: a nemotron_h config needs hybrid_override_pattern (a string such as 'M-M*-')"
+        )
+    out["hybrid_pattern"] = pattern
+    out.setdefault("num_layers", len(pattern))
+    out["normalization"] = "rmsnorm"
+    out["position_embedding"] = "rope"
+    out["add_bias_linear"] = bool(cfg.get("mlp_bias", False) or cfg.get("use_bias", False))
+    keys = {
+        "state_dim": "ssm_state_size",
+        "head_dim": "mamba_head_dim",
+        "num_groups": "n_groups",
+        "num_heads": "mamba_num_heads",
+        "expand": "expand",
+        "conv_kernel": "conv_kernel",
+        "chunk_size": "chunk_size",
+    }
+    out["mamba"] = {
+        ours: _int(cfg, theirs, where) for ours, theirs in keys.items() if cfg.get(theirs) is not None
+    }
 
 
 def _default_act(model_type: str) -> str:

@@ -129,7 +129,20 @@ def merge_megatron_args(data: dict, tokens: list[str], label: str = "megatron_ar
         used.add("num-query-groups")
     # Megatron's defaults where the command line states the model (--num-layers); else the scenario's model
     stated = "num-layers" in flags
-    put("model", "activation", "swiglu" if on("swiglu") else "gelu" if stated else None, "swiglu")
+    act = "swiglu" if on("swiglu") else "squared-relu" if on("squared-relu") else "gelu" if stated else None
+    put("model", "activation", act, "swiglu")
+    # a hybrid stack (megatron/training/arguments.py, d98e8a64: the pattern sets the layer count, --num-layers
+    # ignored) and its Mamba mixers
+    pattern = value("hybrid-layer-pattern", str) or value("hybrid-override-pattern", str)
+    if pattern is not None:
+        put("model", "hybrid_pattern", pattern, "hybrid-layer-pattern")
+        data["model"]["num_layers"] = len(pattern)
+        for flag, key in (
+            ("mamba-state-dim", "state_dim"), ("mamba-head-dim", "head_dim"), ("mamba-num-groups", "num_groups"),
+            ("mamba-num-heads", "num_heads"),
+        ):  # fmt: skip
+            put("model", f"mamba.{key}", value(flag), flag)
+    used.add("is-hybrid-model")
     norm = value("normalization", str, "LayerNorm" if stated else None)
     if norm not in (None, "LayerNorm", "RMSNorm"):
         raise ScenarioError(f"{label}: --normalization must be LayerNorm or RMSNorm, got {norm!r:.40}")

@@ -129,6 +129,26 @@ class MoeConfig(Section):
         return self
 
 
+class MambaConfig(Section):
+    """The Mamba-2 mixers of a hybrid model (``model.hybrid_pattern``), in Megatron-Core's names
+    (megatron/core/transformer/transformer_config.py mamba_*, megatron/core/ssm/mamba_mixer.py, Megatron-LM d98e8a64;
+    Hugging Face's Nemotron-H config: ssm_state_size, mamba_head_dim, n_groups, mamba_num_heads, expand,
+    conv_kernel, chunk_size). Defaults are Megatron-Core's."""
+
+    state_dim: PositiveInt = Field(128, le=4096, description="SSM state size N (--mamba-state-dim).")
+    head_dim: PositiveInt = Field(64, le=4096, description="Per-head width P (--mamba-head-dim).")
+    num_groups: PositiveInt = Field(8, le=1024, description="B / C groups G (--mamba-num-groups).")
+    num_heads: PositiveInt | None = Field(
+        None, le=2**14, description="SSM heads (--mamba-num-heads). Default: expand x hidden_size / head_dim."
+    )
+    expand: PositiveInt = Field(2, le=16, description="Inner width over hidden_size (Megatron fixes 2).")
+    conv_kernel: PositiveInt = Field(4, le=64, description="Causal depthwise convolution width (d_conv).")
+    chunk_size: PositiveInt = Field(128, le=4096, description="The SSD kernel's chunk length (chunk_size).")
+
+
+HYBRID_SYMBOLS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+
+
 class ModelConfig(Section):
     """A decoder-only transformer, in Megatron-LM's argument names."""
 
@@ -187,6 +207,18 @@ class ModelConfig(Section):
         None, description="Multi-head latent attention instead of Q, K, V projections."
     )
     moe: MoeConfig | None = Field(None, description="Mixture-of-experts MLPs.")
+    hybrid_pattern: str | None = Field(
+        None,
+        min_length=1,
+        max_length=4096,
+        description="A hybrid stack, one symbol per layer (Megatron-LM --hybrid-layer-pattern, formerly "
+        "--hybrid-override-pattern; Hugging Face hybrid_override_pattern): M a Mamba-2 mixer, * self-attention, - "
+        "the MLP, E the MoE MLP, each a layer of its own with its norm and residual (Nemotron-H: "
+        "M-M-M-M*-M-...). Its length is num_layers. None: every layer is attention then an MLP.",
+    )
+    mamba: MambaConfig | None = Field(
+        None, description="The Mamba-2 mixers of hybrid_pattern's M layers (default: Megatron-Core's)."
+    )
     mtp_layers: int = Field(
         0,
         ge=0,
@@ -215,6 +247,8 @@ class ModelConfig(Section):
                 f"model.num_query_groups ({self.num_query_groups}): multi-head latent attention gives every head its "
                 f"own keys and values (leave num_query_groups unset or {a})"
             )
+        if self.hybrid_pattern is not None:
+            self._check_hybrid(self.hybrid_pattern)
         moe = self.moe
         if moe is not None and moe.first_dense_layers >= self.num_layers:
             raise ValueError(
@@ -222,6 +256,72 @@ class ModelConfig(Section):
                 f"({self.num_layers})"
             )
         return self
+
+    def _check_hybrid(self, pattern: str) -> None:
+        """Megatron-LM's own checks of a hybrid pattern (hybrid_layer_allocation.py, d98e8a64), and what the
+        simulator does not model of it, each refused by name."""
+        bad = sorted(set(pattern) - set(HYBRID_SYMBOLS))
+        if bad:
+            known = {"|": "pipeline stage boundaries", "/": "multi-token prediction", "G": "gated delta net"}
+            what = "; ".join(f"{c!r} ({known[c]}, not modelled)" if c in known else repr(c) for c in bad)
+            raise ValueError(
+                f"model.hybrid_pattern: {what} is not a layer the simulator knows; use M (Mamba-2), * (attention), "
+                "- (MLP) and E (MoE)"
+            )
+        if len(pattern) != self.num_layers:
+            raise ValueError(
+                f"model.hybrid_pattern has {len(pattern)} layers but num_layers is {self.num_layers}: one symbol per "
+                "layer (Megatron takes the count from the pattern)"
+            )
+        if ("E" in pattern) != (self.moe is not None):
+            raise ValueError(
+                "model.hybrid_pattern: E layers need model.moe"
+                if "E" in pattern
+                else "model.moe is set but hybrid_pattern has no E (MoE) layer"
+            )
+        for field, value in (("mla", self.mla), ("sliding_window", self.sliding_window)):
+            if value is not None:
+                raise ValueError(f"model.{field} with hybrid_pattern is not modelled")
+        if self.mtp_layers:
+            raise ValueError("model.mtp_layers with hybrid_pattern is not modelled")
+        if self.moe is not None and (self.moe.first_dense_layers or self.moe.layer_freq != 1):
+            raise ValueError(
+                "model.moe.first_dense_layers / layer_freq: a hybrid pattern places its MoE layers itself (E)"
+            )
+        c = self.mamba_config
+        if self.mamba_heads % c.num_groups:
+            raise ValueError(
+                f"model.mamba: num_heads ({self.mamba_heads}) is not divisible by num_groups ({c.num_groups}), as "
+                "Megatron's MambaMixer requires"
+            )
+
+    def layer_kind(self, i: int) -> str:
+        """What layer ``i`` (from 0) is: "layer" (attention then an MLP or MoE MLP) unless ``hybrid_pattern`` gives
+        a layer of its own: "mamba", "attention", "mlp" or "moe"."""
+        return HYBRID_SYMBOLS[self.hybrid_pattern[i]] if self.hybrid_pattern else "layer"
+
+    @property
+    def mamba_config(self) -> MambaConfig:
+        return self.mamba or MambaConfig()
+
+    @property
+    def mamba_heads(self) -> int:
+        c = self.mamba_config
+        return c.num_heads or c.expand * self.hidden_size // c.head_dim
+
+    @property
+    def mamba_inner(self) -> int:
+        """The mixer's inner width d_inner: heads x head_dim (MambaMixer: num_heads x head_dim where heads are
+        given, else expand x hidden_size)."""
+        return self.mamba_heads * self.mamba_config.head_dim
+
+    def layers_of(self, kind: str) -> int:
+        return sum(self.layer_kind(i) == kind for i in range(self.num_layers))
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers with self-attention (every layer but a hybrid's M, - and E ones)."""
+        return self.num_layers if not self.hybrid_pattern else self.hybrid_pattern.count("*")
 
     @property
     def query_groups(self) -> int:
@@ -282,6 +382,8 @@ class ModelConfig(Section):
     def is_moe_layer(self, i: int) -> bool:
         """Whether layer ``i`` (from 0) has a mixture-of-experts MLP."""
         m = self.moe
+        if self.hybrid_pattern is not None:
+            return self.hybrid_pattern[i] == "E"
         if m is None or i < m.first_dense_layers:
             return False
         return (i - m.first_dense_layers + 1) % m.layer_freq == 0

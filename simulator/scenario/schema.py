@@ -209,6 +209,8 @@ class Scenario(Section):
                 f"{p.pipeline_parallel}); DeepSpeed's 1-bit optimizers do not support ZeRO-2/3"
             )
         self._check_moe()
+        if m.hybrid_pattern is not None:
+            self._check_hybrid()
         if m.mtp_layers and (p.fsdp is not None or p.zero_stage == 3):
             raise ValueError(
                 f"model.mtp_layers ({m.mtp_layers}) is not modelled with fsdp or zero_stage 3 (their per-module "
@@ -235,6 +237,32 @@ class Scenario(Section):
                 "DualPipe schedule"
             )
         pipeline_layout.check(p.pipeline_layout, p.layout_stages, m.num_layers, m.mtp_layers, p.path_stages)
+
+    def _check_hybrid(self) -> None:
+        """What the simulator does not model of a hybrid stack (model.hybrid_pattern), refused by name."""
+        p, tr = self.parallelism, self.training
+        if p.context_parallel > 1:
+            raise ValueError(
+                "parallelism.context_parallel with model.hybrid_pattern is not modelled (Megatron's Mamba mixers "
+                "exchange heads for sequence with all-to-alls: mamba_context_parallel.py)"
+            )
+        if p.zero_stage == 3 or p.fsdp is not None:
+            raise ValueError(
+                "model.hybrid_pattern with zero_stage 3 or fsdp is not modelled (their per-module replay knows "
+                "transformer layers only)"
+            )
+        if tr.activation_recompute == "selective-op":
+            raise ValueError(
+                "training.activation_recompute selective-op (torchtitan's) with model.hybrid_pattern"
+            )
+        if (
+            self.model.mamba_heads % p.tensor_parallel
+            or self.model.mamba_config.num_groups % p.tensor_parallel
+        ):
+            raise ValueError(
+                f"parallelism.tensor_parallel ({p.tensor_parallel}) must divide the Mamba heads "
+                f"({self.model.mamba_heads}) and groups ({self.model.mamba_config.num_groups}), as MambaMixer asserts"
+            )
 
     def _check_moe(self) -> None:
         """Expert parallelism against the model and the layouts the frameworks accept (Megatron-Core

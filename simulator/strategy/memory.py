@@ -49,8 +49,8 @@ def activation_memory(
     never live with the loss's or a recomputation's (combined 1F1B's layer pair, below)."""
     policies = chunk_policies(s, len(layers))
     pairs = list(zip(policies, layers, strict=True))
-    kept, peak = chunk_activation_bytes(s, [(p, b.moe) for p, b in pairs if not b.offloaded])
-    away = [(p, b.moe) for p, b in pairs if b.offloaded]
+    kept, peak = chunk_activation_bytes(s, [(p, b.moe, b.kind) for p, b in pairs if not b.offloaded])
+    away = [(p, b.moe, b.kind) for p, b in pairs if b.offloaded]
     if away:  # offloaded layers: at most BUFFERS of them on the GPU at once (workload/offload.py)
         off_kept, off_peak = chunk_activation_bytes(s, away)
         kept += off_kept * min(BUFFERS, len(away)) / len(away)
@@ -122,7 +122,7 @@ def memory_breakdown(
     # it kept as it ends (core_v0.14.0 model_chunk_schedule_plan.py ``run``, pipeline_parallel/utils.py
     # ``ScheduleNode._release_state``): one micro-batch's activations and at most a layer of the next's
     combined = overlaps_a2a(s) and s.gradient_accumulation_steps > 1
-    pairs = list(zip(chunk_policies(s, len(w.layers)), (b.moe for b in w.layers), strict=True))
+    pairs = [(p, b.moe, b.kind) for p, b in zip(chunk_policies(s, len(w.layers)), w.layers, strict=True)]
     layer = largest_layer_bytes(s, pairs) if combined else 0.0
     acts, reserve = activation_memory(s, list(w.layers), relief=relief, transient=layer)
     mem = MemoryBreakdown(params, grads, opt, acts, buffers, cluster.gpu.hbm_bytes, reserve=reserve)

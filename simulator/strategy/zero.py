@@ -52,6 +52,7 @@ from simulator.strategy.steps import (
 )
 from simulator.strategy.units import Unit, parameter_tensors, units
 from simulator.strategy.zero3_fetch import schedule_for
+from simulator.strategy.zero3_replay import add_fetched_iteration
 from simulator.workload.transformer import Workload
 
 
@@ -82,7 +83,7 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
             fetch=fetch,
             **zpp,
         )
-        add_sharded_iteration(p, s, w, us, plan)
+        (add_fetched_iteration if plan.fetch is not None else add_sharded_iteration)(p, s, w, us, plan)
         buffers = zero_buffers(cfg, stage, gb, wb, fetch.peak_live)  # with the coordinator's peak gathered
         persistent_params = fetch.persistent
         if cfg.zero_hpz_partition_size > 1:

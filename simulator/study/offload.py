@@ -28,11 +28,18 @@ class OffloadScreen:
             self._host = HostModel(CollectiveModel(one, Placement(dp=one.gpus_per_node)), s)
         return self._host
 
-    def exposed_s(self, s: Scenario, params: float, microbatches: int, backward_s: float) -> float:
+    def exposed_s(
+        self, s: Scenario, params: float, microbatches: int, backward_s: float, held: float | None = None
+    ) -> float:
         """Seconds ZeRO-Offload adds to an iteration for a rank optimizing ``params`` parameters: the gradient
-        copies past each micro-batch's backward (``backward_s``), the CPU step and the weights' way back."""
+        copies past each micro-batch's backward (``backward_s``), the CPU step and the weights' way back.
+        ``held``: DeepSpeed ZeRO-3's reduce-scatters of one micro-batch, which at the accumulation boundary hold
+        the host bucket by bucket until each is reduced and copied (strategy/sharded.py): the last micro-batch's
+        copies and reductions are all exposed."""
         host = self.host(s)
         to_host = host.standalone_time_s("d2h", "host", params * grad_bytes(s))
         step = host.standalone_time_s("cpu_optimizer", "host", params)
         back = host.standalone_time_s("h2d", "host", params * weight_bytes(s))
-        return microbatches * max(0.0, to_host - backward_s) + step + back
+        if held is None:
+            return microbatches * max(0.0, to_host - backward_s) + step + back
+        return (microbatches - 1) * max(0.0, to_host - backward_s) + held + to_host + step + back

@@ -281,11 +281,11 @@ class Screen:
             # DeepSpeed's calls (zero3_fetch.py), each paying the ring's latency: forward's hide under forward, the
             # rest under backward and recomputation (a layout that cannot fit is not replayed: the costliest step)
             if memory > MEMORY_HEADROOM * self.capacity:
-                fwd = bwd = math.inf
+                fwd = bwd = held = math.inf
             elif bound:
-                fwd = bwd = 0.0
+                fwd = bwd = held = 0.0
             else:
-                fwd, bwd = self._zero3_calls_s(s, w, n, per_node)
+                fwd, bwd, held = self._zero3_calls_s(s, w, n, per_node)
             exposed = gas * (max(0.0, fwd - layers * f) + max(0.0, bwd - layers * (b + rc)))
             beside = gas * (fwd + bwd) - exposed if math.isfinite(exposed) else 0.0  # not replayed: no fit
         else:  # fsdp: each unit gathered in forward and again in backward, its gradients reduce-scattered, one
@@ -324,17 +324,20 @@ class Screen:
         opt_states = psi / (lay.state_shards if sharded else 1) + experts / (edp if sharded else 1)
         optimizer = opt_states * optimizer_step_bytes(self.base, self.framework) / hbm
         if lay.offload:  # ZeRO-Offload: gradients to the host in backward, the step on the CPU, weights back
-            optimizer = self.offload.exposed_s(s, psi / lay.dp, gas, layers * (b + rc))
+            # ZeRO-3's blocking copy of each reduced partition holds the host at the boundary: its reductions
+            held = held if lay.kind == "zero3" else None
+            optimizer = self.offload.exposed_s(s, psi / lay.dp, gas, layers * (b + rc), held)
         # the compute beside that communication runs on the SMs NCCL leaves it (costs/contention.py)
         iteration = pipeline + exposed + optimizer + beside * (self.contention - 1.0)
         fits = memory <= MEMORY_HEADROOM * self.capacity
         zero3_bound = bound and lay.kind == "zero3"
         return Estimate(lay, iteration, memory / 2**30, compute, bubble, exposed, fits, zero3_bound)
 
-    def _zero3_calls_s(self, s: Scenario, w, n: int, per_node: int) -> tuple[float, float]:
-        """(forward, backward) seconds of DeepSpeed ZeRO-3's calls for one microbatch, rings over the ``n`` ranks,
-        counted on a replay of a few layers (zero3_fetch.call_sizes); backward's gathers and reduce-scatters on two
-        streams at once (strategy/sharded.py): latencies overlap, bytes share the links, as FSDP's above."""
+    def _zero3_calls_s(self, s: Scenario, w, n: int, per_node: int) -> tuple[float, float, float]:
+        """(forward, backward, backward's reduce-scatters alone) seconds of DeepSpeed ZeRO-3's calls for one
+        microbatch, rings over the ``n`` ranks, counted on a replay of a few layers (zero3_fetch.call_sizes);
+        backward's gathers and reduce-scatters one after another on the group's one NCCL queue
+        (strategy/zero3_replay.py DP_NCCL_STREAM)."""
         key, knobs = fetch_key(s, w)
         w_b, g_b = weight_bytes(s), grad_bytes(s, self.framework)
         memo = (key, knobs, n, per_node, w_b, g_b)
@@ -344,10 +347,8 @@ class Screen:
                 lat, t = self.ring_parts(op, n, per_node, numel * (w_b if op == "all_gather" else g_b))
                 whole[op, phase] += k * (lat + t)
                 moving[phase] += k * t
-            bwd = max(
-                whole["all_gather", "backward"], whole["reduce_scatter", "backward"], moving["backward"]
-            )
-            self._calls[memo] = (whole["all_gather", "forward"], bwd)
+            rs = whole["reduce_scatter", "backward"]
+            self._calls[memo] = (whole["all_gather", "forward"], whole["all_gather", "backward"] + rs, rs)
         return self._calls[memo]
 
     def memory(self, lay: Layout, psi: float, s: Scenario, experts: float = 0.0, edp: int = 1) -> float:
@@ -382,9 +383,10 @@ class Screen:
             per_layer = (1 - moe_share) * activation_bytes_per_layer(s) + (
                 moe_share * activation_bytes_per_layer(s, moe=True) if moe_share else 0.0
             )
-            self._act[key] = (
-                per_layer,
-                head_activation_bytes(s),
-                activation_bytes_per_layer(s, recompute="none"),
-            )
+            whole = activation_bytes_per_layer(s, recompute="none")
+            if m.hybrid_pattern:  # each kind of layer by its share of the stack
+                kinds = [(k == "moe", k) for k in (m.layer_kind(i) for i in range(m.num_layers))]
+                per_layer = sum(activation_bytes_per_layer(s, moe=x, kind=k) for x, k in kinds) / len(kinds)
+                whole = max(activation_bytes_per_layer(s, "none", x, k) for x, k in set(kinds))
+            self._act[key] = (per_layer, head_activation_bytes(s), whole)
         return self._act[key]

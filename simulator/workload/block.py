@@ -24,6 +24,9 @@ class Block:
     moe: bool = False  # a mixture-of-experts layer
     recompute_op: tuple[Op, ...] = ()  # torchtitan's per-op policy: the forward ops it re-runs (recompute.py)
     offloaded: bool = False  # its activations go to host memory (workload/offload.py)
+    # "layer" (attention then an MLP or MoE MLP), or a hybrid stack's layer of its own (model.hybrid_pattern):
+    # "mamba", "attention", "mlp", "moe"
+    kind: str = "layer"
 
     def recompute_ops(self, policy: str) -> tuple[Op, ...]:
         """What a recompute ``policy`` (workload/recompute.py) re-runs of this block before its backward."""

@@ -132,9 +132,14 @@ def zero_model_state_bytes(
     )
 
 
-def activation_bytes_per_layer(s: Scenario, recompute: str | None = None, moe: bool = False) -> float:
+def activation_bytes_per_layer(
+    s: Scenario, recompute: str | None = None, moe: bool = False, kind: str = "layer"
+) -> float:
     """Activations one transformer layer stores for one microbatch on one GPU (``moe``: a mixture-of-experts
-    layer: attention as in a dense layer, then the MoE MLP's tensors, ``moe_mlp_activation_bytes``).
+    layer: attention as in a dense layer, then the MoE MLP's tensors, ``moe_mlp_activation_bytes``). ``kind``: a
+    hybrid stack's layer of its own (``model.hybrid_pattern``): "attention" or "mlp" keep their half of the
+    layer's tensors (its linear input, residual dropout mask and norm input, and their own); "moe" the MoE MLP's;
+    "mamba" the mixer's (``mamba.mamba_activation_bytes``) beside the same three.
 
     Korthikanti et al. 2022 Sec. 4 (16-bit activations, 1-byte dropout masks), generalised to grouped-query
     attention, heads of their own width, gated MLPs, FlashAttention and multi-head latent attention. For a
@@ -184,28 +189,46 @@ def activation_bytes_per_layer(s: Scenario, recompute: str | None = None, moe: b
     # Q, K, V (not kept where multi-head latent attention's up-projections are recomputed: mla_up_proj), the
     # projection input, MLP
     qkv = 0.0 if "mla_up_proj" in modules and m.mla is not None else 2 * q + 2 * kv + 2 * v
-    sharded = sbh * (qkv + lin * out + mlp)
+    attn = sbh * (qkv + lin * out)
     if m.attention == "standard" and "core_attn" not in modules:
         # softmax output (fp32 where Megatron's fused kernel does not take the shape: attention.softmax_in_fp32),
         # dropout mask, dropout output
         fp32 = softmax_in_fp32(get_framework(s.framework).kernels, layer_shape(s))
-        sharded += (7 if fp32 else 5) * a * sq * sq * b
+        attn += (7 if fp32 else 5) * a * sq * sq * b
     if m.attention == "flash":
-        sharded += 2 * sbh * out + 4 * sq * b * a  # attention output kept by the kernel + fp32 log-sum-exp
-    total = replicated / sp + gathered + sharded / t
+        attn += 2 * sbh * out + 4 * sq * b * a  # attention output kept by the kernel + fp32 log-sum-exp
+    if kind != "layer":  # half the replicated tensors: the linear input, the residual's mask, the norm input
+        half = sbh * (lin + 1 + 2) / sp
+        if kind == "mamba":
+            from simulator.workload.mamba import mamba_activation_bytes
+
+            return half + sq * b * mamba_activation_bytes(s)
+        if kind == "attention":
+            return half + attn / t
+        if kind == "mlp":
+            return half + sbh * mlp / t
+        return half + _moe_mlp_bytes(s, modules, lin * sbh / sp)
+    total = replicated / sp + gathered + (attn + sbh * mlp) / t
     if m.mla is not None:
         # the latents of the replicated down-projections, every token on every TP rank (0.14): the down outputs
         # (norm inputs) and the norm outputs (up-projection inputs), 16-bit
         c = m.mla
         q_rank = c.q_lora_rank or 0
         total += 2 * sq * b * (2 * q_rank + 2 * c.kv_lora_rank + c.qk_rope_head_dim)
-    if moe and "moe" not in modules:  # a recomputed MoE MLP keeps only its input
-        total += moe_mlp_activation_bytes(
-            s, recompute_act="moe_act" in modules, recompute_shared="shared_experts" in modules
-        )
-        if "layernorm" in modules:  # the pre-MLP norm's output (the router's and dispatcher's input) re-run
-            total -= lin * sbh / sp
+    if moe:
+        total += _moe_mlp_bytes(s, modules, lin * sbh / sp)
     return total
+
+
+def _moe_mlp_bytes(s: Scenario, modules: set, norm_out: float) -> float:
+    """An MoE MLP's tensors under Megatron's recompute ``modules`` (a recomputed MoE MLP keeps only its input);
+    ``norm_out``: the pre-MLP norm's output, the router's and dispatcher's input, re-run with layernorm."""
+    if "moe" in modules:
+        return 0.0
+    kept = moe_mlp_activation_bytes(
+        s, recompute_act="moe_act" in modules, recompute_shared="shared_experts" in modules
+    )
+    return kept - (norm_out if "layernorm" in modules else 0.0)
 
 
 def torchtitan_matmuls(s: Scenario, moe: bool = False) -> tuple[tuple[str, float], ...]:

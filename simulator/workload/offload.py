@@ -14,8 +14,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from simulator.scenario.schema import Scenario
 from simulator.workload.block import Block
+from simulator.workload.memory import activation_bytes_per_layer
 from simulator.workload.ops import collective_op
+from simulator.workload.recompute import chunk_policies
 
 BUFFERS = 2  # layers of offloaded activations on the GPU at once (the double buffer)
 
@@ -31,3 +34,20 @@ def offloaded(block: Block, nbytes: float) -> Block:
         direction="backward",
     )
     return replace(block, forward=(out, *block.forward), backward=(back, *block.backward), offloaded=True)
+
+
+def offloaded_layers(s: Scenario, layers: tuple[Block, ...], n: int) -> tuple[Block, ...]:
+    """The first ``n`` layers with their activations (as their recompute policy keeps them) offloaded."""
+    policies = chunk_policies(s, len(layers))
+    done: dict[tuple, Block] = {}
+    out = []
+    for i, b in enumerate(layers):
+        if i >= n:
+            out.append(b)
+            continue
+        key = (id(b), policies[i])
+        if key not in done:
+            nbytes = activation_bytes_per_layer(s, recompute=policies[i], moe=b.moe, kind=b.kind)
+            done[key] = offloaded(b, nbytes)
+        out.append(done[key])
+    return tuple(out)

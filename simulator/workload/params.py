@@ -70,12 +70,30 @@ def shared_expert_params(m: ModelConfig) -> int:
 def layer_params(m: ModelConfig, i: int, active: bool = False) -> int:
     """Layer ``i``: attention, two norms, and its MLP; for an MoE layer the router, the routed experts (``top_k``
     of them when ``active``) and the shared experts."""
-    base = attention_params(m) + 2 * norm_params(m)
+    kind = m.layer_kind(i)
+    if kind == "mamba":  # a hybrid stack's layers of their own (model.hybrid_pattern): one norm each
+        return norm_params(m) + mamba_mixer_params(m)
+    if kind == "attention":
+        return norm_params(m) + attention_params(m)
+    if kind == "mlp":
+        return norm_params(m) + mlp_params(m, m.ffn_size)
+    base = attention_params(m) + 2 * norm_params(m) if kind == "layer" else norm_params(m)
     if not m.is_moe_layer(i):
         return base + mlp_params(m, m.ffn_size)
     moe = m.moe
     experts = moe.top_k if active else moe.num_experts
     return base + router_params(m) + experts * mlp_params(m, m.expert_ffn_size) + shared_expert_params(m)
+
+
+def mamba_mixer_params(m: ModelConfig) -> int:
+    """One Mamba-2 mixer (Megatron-Core MambaMixer.__init__, Megatron-LM d98e8a64): in_proj to z, x, B, C and dt
+    (2 d_inner + 2 G N + H), the depthwise convolution's weight and bias over x, B and C, dt_bias, A_log and D per
+    head, the gated norm over d_inner, out_proj; the linear layers' biases with add_bias_linear."""
+    c, h = m.mamba_config, m.hidden_size
+    d_in, heads, gn = m.mamba_inner, m.mamba_heads, c.num_groups * c.state_dim
+    proj = 2 * d_in + 2 * gn + heads
+    bias = (proj + h) if m.add_bias_linear else 0
+    return h * proj + (d_in + 2 * gn) * (c.conv_kernel + 1) + 3 * heads + d_in + d_in * h + bias
 
 
 def embedding_params(m: ModelConfig) -> int:

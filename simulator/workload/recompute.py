@@ -163,27 +163,34 @@ def stops_early(s: Scenario, framework, moe: bool) -> bool:
     return framework.checkpoint_early_stop and not moe and tr.precision != "fp8" and not tr.compile
 
 
-def chunk_activation_bytes(s: Scenario, layers: list[tuple[str, bool]]) -> tuple[float, float]:
+def chunk_activation_bytes(s: Scenario, layers: list[tuple[str, bool, str]]) -> tuple[float, float]:
     """(bytes a chunk's layers keep from forward to backward, bytes more at the backward's peak while a
-    recomputation has its layers' activations live) for one micro-batch; ``layers``: (policy, is MoE) each."""
+    recomputation has its layers' activations live) for one micro-batch; ``layers``: (policy, is MoE, kind: a
+    Block's) each."""
     kept = 0.0
     peak = 0.0
     group = group_size(s)
-    any_moe = any(
-        moe for _, moe in layers
-    )  # the layer being recomputed at the peak: an MoE one where there is one
-    for policy, moe in layers:
+    # the layer being recomputed at the peak: an MoE one where there is one; of a hybrid stack the largest kind
+    worst = (any(moe for _, moe, _ in layers), "layer")
+    if any(kind != "layer" for _, _, kind in layers):
+        worst = max(
+            {(moe, kind) for _, moe, kind in layers},
+            key=lambda x: activation_bytes_per_layer(s, recompute="none", moe=x[0], kind=x[1]),
+        )
+    for policy, moe, kind in layers:
         if policy == "full":
-            kept += activation_bytes_per_layer(s, recompute="full", moe=moe) / group
-            peak = max(peak, group * activation_bytes_per_layer(s, recompute="none", moe=any_moe))
+            kept += activation_bytes_per_layer(s, recompute="full", moe=moe, kind=kind) / group
+            peak = max(
+                peak, group * activation_bytes_per_layer(s, recompute="none", moe=worst[0], kind=worst[1])
+            )
         else:
-            own = activation_bytes_per_layer(s, recompute=policy, moe=moe)
+            own = activation_bytes_per_layer(s, recompute=policy, moe=moe, kind=kind)
             kept += own
             if policy == "op":
-                peak = max(peak, activation_bytes_per_layer(s, recompute="none", moe=moe) - own)
+                peak = max(peak, activation_bytes_per_layer(s, recompute="none", moe=moe, kind=kind) - own)
     return kept, peak
 
 
-def largest_layer_bytes(s: Scenario, layers: list[tuple[str, bool]]) -> float:
-    """What the largest of a chunk's layers keeps for one micro-batch (``layers``: (policy, is MoE) each)."""
+def largest_layer_bytes(s: Scenario, layers: list[tuple[str, bool, str]]) -> float:
+    """What the largest of a chunk's layers keeps for one micro-batch (``layers``: (policy, is MoE, kind) each)."""
     return max((chunk_activation_bytes(s, [x])[0] for x in set(layers)), default=0.0)

@@ -26,7 +26,9 @@ from simulator.workload.block import Block, Part, present
 from simulator.workload.embedding import embedding_block, head_block
 from simulator.workload.expert_load import ExpertLoad
 from simulator.workload.fp8 import Fp8Plan, amax_reductions, fp8_plan, is_quantized, quantize_block
-from simulator.workload.memory import activation_bytes_per_layer, checkpoint_bytes_per_layer
+from simulator.workload.hybrid import hybrid_layer
+from simulator.workload.mamba import mamba_part
+from simulator.workload.memory import checkpoint_bytes_per_layer
 from simulator.workload.moe import moe_load, moe_part
 from simulator.workload.ops import (
     Op,
@@ -39,7 +41,6 @@ from simulator.workload.ops import (
 )
 from simulator.workload.params import parameter_count
 from simulator.workload.recompute import (
-    chunk_policies,
     early_stopped,
     op_policy_recompute,
     selective_ops,
@@ -273,15 +274,51 @@ def build_workload(
             else (),
         )
 
-    pattern = [m.is_moe_layer(i) for i in range(m.num_layers)]
-    dense = (
-        layer("transformer layer", dense_mlp_part(s, sh, tp, mlp_bias, chains == "eager"), False)
-        if not all(pattern)
-        else None
-    )
-    moe = (
-        layer("moe transformer layer", moe_part(s, sh, fw, tp, gpus_per_node), True) if any(pattern) else None
-    )
+    def hybrid_part(kind: str) -> Part:
+        """The middle of a hybrid stack's layer of ``kind`` (workload/hybrid.py): attention alone, a Mamba-2 mixer,
+        the MLP or the MoE MLP."""
+        if kind == "attention":
+            forward = present(
+                gather_in("attention input"),
+                *proj_fwd,
+                rope_fwd,
+                *attn_fwd,
+                proj,
+                scatter_out("attention output"),
+            )
+            backward = present(
+                grad_out("attention output gradient"),
+                *gemm_backward(proj),
+                *attn_bwd,
+                rope_bwd,
+                regather("attention input"),
+                *proj_bwd,
+                grad_in("attention input gradient"),
+            )
+            return Part(forward, backward, attention_params - 2 * sh.norm_params)
+        if kind == "mamba":
+            return mamba_part(s, sh, tp)
+        if kind == "mlp":
+            return dense_mlp_part(s, sh, tp, mlp_bias, chains == "eager")
+        return moe_part(s, sh, fw, tp, gpus_per_node)
+
+    if m.hybrid_pattern:
+        order = dict.fromkeys(m.layer_kind(i) for i in range(m.num_layers))
+        kinds = {k: hybrid_layer(s, sh, fw, k, hybrid_part(k), attn_fwd, proj_fwd) for k in order}
+        pattern = [kinds[m.layer_kind(i)] for i in range(m.num_layers)]
+        dense = moe = None
+    else:
+        pattern = [m.is_moe_layer(i) for i in range(m.num_layers)]
+        dense = (
+            layer("transformer layer", dense_mlp_part(s, sh, tp, mlp_bias, chains == "eager"), False)
+            if not all(pattern)
+            else None
+        )
+        moe = (
+            layer("moe transformer layer", moe_part(s, sh, fw, tp, gpus_per_node), True)
+            if any(pattern)
+            else None
+        )
     setup = (
         (host_op("microbatch setup (data, masks, loss bookkeeping)", fw.host.microbatch_s),)
         if fw.host.microbatch_s
@@ -289,9 +326,9 @@ def build_workload(
     )
     embedding = embedding_block(s, sh, fw, scatter_out)
     head = head_block(s, sh, fw, gather_in, grad_in)
-    layers = tuple(moe if is_moe else dense for is_moe in pattern)
+    layers = tuple(pattern) if m.hybrid_pattern else tuple(moe if is_moe else dense for is_moe in pattern)
     if tr.activation_offload_layers:  # the first N layers' activations to host memory and back
-        layers = _offloaded(s, layers, tr.activation_offload_layers)
+        layers = offload.offloaded_layers(s, layers, tr.activation_offload_layers)
     mtp = ()
     if m.mtp_layers:
         last = layers[-1]  # each depth is a layer like the model's last (DeepSeek-V3: an MoE layer)
@@ -300,25 +337,8 @@ def build_workload(
     if plan is not None:
         layers, mtp, setup = _quantized(s, plan, layers, mtp, setup)
     layers, mtp = (tp_overlapped(b, p.tp_comm_overlap, t, e) for b in (layers, mtp))  # after FP8's casts
-    moe_stats = moe_load(s, sh) if moe is not None else None
+    moe_stats = moe_load(s, sh) if m.moe is not None else None
     return Workload(s, layers, embedding, head, fw, setup, moe_stats, mtp, plan)
-
-
-def _offloaded(s: Scenario, layers: tuple[Block, ...], n: int) -> tuple[Block, ...]:
-    """The first ``n`` layers with their activations (as their recompute policy keeps them) offloaded."""
-    policies = chunk_policies(s, len(layers))
-    done: dict[tuple, Block] = {}
-    out = []
-    for i, b in enumerate(layers):
-        if i >= n:
-            out.append(b)
-            continue
-        key = (id(b), policies[i])
-        if key not in done:
-            nbytes = activation_bytes_per_layer(s, recompute=policies[i], moe=b.moe)
-            done[key] = offload.offloaded(b, nbytes)
-        out.append(done[key])
-    return tuple(out)
 
 
 def _quantized(s: Scenario, plan: Fp8Plan, layers, mtp, setup):

@@ -68,7 +68,7 @@ def stage_memory(
     kept, recompute_peak, layer = {}, 0.0, 0.0
     for c in range(v):
         blocks = [u.block for u in chunks[(st, c)] if u.is_layer]
-        pairs = [(p, b.moe) for p, b in zip(chunk_policies(s, len(blocks)), blocks, strict=True)]
+        pairs = [(p, b.moe, b.kind) for p, b in zip(chunk_policies(s, len(blocks)), blocks, strict=True)]
         kept[c], extra = chunk_activation_bytes(s, pairs)
         recompute_peak = max(recompute_peak, extra)
         layer = max(layer, largest_layer_bytes(s, pairs))
