@@ -194,6 +194,29 @@ def test_the_topology_panel_draws_the_first_nodes_of_the_full_graph():
     assert len(part) < len(full) / 10
 
 
+def test_an_nvl72_report_draws_racks_not_seventy_two_gpus_link_by_link(tmp_path):
+    """Nodes of more than 16 GPUs (an NVL72 rack: 72 GPUs, 18 NVLink switches) are drawn rack by rack: each rack
+    a block of its 72 GPUs coloured by pipeline stage (Megatron's rank order puts stage k on racks 8k / PP ...),
+    hover naming each GPU's rank and groups; an 8-GPU node keeps the graph."""
+    from simulator import load_scenario, simulate
+    from simulator.report.html import write_report
+    from simulator.report.racks import rack_figure
+
+    root = Path(__file__).parents[1]
+    r = simulate(load_scenario(root / "scenarios" / "fp8" / "llama3.1-405b-fp8-576xgb200-nvl72.yaml"))
+    fig = rack_figure(r)
+    pp = r.scenario.parallelism.pipeline_parallel
+    assert [len(d.x) for d in fig.data] == [576 // pp] * pp  # 8 racks of 72, one stage a rack here
+    assert [d.name for d in fig.data] == [f"GPUs of stage {k}" for k in range(pp)]
+    assert "rack 0, GPU 0: rank 0<br>stage 0, tp rank 0" in fig.data[0].text[0]
+    assert len(fig.layout.shapes) == 8 and "72 GPUs a rack" in fig.layout.title.text
+    write_report(r, tmp_path / "r.html")
+    assert "Racks: first 8 of 8" in (tmp_path / "r.html").read_text()
+    small = simulate(load_scenario("quickstart"))
+    write_report(small, tmp_path / "q.html")
+    assert "Topology: first" in (tmp_path / "q.html").read_text()
+
+
 def test_timeline_rows_follow_stage_numbers_not_text():
     """16 pipeline stages: the Gantt rows run stage 0, 1, 2, ..., 15 (as text, 10-15 would come before 2)."""
     from simulator.api import simulate

@@ -190,7 +190,40 @@ def test_cli_sweep_json_resume_sweep_file_and_report(tmp_path, base_file):
     )
     assert r.exit_code == 0, r.output
     assert "2 points: 1 simulated, 0 already done, 1 invalid" in r.output and report.stat().st_size > 100_000
-    assert "Pareto front" in report.read_text()
+    assert "Pareto front" not in report.read_text()  # one GPU count simulated: no front against GPUs
+
+
+def test_sweep_report_charts_what_the_study_varies(tmp_path):
+    """A pipeline study (pipeline size, schedule, micro-batches) gets a pipeline-bubble chart per varied field;
+    iteration time against GPUs (the Pareto front) only where the simulated points differ in GPU count."""
+    from simulator.study.report import write_sweep_report
+
+    def rows(field, values, gpus):
+        return [
+            {
+                "status": "ok",
+                field: v,
+                "gpus": g,
+                "iteration_time_s": 1.0 + v / 10,
+                "bubble_fraction": 0.1 * v,
+            }
+            for v, g in zip(values, gpus, strict=True)
+        ]
+
+    pipe = tmp_path / "pipe.html"
+    write_sweep_report(
+        rows("parallelism.pipeline_parallel", [1, 2, 4], [8, 8, 8]),
+        ["parallelism.pipeline_parallel"],
+        pipe,
+        "p",
+    )
+    text = pipe.read_text()
+    assert "pipeline bubble (share of the step) vs parallelism.pipeline_parallel" in text
+    assert "Pareto front" not in text
+    scale = tmp_path / "scale.html"
+    write_sweep_report(rows("cluster.num_nodes", [1, 2, 4], [8, 16, 32]), ["cluster.num_nodes"], scale, "s")
+    text = scale.read_text()
+    assert "Pareto front" in text and "pipeline bubble" not in text
 
 
 def test_a_sweep_files_base_may_name_a_shipped_scenario(tmp_path):

@@ -16,6 +16,7 @@ from simulator.metrics.metrics import Metrics
 from simulator.report.figures import COLOURS, figures_html, timeline_figure
 from simulator.report.links import bounding_rank, busiest
 from simulator.report.output import write_atomic
+from simulator.report.racks import RACK_VIEW_GPUS, rack_figure
 
 MEMORY_PARTS = [
     ("params", "parameters"),
@@ -312,7 +313,7 @@ def write_report(result: Result, path: str | Path) -> None:
         memory_figure(result),
         comm_figure(result),
         link_figure(result),
-        topology_figure(result),
+        topology_figure(result) if result.cluster.gpus_per_node <= RACK_VIEW_GPUS else rack_figure(result),
     ]
     legend = ", ".join(k for k in COLOURS)
     body = (

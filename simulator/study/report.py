@@ -1,4 +1,5 @@
-"""A sweep's report: each metric against each varied field, and the Pareto front of iteration time against GPUs.
+"""A sweep's report: each metric against each varied field, the pipeline bubble where the study varies a pipeline,
+and the Pareto front of iteration time against GPUs where it varies the GPU count.
 
 One self-contained HTML page (plotly.js inlined once, so it opens offline).
 """
@@ -22,11 +23,24 @@ METRICS = [
 COLOURS = {"ok": "#4C78A8"}
 
 
+# a study of these fields is a pipeline study (pipeline size, schedule, virtual stages, micro-batches per step)
+PIPELINE_FIELDS = ("pipeline", "virtual_pipeline_stages", "global_batch_size", "micro_batch_size")
+BUBBLE = ("bubble_fraction", "pipeline bubble (share of the step)")
+
+
+def study_metrics(rows: list[dict], fields: list[str]) -> list[tuple[str, str]]:
+    """The metrics to chart: iteration time, MFU, throughput and memory always; the pipeline bubble where a varied
+    field shapes the pipeline and some point has one."""
+    piped = any(any(k in f for k in PIPELINE_FIELDS) for f in fields)
+    bubbles = any((r.get(BUBBLE[0]) or 0) > 0 for r in rows if r["status"] in ("ok", "oom"))
+    return [*METRICS, BUBBLE] if piped and bubbles else list(METRICS)
+
+
 def metric_figures(rows: list[dict], fields: list[str]) -> list[go.Figure]:
     """One figure per (metric, varied field): the points that simulated, grouped by the next varied field's
     value; out-of-memory points as crosses; invalid ones left out (results.csv has their reasons)."""
     figs = []
-    for column, title in METRICS:
+    for column, title in study_metrics(rows, fields):
         for f in fields:
             other = next((g for g in fields if g != f), None)
             groups: dict = {}
@@ -116,7 +130,8 @@ def pareto_figure(rows: list[dict]) -> go.Figure:
 def write_sweep_report(rows: list[dict], fields: list[str], path: Path, title: str) -> None:
     counts = {s: sum(r["status"] == s for r in rows) for s in ("ok", "oom", "invalid", "error")}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-    figs = [pareto_figure(rows), *metric_figures(rows, fields)]
+    varied_gpus = len({r.get("gpus") for r in rows if r["status"] == "ok"}) > 1  # else no front to draw
+    figs = [*([pareto_figure(rows)] if varied_gpus else []), *metric_figures(rows, fields)]
     html = (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_escape(title)}</title></head>"
         f"<body style='font-family:sans-serif;margin:20px'><h2>{_escape(title)}</h2>"
