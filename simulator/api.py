@@ -172,7 +172,7 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
             key = id(task.ops)
             if key not in durations:
                 durations[key] = task_cost(
-                    task.ops, compute, comm_time, dispatch, s.training.cuda_graphs, behind
+                    task.ops, compute, comm_time, dispatch, s.training.graph_capture, behind
                 )
             return durations[key]
 

@@ -341,6 +341,7 @@ def test_scenarios_filter_by_any_column_and_refuse_what_matches_nothing():
         "gpt-oss-120b-ep8-64xh100",
         "llama4-maverick-ep16-256xh100",
         "mixtral-8x7b-ep8-16xh100",
+        "qwen3-235b-fp8-256xh100",
     }
     rows = json.loads(
         runner.invoke(app, ["scenarios", "GB200", "--json"]).stdout

@@ -138,16 +138,39 @@ def _window_kernels_s(ops: tuple[Op, ...], start: int, compute: ComputeModel) ->
 
 
 def host_times(
-    ops: tuple[Op, ...], host: HostProfile, cuda_graphs: bool = False
+    ops: tuple[Op, ...], host: HostProfile, cuda_graphs: bool | frozenset[str] = False
 ) -> tuple[list[float], list[bool]]:
     """Host seconds to issue each op, and which ops are syncs (the host waits for the GPU there). With CUDA
-    graphs one launch issues every kernel (a captured graph holds no sync); host work outside kernels remains."""
-    if cuda_graphs:
+    graphs (``True``) one launch issues every kernel (a captured graph holds no sync); host work outside kernels
+    remains. With a set of modules (``training.cuda_graph_modules``: Megatron-Core's per-layer graphs of those
+    modules alone) each run of kernels of those modules is one launch, the rest is issued kernel by kernel and its
+    syncs stay."""
+    if cuda_graphs is True:
         issue = [op.host_s if op.kind == "host" else 0.0 for op in ops]
         if issue:
             issue[0] += host.graph_launch_s
         return issue, [False] * len(ops)
-    return [op_host_s(op, host) for op in ops], [op.kind == "sync" for op in ops]
+    if not cuda_graphs:
+        return [op_host_s(op, host) for op in ops], [op.kind == "sync" for op in ops]
+    issue, syncs = [], []
+    graph = None  # the graph the previous op went out in: the next op of the same graph costs no launch
+    for op in ops:
+        captured = op.module in cuda_graphs
+        this = GRAPH_OF.get(op.module, op.module) if captured else None
+        if captured:
+            issue.append(
+                (op.host_s if op.kind == "host" else 0.0) + (0.0 if this == graph else host.graph_launch_s)
+            )
+        else:
+            issue.append(op_host_s(op, host))
+        syncs.append(op.kind == "sync" and not captured)
+        graph = this
+    return issue, syncs
+
+
+# one graph per module of each layer, the router's preprocessing in the router's (Megatron-Core captures
+# moe_preprocess only together with moe_router)
+GRAPH_OF = {"moe_preprocess": "moe_router"}
 
 
 def task_cost(
@@ -155,7 +178,7 @@ def task_cost(
     compute: ComputeModel,
     comm_time: Callable[[Op], float],
     host: HostProfile | None = None,
-    cuda_graphs: bool = False,
+    cuda_graphs: bool | frozenset[str] = False,
     behind_slowdown: float = 1.0,
 ) -> TaskCost:
     """GPU seconds of a compute task, its parts, and how its host thread issues it (``TaskCost``)."""

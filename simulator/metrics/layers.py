@@ -59,7 +59,7 @@ def microbatch_view(result, comm_time: Callable | None = None) -> list[BlockTime
     for block, phase, ops, repeat, sync_first in plan:
         gpu, _ = gpu_times(ops, compute, comm_time)
         issue, syncs = (
-            host_times(ops, host, s.training.cuda_graphs)
+            host_times(ops, host, s.training.graph_capture)
             if host.active
             else ([0.0] * len(ops), [False] * len(ops))
         )

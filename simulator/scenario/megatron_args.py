@@ -197,6 +197,27 @@ def merge_megatron_args(data: dict, tokens: list[str], label: str = "megatron_ar
         if on("moe-pad-expert-input-to-capacity"):
             put("model", "moe.pad_to_capacity", True, "moe-pad-expert-input-to-capacity")
 
+    # CUDA graphs (arguments.py, d98e8a64: --cuda-graph-impl none | local | transformer_engine | full_iteration, the
+    # deprecated --enable-cuda-graph / --external-cuda-graph; --cuda-graph-modules, formerly --cuda-graph-scope,
+    # "full" and empty meaning whole layers)
+    impl = value("cuda-graph-impl", str)
+    impl = impl or (
+        "local" if on("enable-cuda-graph") else "transformer_engine" if on("external-cuda-graph") else None
+    )
+    if impl not in (None, "none", "local", "transformer_engine", "full_iteration"):
+        raise ScenarioError(
+            f"{label}: --cuda-graph-impl must be none, local, transformer_engine or full_iteration, got {impl!r:.40}"
+        )
+    scope = flags.get("cuda-graph-modules") or flags.get("cuda-graph-scope") or []
+    used.update({"cuda-graph-modules", "cuda-graph-scope"})
+    if impl not in (None, "none"):
+        put("training", "cuda_graphs", True, "cuda-graph-impl")
+        modules = (
+            [] if impl == "full_iteration" else [m for m in scope if m not in ("full", "full_iteration")]
+        )
+        if modules:
+            put("training", "cuda_graph_modules", modules, "cuda-graph-modules")
+
     # parallelism
     for flag, key in (
         ("tensor-model-parallel-size", "tensor_parallel"), ("pipeline-model-parallel-size", "pipeline_parallel"),

@@ -209,6 +209,13 @@ class Scenario(Section):
                 f"{p.pipeline_parallel}); DeepSpeed's 1-bit optimizers do not support ZeRO-2/3"
             )
         self._check_moe()
+        if "moe" in self.training.cuda_graph_modules and m.moe is not None and not m.moe.pad_to_capacity:
+            # megatron/core/transformer/enums.py CudaGraphModule.moe: "drop-and-pad MoE layers only"
+            raise ValueError(
+                "training.cuda_graph_modules: moe captures drop-and-pad MoE layers only (model.moe.capacity_factor "
+                "and pad_to_capacity); a dropless layer's sizes are known only on the GPU: use moe_router and "
+                "moe_preprocess"
+            )
         if m.hybrid_pattern is not None:
             self._check_hybrid()
         if m.mtp_layers and (p.fsdp is not None or p.zero_stage == 3):

@@ -197,9 +197,33 @@ class TrainingConfig(Section):
         description="Forward and backward steps captured as CUDA graphs: one launch per step instead of one host "
         "dispatch per kernel (Megatron-Core --enable-cuda-graph, torch.compile mode='reduce-overhead').",
     )
+    cuda_graph_modules: tuple[Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba"], ...] = (
+        Field(
+            (),
+            description="With cuda_graphs: capture only these modules of each layer (Megatron-Core --cuda-graph-modules, "
+            "formerly --cuda-graph-scope, with --cuda-graph-impl transformer_engine or local): their kernels go out in "
+            "one launch each, everything else (the embedding, the loss, an MoE layer's dispatch, experts and combine "
+            "unless 'moe') is issued kernel by kernel, and the host waits outside them stay. Empty: every layer whole.",
+        )
+    )
+
+    @property
+    def graph_capture(self) -> bool | frozenset[str]:
+        """What CUDA graphs capture: nothing (False), every layer whole (True), or these modules of each layer."""
+        if not self.cuda_graphs:
+            return False
+        return frozenset(self.cuda_graph_modules) or True
 
     @model_validator(mode="after")
     def _check(self) -> TrainingConfig:
+        mods = self.cuda_graph_modules
+        if mods and not self.cuda_graphs:
+            raise ValueError("training.cuda_graph_modules needs training.cuda_graphs: true")
+        if "moe_preprocess" in mods and "moe_router" not in mods:
+            # megatron/core/transformer/enums.py CudaGraphModule: "moe_preprocess ... (requires moe_router)"
+            raise ValueError(
+                "training.cuda_graph_modules: moe_preprocess needs moe_router (as Megatron-Core)"
+            )
         if self.optimizer_moments != "fp32" and self.optimizer not in ("adam", "adamw"):
             raise ValueError(
                 f"training.optimizer_moments ({self.optimizer_moments}) is Adam's moments' dtype: it needs optimizer "

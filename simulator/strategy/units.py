@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 from simulator.scenario.schema import Scenario
 from simulator.workload.block import Block
+from simulator.workload.params import tensors_per_layer
 from simulator.workload.recompute import chunk_policies
-from simulator.workload.transformer import Workload, tensors_per_layer
+from simulator.workload.transformer import Workload
 
 
 @dataclass(frozen=True)

@@ -132,7 +132,7 @@ class Screen:
                         self.compute,
                         lambda op: comm.standalone_time_s(op.collective, op.group, op.bytes),
                         self.framework.host,
-                        s.training.cuda_graphs,
+                        s.training.graph_capture,
                     )
 
                 def t(ops) -> float:

@@ -5,9 +5,12 @@ and TransformerLayer with IdentityOp for the half it lacks)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from simulator.scenario.schema import Scenario
 from simulator.workload import framework_kernels
 from simulator.workload.block import Block, Part, present
+from simulator.workload.graph_modules import tagged
 from simulator.workload.ops import Op, recomputed
 from simulator.workload.recompute import early_stopped, op_policy_recompute, selective_ops, stops_early
 from simulator.workload.shape import LayerShape, norm, norm_backward, residual, residual_backward
@@ -33,8 +36,11 @@ def hybrid_layer(
     """A hybrid layer of ``kind`` ("mamba", "attention", "mlp", "moe") around its ``middle``; ``attn_core`` and
     ``projections``: an attention layer's core and QKV ops, which selective recompute may re-run."""
     m, tr = s.model, s.training
-    first = norm(sh, f"{kind} layer norm")
+    # each kernel's module as Megatron-Core's CUDA graph scopes name them (an MoE layer's are its part's own)
+    module = {"attention": "attn", "moe": "moe"}.get(kind, kind)
+    first = replace(norm(sh, f"{kind} layer norm"), module="moe_router" if kind == "moe" else module)
     params = middle.params + sh.norm_params
+    middle = replace(middle, forward=tagged(middle.forward, module), backward=tagged(middle.backward, module))
     forward = present(first, *middle.forward, residual(sh, f"{kind} layer residual add"))
     tensors = parameter_tensors(s, kind) + sh.norm_params // sh.h
     backward = present(
@@ -45,6 +51,7 @@ def hybrid_layer(
             fw, tr.precision, "layer", params + middle.expert_params, tensors
         ),
     )
+    forward, backward = tagged(forward, module), tagged(backward, module)
     moe = kind == "moe"
     if kind == "attention":
         selective = selective_ops(s, attn_core, None, Part((), ()), False, projections)

@@ -40,6 +40,7 @@ from simulator.workload.dispatchers import (
     overlapping,
 )
 from simulator.workload.expert_load import ExpertLoad, capacity, expert_load
+from simulator.workload.graph_modules import dispatch_modules, tagged
 from simulator.workload.ops import Op, collective_op, gemm, gemm_backward, host_op, linear, memory_op
 from simulator.workload.params import mlp_params, router_params
 from simulator.workload.shape import LayerShape, activation
@@ -222,13 +223,27 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
         # the shared expert runs on its own stream beside the dispatch: the all-to-alls hide behind its GEMMs
         dispatch = tuple(overlapping(op, "next") for op in dispatch)
         combine_bwd = tuple(overlapping(op, "next") for op in combine_bwd)
-    forward = present(router, route, *aux, *dispatch, *shared_fwd, *fwd_experts, *combine)
+    # each kernel's module, as Megatron-Core's CUDA graph scopes name them (workload/graph_modules.py)
+    # (the shared expert in the router's module where it is not overlapped with the dispatch: --cuda-graph-modules)
+    shared_module = "moe" if p.moe.shared_expert_overlap else "moe_router"
+    shared_fwd, shared_bwd = tagged(shared_fwd, shared_module), tagged(shared_bwd, shared_module)
+    routing = tagged(present(router, route, *aux), "moe_router")
+    forward = (*routing, *dispatch_modules(present(*dispatch)))
+    forward += tagged(present(*shared_fwd, *fwd_experts, *combine), "moe")
     router_bwd = gemm_backward(router)
     if megatron:  # each gradient GEMM with its cast back to bf16; the weight's also its main_grad add
         router_bwd = (replace(router_bwd[0], launches=3), replace(router_bwd[1], launches=3))
-    backward = present(*combine_bwd, *bwd_experts, *shared_bwd, *dispatch_bwd, route_bwd, *router_bwd)
+    backward = tagged(present(*combine_bwd, *bwd_experts, *shared_bwd, *dispatch_bwd), "moe")
+    backward += tagged(present(route_bwd, *router_bwd), "moe_router")
     expert_params = local * mlp_params(m, f) // etp
-    return Part(forward, backward, router_params(m) + shared_params, expert_params, tuple(acts), shared_fwd)
+    return Part(
+        forward,
+        backward,
+        router_params(m) + shared_params,
+        expert_params,
+        tagged(tuple(acts), "moe"),
+        shared_fwd,
+    )
 
 
 def _cublas_loop(what: str, seconds: float, direction: str = "forward") -> Op | None:

@@ -42,6 +42,9 @@ class Op:
     # a chunk of a split GEMM (TP overlap): the whole GEMM's (m, n, k), which the cost model prices the chunk
     # from (costs/compute.py ComputeModel); () = not a chunk
     whole: tuple[int, int, int] | tuple[()] = ()
+    # the layer module the kernel belongs to, as Megatron-Core's CUDA graph scopes name them (attn, mlp, moe,
+    # moe_router, moe_preprocess, mamba; workload/graph_modules.py): "" = none of them (embedding, head, step)
+    module: str = ""
 
 
 def collective_op(

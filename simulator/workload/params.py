@@ -118,3 +118,10 @@ def active_parameter_count(s: Scenario, embedding: bool = True) -> int:
     head = 0 if m.tied_embeddings else m.vocab_size * m.hidden_size
     layers = sum(layer_params(m, i, active=True) for i in range(m.num_layers))
     return layers + (embedding_params(m) if embedding else 0) + head + norm_params(m)
+
+
+def tensors_per_layer(m) -> int:
+    """Parameter tensors of one layer: QKV, projection, MLP in and out weights (and their biases), two norms
+    (weight, and bias for LayerNorm). Megatron fuses Q, K, V and the SwiGLU gate and up projections."""
+    norm_tensors = 2 if m.normalization == "layernorm" else 1
+    return 4 + (4 if m.add_bias_linear else 0) + 2 * norm_tensors

@@ -13,7 +13,7 @@ parameter counts in ``params.py``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from simulator.frameworks import Framework, get_framework
@@ -26,6 +26,7 @@ from simulator.workload.block import Block, Part, present
 from simulator.workload.embedding import embedding_block, head_block
 from simulator.workload.expert_load import ExpertLoad
 from simulator.workload.fp8 import Fp8Plan, amax_reductions, fp8_plan, is_quantized, quantize_block
+from simulator.workload.graph_modules import tagged
 from simulator.workload.hybrid import hybrid_layer
 from simulator.workload.mamba import mamba_part
 from simulator.workload.memory import checkpoint_bytes_per_layer
@@ -39,7 +40,7 @@ from simulator.workload.ops import (
     recomputed,
     sync_op,
 )
-from simulator.workload.params import parameter_count
+from simulator.workload.params import parameter_count, tensors_per_layer
 from simulator.workload.recompute import (
     early_stopped,
     op_policy_recompute,
@@ -124,13 +125,6 @@ class Workload:
         return 3.0 * fwd * t
 
 
-def tensors_per_layer(m) -> int:
-    """Parameter tensors of one layer: QKV, projection, MLP in and out weights (and their biases), two norms
-    (weight, and bias for LayerNorm). Megatron fuses Q, K, V and the SwiGLU gate and up projections."""
-    norm_tensors = 2 if m.normalization == "layernorm" else 1
-    return 4 + (4 if m.add_bias_linear else 0) + 2 * norm_tensors
-
-
 def dense_mlp_part(s: Scenario, sh: LayerShape, tp, mlp_bias: Op | None, eager: bool = False) -> Part:
     """The dense MLP: up projection (with the gate for SwiGLU), activation, down projection, between the
     tensor-parallel collectives of its input and output. ``eager``: SwiGLU as separate SiLU and multiply
@@ -208,7 +202,11 @@ def build_workload(
 
     def layer(name: str, mlp: Part, moe: bool) -> Block:
         params = attention_params + mlp.params
-        pre_mlp_norm = norm(sh, "post-attention layernorm")
+        # each kernel's module as Megatron-Core's CUDA graph scopes name them (workload/graph_modules.py): the MLP
+        # half's own, the rest "attn"
+        half = "moe" if moe else "mlp"
+        mlp = replace(mlp, forward=tagged(mlp.forward, half), backward=tagged(mlp.backward, half))
+        pre_mlp_norm = replace(norm(sh, "post-attention layernorm"), module="moe_router" if moe else "mlp")
         fwd = present(
             norm(sh, "input layernorm"),
             gather_in("attention input"),
@@ -223,12 +221,12 @@ def build_workload(
             pre_mlp_norm,
             *layer_syncs,
             *mlp.forward,
-            residual(sh, "mlp bias-dropout-add"),
+            replace(residual(sh, "mlp bias-dropout-add"), module=half),
         )
         bwd = present(
-            residual_backward(sh, "mlp bias-dropout-add backward"),
+            replace(residual_backward(sh, "mlp bias-dropout-add backward"), module=half),
             *mlp.backward,
-            norm_backward(sh, "post-attention layernorm backward"),
+            replace(norm_backward(sh, "post-attention layernorm backward"), module=pre_mlp_norm.module),
             residual_backward(sh, "attention bias-dropout-add backward"),
             grad_out("attention output gradient"),
             *gemm_backward(proj),
@@ -251,6 +249,7 @@ def build_workload(
         # ``partition.cpu()``, before the layer; backward's gather_partitioned_activations copies it back with
         # ``part_i.copy_(item)`` into a fresh device buffer before the recomputation), so neither hides under a
         # kernel.
+        fwd, bwd = tagged(fwd, "attn"), tagged(bwd, "attn")
         fetch: list[Op] = []
         recompute = recomputed(early_stopped(fwd) if stops_early(s, fw, moe) else fwd)
         if tr.cpu_checkpointing:
