@@ -3,8 +3,8 @@
 A framework profile's fitted factors (``fit_params``, fitted on ``fit_cases`` of published.yaml; per-GPU factors
 likewise) are refitted for each source in turn without that source's cases, and the source's cases are predicted
 with the refitted profile. Where a profile was fitted on that source alone, it is refitted on the other sources'
-cases that run the same profile (Megatron-LM 2021's MEG20 runs for NAR21; Megatron-Core's MoE runs of moe.yaml,
-which ``pool`` brings in, for the MCORE runs); where there are none, its fitted factors fall back to the reference (1.0: the kernel tables and the GPU's roofline as they stand), which is what the
+cases that run the same profile on the GPU architecture and precision it was fitted on (Megatron-LM 2021's MEG20
+runs for NAR21; Megatron-Core's H100 BF16 MoE runs of moe.yaml, which ``pool`` brings in, for the MCORE runs); where there are none, its fitted factors fall back to the reference (1.0: the kernel tables and the GPU's roofline as they stand), which is what the
 simulator predicts for a stack it has no measurement of. Sources whose profiles were never fitted on them are
 out of sample already: both errors are the same.
 """
@@ -32,6 +32,16 @@ def profile_of(case: dict) -> str:
     return load_scenario(case_scenario(case)).framework
 
 
+def regime_of(case: dict) -> tuple[str, str]:
+    """(GPU architecture, precision) of a case: what a profile's fitted factors (times the GPU's kernel tables and
+    the training precision's GEMMs) were measured in."""
+    from simulator.hardware.gpus import get_gpu
+    from simulator.hardware.topology import cluster_spec
+
+    s = load_scenario(case_scenario(case))
+    return get_gpu(cluster_spec(s).node.gpu).architecture, s.training.precision
+
+
 def reference(framework: Framework) -> Framework:
     """The profile with every fitted factor back at the reference (1.0) and its fitted per-GPU factors removed."""
     update = dict.fromkeys(framework.fit_params, 1.0)
@@ -46,8 +56,15 @@ def without(framework: Framework, left_out: set[str], cases: list[dict], profile
         return framework, "unchanged"
     by_id = {str(c["id"]): c for c in cases}
     keep = [by_id[i] for i in framework.fit_cases if i not in left_out and i in by_id]
-    if not keep:  # fitted on this source alone: the other sources that run this profile, else the reference
-        keep = [c for c in cases if str(c["id"]) not in left_out and profile_of(c) == profile]
+    if not keep:  # fitted on this source alone: the other sources that run this profile in the regime it was
+        # fitted in (the same GPU architecture and precision: a Hopper bf16 fit is not refitted on Blackwell FP8
+        # runs), else the reference
+        regimes = {regime_of(by_id[i]) for i in framework.fit_cases if i in by_id}
+        keep = [
+            c
+            for c in cases
+            if str(c["id"]) not in left_out and profile_of(c) == profile and regime_of(c) in regimes
+        ]
     start = reference(framework)
     if not keep or not framework.fit_params:
         return start, "reference"

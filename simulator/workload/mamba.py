@@ -22,6 +22,7 @@ from __future__ import annotations
 from simulator.scenario.schema import Scenario
 from simulator.workload.block import Part, present
 from simulator.workload.ops import gemm, gemm_backward, linear, memory_op
+from simulator.workload.params import mamba_mixer_params
 from simulator.workload.shape import LayerShape
 
 
@@ -32,25 +33,6 @@ def mamba_widths(s: Scenario) -> tuple[int, int, int, int]:
     d_in, heads = m.mamba_inner, m.mamba_heads
     gn = c.num_groups * c.state_dim
     return d_in, heads, gn, 2 * d_in + 2 * gn + heads
-
-
-def mamba_params(s: Scenario, t: int = 1) -> int:
-    """Parameters of one mixer on one of ``t`` TP ranks (MambaMixer.__init__): in_proj, the convolution's weight and
-    bias over x, B and C, dt_bias, A_log and D per head, the gated norm's weight, out_proj; biases on the two linear
-    layers with add_bias_linear."""
-    m = s.model
-    c = m.mamba_config
-    d_in, heads, gn, proj = mamba_widths(s)
-    conv = (d_in + 2 * gn) // t
-    bias = (proj // t + m.hidden_size) if m.add_bias_linear else 0
-    return (
-        m.hidden_size * proj // t
-        + conv * (c.conv_kernel + 1)
-        + 3 * heads // t
-        + d_in // t
-        + d_in // t * (m.hidden_size)
-        + bias
-    )
 
 
 def mamba_part(s: Scenario, sh: LayerShape, tp) -> Part:
@@ -93,7 +75,7 @@ def mamba_part(s: Scenario, sh: LayerShape, tp) -> Part:
         *gemm_backward(up),
         grad_in("mamba input gradient"),
     )
-    return Part(forward, backward, mamba_params(s, t))
+    return Part(forward, backward, mamba_mixer_params(s.model, t))
 
 
 def mamba_activation_bytes(s: Scenario) -> float:
