@@ -51,6 +51,15 @@ def scenario(tmp_path: Path, toml: str, **extra) -> Path:
     return path
 
 
+def read_back(path, data: dict, warning) -> float:
+    """The iteration time of the scenario ``data`` written to ``path``, its launch file read with ``warning`` an
+    error: every key or flag emitted must be one the reader reads."""
+    path.write_text(yaml.safe_dump(data))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", warning)
+        return simulate(load_scenario(path)).metrics.iteration_time_s
+
+
 def test_a_torchtitan_job_fills_the_scenario_as_torchtitan_reads_it(tmp_path):
     """HSDP (replicate 2 x shard 4) with async TP 2 on 16 H100: 8 data-parallel ranks in FSDP2 shard groups of 4,
     reducing in fp32; TP with its sequence-parallel norms and async TP; local batch 2 per rank, 64 globally (4
@@ -208,12 +217,9 @@ def test_emitted_torchtitan_configs_are_torchtitans_and_run_to_the_plans_time(
         (tmp_path / f"{i}.toml").write_text(text)
         data = {k: row["scenario"][k] for k in ("model", "cluster", "framework")}
         data.update(name=f"rt{i}", torchtitan_config=f"{i}.toml")
-        path = tmp_path / f"{i}.yaml"
-        path.write_text(yaml.safe_dump(data))
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", TorchtitanConfigWarning)  # every key emitted is one it reads
-            got = simulate(load_scenario(path)).metrics.iteration_time_s
-        assert got == pytest.approx(row["iteration_time_s"], rel=0.01), row["layout"]
+        assert read_back(tmp_path / f"{i}.yaml", data, TorchtitanConfigWarning) == pytest.approx(
+            row["iteration_time_s"], rel=0.01
+        ), row["layout"]
 
 
 def test_emitted_deepspeed_configs_are_deepspeeds_and_run_to_the_plans_time(tmp_path):
@@ -300,12 +306,9 @@ def test_emitted_megatron_arguments_are_megatrons_and_run_to_the_plans_time(
             "framework": s["framework"],
             "megatron_args": f"{i}.sh",
         }
-        path = tmp_path / f"{i}.yaml"
-        path.write_text(yaml.safe_dump(data))
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", MegatronArgsWarning)  # every flag emitted is one it reads
-            got = simulate(load_scenario(path)).metrics.iteration_time_s
-        assert got == pytest.approx(row["iteration_time_s"], rel=0.01), row["layout"]
+        assert read_back(tmp_path / f"{i}.yaml", data, MegatronArgsWarning) == pytest.approx(
+            row["iteration_time_s"], rel=0.01
+        ), row["layout"]
     assert checked, "every confirmed layout was DeepSeek's: nothing read back"
 
 

@@ -263,7 +263,9 @@ def test_cross_validation_refits_each_profile_without_the_source_it_predicts(mon
     nar = {c["id"] for c in cases if c["id"].startswith("NAR21")}
     refit, how = crossval.without(get_framework("megatron-2021"), nar, cases, "megatron-2021")
     ids, start, params = calls[-1]
-    assert how == "refitted on 6 other cases" and all(i.startswith("MEG20-A100") for i in ids) and len(ids) == 6
+    assert (
+        how == "refitted on 6 other cases" and all(i.startswith("MEG20-A100") for i in ids) and len(ids) == 6
+    )
     assert start.gemm_efficiency == 1.0 and params == ["gemm_efficiency", "memory_efficiency"]
     assert refit.gemm_efficiency == 0.5
     # a source the profile never saw: unchanged

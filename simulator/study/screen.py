@@ -385,8 +385,11 @@ class Screen:
             )
             whole = activation_bytes_per_layer(s, recompute="none")
             if m.hybrid_pattern:  # each kind of layer by its share of the stack
-                kinds = [(k == "moe", k) for k in (m.layer_kind(i) for i in range(m.num_layers))]
-                per_layer = sum(activation_bytes_per_layer(s, moe=x, kind=k) for x, k in kinds) / len(kinds)
-                whole = max(activation_bytes_per_layer(s, "none", x, k) for x, k in set(kinds))
+                kinds = {k: m.layers_of(k) for k in set(map(m.layer_kind, range(m.num_layers)))}
+                per_layer = sum(
+                    n * activation_bytes_per_layer(s, moe=k == "moe", kind=k) for k, n in kinds.items()
+                )
+                per_layer /= m.num_layers
+                whole = max(activation_bytes_per_layer(s, "none", k == "moe", k) for k in kinds)
             self._act[key] = (per_layer, head_activation_bytes(s), whole)
         return self._act[key]

@@ -22,17 +22,8 @@ from __future__ import annotations
 from simulator.scenario.schema import Scenario
 from simulator.workload.block import Part, present
 from simulator.workload.ops import gemm, gemm_backward, linear, memory_op
-from simulator.workload.params import mamba_mixer_params
+from simulator.workload.params import mamba_mixer_params, mamba_widths
 from simulator.workload.shape import LayerShape
-
-
-def mamba_widths(s: Scenario) -> tuple[int, int, int, int]:
-    """(d_inner, heads, groups x state, in_proj outputs) of the whole mixer (every TP rank together)."""
-    m = s.model
-    c = m.mamba_config
-    d_in, heads = m.mamba_inner, m.mamba_heads
-    gn = c.num_groups * c.state_dim
-    return d_in, heads, gn, 2 * d_in + 2 * gn + heads
 
 
 def mamba_part(s: Scenario, sh: LayerShape, tp) -> Part:
@@ -41,7 +32,7 @@ def mamba_part(s: Scenario, sh: LayerShape, tp) -> Part:
     gather_in, scatter_out, grad_in, grad_out, regather = tp
     c = s.model.mamba_config
     e, tokens, h, t = sh.e, sh.tokens, sh.h, sh.t
-    d_in, heads, gn, proj = mamba_widths(s)
+    d_in, heads, gn, proj = mamba_widths(s.model)
     d_loc, h_loc, g_loc, conv_loc = d_in // t, heads // t, c.num_groups // t, (d_in + 2 * gn) // t
     n, p, q = c.state_dim, c.head_dim, c.chunk_size
     chunks = sh.b * -(-sh.seq // q)  # chunks of every sequence of the micro-batch
@@ -83,5 +74,5 @@ def mamba_activation_bytes(s: Scenario) -> float:
     mamba_ssm's MambaSplitConv1dScanCombinedFn saves (ctx.save_for_backward: zxbcdt, the scan output), the gated
     norm's inputs (y; z is part of zxbcdt) and out_proj's input."""
     e = 4 if s.training.precision == "fp32" else 2
-    d_in, _, _, proj = mamba_widths(s)
+    d_in, _, _, proj = mamba_widths(s.model)
     return e * (proj + 2 * d_in) / s.parallelism.tensor_parallel

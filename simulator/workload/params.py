@@ -85,14 +85,20 @@ def layer_params(m: ModelConfig, i: int, active: bool = False) -> int:
     return base + router_params(m) + experts * mlp_params(m, m.expert_ffn_size) + shared_expert_params(m)
 
 
+def mamba_widths(m: ModelConfig) -> tuple[int, int, int, int]:
+    """(d_inner, heads, groups x state, in_proj outputs 2 d_inner + 2 G N + H) of one whole Mamba-2 mixer."""
+    c = m.mamba_config
+    d_in, heads, gn = m.mamba_inner, m.mamba_heads, c.num_groups * c.state_dim
+    return d_in, heads, gn, 2 * d_in + 2 * gn + heads
+
+
 def mamba_mixer_params(m: ModelConfig, t: int = 1) -> int:
     """One Mamba-2 mixer on one of ``t`` tensor-parallel ranks (Megatron-Core MambaMixer.__init__, Megatron-LM
     d98e8a64; heads and groups split over the ranks): in_proj to z, x, B, C and dt (2 d_inner + 2 G N + H), the
     depthwise convolution's weight and bias over x, B and C, dt_bias, A_log and D per head, the gated norm over
     d_inner, out_proj; the linear layers' biases with add_bias_linear (out_proj's whole on every rank)."""
     c, h = m.mamba_config, m.hidden_size
-    d_in, heads, gn = m.mamba_inner, m.mamba_heads, c.num_groups * c.state_dim
-    proj = 2 * d_in + 2 * gn + heads
+    d_in, heads, gn, proj = mamba_widths(m)
     bias = (proj // t + h) if m.add_bias_linear else 0
     split = h * proj + (d_in + 2 * gn) * (c.conv_kernel + 1) + 3 * heads + d_in + d_in * h
     return split // t + bias
