@@ -20,7 +20,7 @@ from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
 from simulator.hardware.topology import cluster_spec
 from simulator.metrics.additions import fp8_metrics, moe_metrics, train_metrics
-from simulator.metrics.error_bar import for_run
+from simulator.metrics.error_bar import families, for_run
 from simulator.metrics.metrics import Metrics, finish_metrics, measure
 from simulator.metrics.periodic import NotPeriodic, extrapolate, sample_windows
 from simulator.metrics.sources import source_seconds, summarise_sources
@@ -283,7 +283,12 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
     on = compute.framework.calibrated_on
     metrics.framework_calibrated_on = on.model_dump() if on is not None else None
     metrics.accuracy = for_run(
-        framework, cluster.gpu.architecture, metrics.gpus, cluster.gpu.name, s.training.precision
+        framework,
+        cluster.gpu.architecture,
+        metrics.gpus,
+        cluster.gpu.name,
+        s.training.precision,
+        families(s.model),
     )
     metrics.wall_s = time.perf_counter() - t0
     return Result(s, workload, program, timeline, cluster, placement, metrics, comm, host, compute)

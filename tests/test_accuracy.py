@@ -42,7 +42,9 @@ def test_summary_by_hand():
 
 def test_a_run_counts_with_the_worse_of_first_contact_and_left_out():
     def case(first, left):
-        return accuracy.CaseError("f", "c", "speed", "p", "ampere", 8, today=1.0, left_out=left, first=first)
+        return accuracy.CaseError(
+            "f", "c", "speed", "p", "ampere", 8, (), today=1.0, left_out=left, first=first
+        )
 
     assert case(None, -3.0).bar == -3.0  # no first contact: left out
     assert case(8.0, -3.0).bar == 8.0
@@ -59,7 +61,17 @@ def measured():
 def test_the_shipped_error_bars_are_those_of_the_simulator_as_it_stands(measured):
     """A change that moves a prediction rewrites accuracy.yaml (python -m simulator.validation.accuracy)."""
     stored = error_bar.stored()
-    assert set(stored) == set(measured) == {"speed", "memory", "files", "leave_one_source_out", "one_run"}
+    assert (
+        set(stored)
+        == set(measured)
+        == {"speed", "memory", "families", "files", "leave_one_source_out", "one_run"}
+    )
+    for kind, rows in measured["families"].items():  # each model family's record
+        assert set(stored["families"][kind]) == set(rows), kind
+        for family, g in rows.items():
+            s = stored["families"][kind][family]
+            assert (s["n"], s["sets"]) == (g["n"], g["sets"]), (kind, family)
+            assert s["p90_abs_pct"] == pytest.approx(g["p90_abs_pct"], abs=0.02), (kind, family)
     for kind in ("speed", "memory"):
         assert set(stored[kind]) == set(measured[kind]), kind
         for key, g in measured[kind].items():
@@ -215,4 +227,51 @@ def test_run_reports_its_error_bar_and_why_it_is_a_neighbours():
     assert (
         f"Speed error bar: {bar['scope']} (only 0 measured runs for pytorch-2024 on ampere at up to 8 GPUs: the widest "
         f"neighbouring cell), {bar['n']} measured runs the code had not seen" in text
+    )
+
+
+def test_model_families_by_hand():
+    """A dense GPT is no family; DeepSeek-V3 is MoE with MLA; Nemotron-H is a hybrid Mamba-2 stack; GPT-OSS is
+    MoE with a sliding window."""
+    from simulator.scenario.loader import load_scenario
+    from simulator.scenario.shipped import shipped_scenarios
+
+    shipped = shipped_scenarios()
+
+    def fam(name):
+        return error_bar.families(load_scenario(shipped[name]).model)
+
+    assert fam("quickstart-gpt3-1.3b-ddp-8xa100") == ()
+    assert fam("nemotron-h-8b-tp2-64xh100") == ("hybrid Mamba-2 layers",)
+    assert {"mixture of experts", "multi-latent attention"} <= set(fam("deepseek-v3-ep64-1024xh100"))
+    assert fam("gpt-oss-120b-ep8-64xh100") == ("mixture of experts", "sliding-window attention")
+
+
+def test_a_model_family_the_record_barely_holds_is_an_unseen_workload():
+    """The record holds fewer than 5 runs of hybrid Mamba-2 stacks: such a run's bar says so and is the widest of
+    the neighbouring cells an unseen stack gets and the few runs it has, never narrower than the run's own cell; a
+    family the record holds 5 or more runs of (MoE) widens the bar to its own record where that is wider."""
+    record = error_bar.stored()["families"]["speed"]
+    assert record.get("hybrid Mamba-2 layers", {"n": 0})["n"] < error_bar.MIN_RUNS
+    assert record["mixture of experts"]["n"] >= error_bar.MIN_RUNS
+    for name, arch, gpus, _ in _cells():
+        plain = error_bar.held_out(name, arch, gpus)["speed"]
+        hybrid = error_bar.held_out(name, arch, gpus, kinds=("hybrid Mamba-2 layers",))["speed"]
+        assert hybrid["p90_abs_pct"] >= plain["p90_abs_pct"], (name, arch, gpus)
+        assert "of models with hybrid Mamba-2 layers: an unseen workload" in hybrid["note"]
+        # GPT-OSS's three runs, 36-71% fast: a few runs further off than every neighbour are shown themselves
+        windowed = error_bar.held_out(name, arch, gpus, kinds=("sliding-window attention",))["speed"]
+        assert windowed["p90_abs_pct"] >= record["sliding-window attention"]["p90_abs_pct"]
+        moe = error_bar.held_out(name, arch, gpus, kinds=("mixture of experts",))["speed"]
+        assert moe["p90_abs_pct"] == max(plain["p90_abs_pct"], record["mixture of experts"]["p90_abs_pct"])
+        assert ("note" in moe) == (moe["p90_abs_pct"] > plain["p90_abs_pct"] or "note" in plain)
+
+
+def test_a_hybrid_run_reports_that_its_family_is_unseen():
+    """`run` of the shipped Nemotron-H scenario: the JSON's bar names the family, and the table's line says why."""
+    out = CliRunner().invoke(app, ["run", "nemotron-h-8b-tp2-64xh100", "--json"])
+    assert out.exit_code == 0, out.output
+    bar = json.loads(out.output)["accuracy"]["speed"]
+    assert (
+        "models with hybrid Mamba-2 layers: an unseen workload, the widest neighbouring cell" in bar["note"]
     )

@@ -19,6 +19,7 @@ FLOORS = [
             "simulator.scenario.files",
             "simulator.scenario.section",
             "simulator.scenario.model",
+            "simulator.scenario.attention_parts",
             "simulator.scenario.cluster",
             "simulator.scenario.training",
             "simulator.scenario.parallelism",

@@ -89,3 +89,60 @@ def test_hugging_face_configs_state_their_windows(tmp_path, extra, window, every
 def test_a_window_is_a_whole_number_of_tokens():
     with pytest.raises(ScenarioError, match="sliding_window"):
         make(model={"preset": "llama3-8b", "seq_length": 4096, "sliding_window": 0})
+
+
+def test_chunked_attention_by_hand():
+    """Llama 4's chunked attention: 8,192-token chunks at 32,768 tokens, a query i sees (i mod 8,192) + 1 keys,
+    4 x 8,192 x 8,193 / 2 / 32,768 = 4,096.5 on average against causal's 16,384.5: 0.25002 of the work; every 4th
+    layer global (the NoPE layers): (1 + 3 x 0.25002) / 4. A remainder chunk counts its own triangle: 20,000 tokens
+    are two chunks and 3,616 tokens, (2 x 8,192 x 8,193 / 2 + 3,616 x 3,617 / 2) / 20,000 keys. A chunk of the whole
+    sequence or more changes nothing."""
+
+    def chunked(seq, **extra):
+        return make(
+            model={"preset": "llama3-8b", "seq_length": seq, "attention_chunk_size": 8192, **extra}
+        ).model.attention_work_share(seq)
+
+    one = 4096.5 / 16384.5
+    assert chunked(32768) == pytest.approx(one, rel=1e-12)
+    assert chunked(32768, full_attention_every=4) == pytest.approx((1 + 3 * one) / 4, rel=1e-12)
+    rest = (2 * 8192 * 8193 / 2 + 3616 * 3617 / 2) / 20000 / (20001 / 2)
+    assert chunked(20000) == pytest.approx(rest, rel=1e-12)
+    assert chunked(8192) == 1.0
+    with pytest.raises(ScenarioError, match="windowed or chunked, not both"):
+        make(
+            model={
+                "preset": "llama3-8b",
+                "seq_length": 4096,
+                "sliding_window": 1024,
+                "attention_chunk_size": 512,
+            }
+        )
+
+
+def test_llama4_reads_its_chunks_and_nope_layers(tmp_path):
+    """A Llama 4 text config: attention_chunk_size 8,192 and no_rope_layers with every 4th layer 0 (NoPE, global)
+    give 8,192-token chunks and full attention every 4th layer; the Maverick preset states the same."""
+    cfg = {
+        "model_type": "llama4_text",
+        "hidden_act": "silu",
+        "hidden_size": 1024,
+        "intermediate_size": 4096,
+        "num_attention_heads": 16,
+        "num_hidden_layers": 8,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "vocab_size": 32000,
+        "attention_chunk_size": 8192,
+        "no_rope_layers": [1, 1, 1, 0] * 2,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    m = make(model={"hf_config": str(tmp_path / "config.json"), "seq_length": 32768}).model
+    assert (m.attention_chunk_size, m.full_attention_every, m.sliding_window) == (8192, 4, None)
+    maverick = make(model={"preset": "llama4-maverick", "seq_length": 32768}).model
+    assert (maverick.attention_chunk_size, maverick.full_attention_every, maverick.windowed_layers) == (
+        8192,
+        4,
+        36,
+    )

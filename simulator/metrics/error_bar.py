@@ -8,6 +8,10 @@ neighbouring cells (the same profile and GPU generation at another job size, the
 generation, another profile on the same generation and job size), never a narrow one: a run the record does not
 cover is a run off the measured path, and the bar must not be tighter than the record next to it. A profile of
 one's own (a file, or one refitted) is an unseen stack: its bar is the widest shipped profile's on its generation.
+
+A model of a family the record holds fewer than ``MIN_RUNS`` runs of (``families``: hybrid Mamba-2 stacks, sliding
+windows, ...) is an unseen workload, and gets the same: the widest neighbouring cell, with a note naming the
+family; where the family holds enough runs, the bar is the wider of the run's cell and the family's own record.
 """
 
 from __future__ import annotations
@@ -24,6 +28,28 @@ SCALES = ((8, "up to 8 GPUs"), (512, "9-512 GPUs"), (None, "over 512 GPUs"))
 ANY_PROFILE = "any profile"
 # the hardware's upper bound (frameworks/ideal.yaml): no error bar
 BOUND = "ideal"
+# model families whose runs the record keeps apart (``families``): what each adds to the simulated program
+FAMILIES = (
+    "mixture of experts",
+    "multi-latent attention",
+    "hybrid Mamba-2 layers",
+    "sliding-window attention",
+    "chunked local attention",
+    "multi-token prediction",
+)
+
+
+def families(model) -> tuple[str, ...]:
+    """The FAMILIES a scenario's ``model`` belongs to (none: a dense transformer of full attention)."""
+    have = (
+        model.moe is not None,
+        model.mla is not None,
+        "M" in (model.hybrid_pattern or ""),
+        model.sliding_window is not None,
+        model.attention_chunk_size is not None,
+        model.mtp_layers > 0,
+    )
+    return tuple(name for name, yes in zip(FAMILIES, have, strict=True) if yes)
 
 
 @cache
@@ -76,11 +102,14 @@ def neighbours(profile: str, architecture: str, scale: str, groups: dict, own: b
     ]
 
 
-def held_out(profile: str, architecture: str, gpus: int, own: bool = False) -> dict | None:
+def held_out(
+    profile: str, architecture: str, gpus: int, own: bool = False, kinds: tuple[str, ...] = ()
+) -> dict | None:
     """The error bar for a run of ``profile`` on ``architecture`` with ``gpus`` GPUs: for each kind (speed, memory)
     the figures of its cell when it holds ``MIN_RUNS`` runs, else those of the widest neighbouring cell (by p90
     |error|) that does, with a ``note`` that says so; ``scope`` names the cell shown. ``own``: a profile of one's
-    own. None for the ideal bound, which predicts no measured run, and where no cell applies."""
+    own. ``kinds``: the model's ``families`` (``widen``). None for the ideal bound, which predicts no measured run,
+    and where no cell applies."""
     if profile == BOUND:
         return None
     data = stored()
@@ -108,7 +137,38 @@ def held_out(profile: str, architecture: str, gpus: int, own: bool = False) -> d
                     **groups[widest],
                 }
                 break
+    for kind, bar in out.items():
+        out[kind] = widen(
+            bar, kind, kinds, neighbours(profile, architecture, scale, data.get(kind, {}), True)
+        )
     return out or None
+
+
+def widen(bar: dict, kind: str, kinds: tuple[str, ...], rings: list[list[str]]) -> dict:
+    """``bar`` for a model of the families ``kinds``: a family with ``MIN_RUNS`` runs in the record widens it to its
+    own record where that is wider (by p90); one with fewer makes the run an unseen workload, whose bar is the widest
+    of ``rings``' first two (an unseen stack's neighbours) and the few runs the family has, never narrower than
+    ``bar``; each says so."""
+    record = stored().get("families", {}).get(kind, {})
+    groups = stored().get(kind, {})
+    notes = [bar["note"]] if bar.get("note") else []
+    for family in kinds:
+        row = record.get(family, {"n": 0})
+        if row["n"] >= MIN_RUNS:
+            if row["p90_abs_pct"] > bar["p90_abs_pct"]:
+                bar = {**row, "scope": f"models with {family}"}
+                notes.append(f"{family}: that family's record is wider")
+            continue
+        rows = {c: groups[c] for ring in rings[:2] for c in ring if groups.get(c, {}).get("n", 0) >= MIN_RUNS}
+        if row["n"]:  # the few runs it has, where they are further off than any neighbour
+            rows[f"models with {family}"] = row
+        widest = max(rows, key=lambda c: (rows[c]["p90_abs_pct"], rows[c]["n"]), default=None)
+        if widest is not None and rows[widest]["p90_abs_pct"] > bar["p90_abs_pct"]:
+            bar = {**rows[widest], "scope": widest}
+        runs = f"{row['n']} measured run{'s' if row['n'] != 1 else ''}"
+        notes.append(f"only {runs} of models with {family}: an unseen workload, the widest neighbouring cell")
+    bar = {k: v for k, v in bar.items() if k != "note"}
+    return {**bar, "note": "; ".join(notes)} if notes else bar
 
 
 # a run's distance from the measured step a profile was calibrated on (validation/one_run.py files its errors so)
@@ -134,7 +194,9 @@ def calibrated(framework, gpu: str, precision: str) -> dict | None:
     return {"speed": {"scope": scope, **row}}
 
 
-def for_run(framework, architecture: str, gpus: int, gpu: str = "", precision: str = "") -> dict | None:
+def for_run(
+    framework, architecture: str, gpus: int, gpu: str = "", precision: str = "", kinds: tuple[str, ...] = ()
+) -> dict | None:
     """``held_out`` for a run of ``framework`` (a Framework): the shipped profile's own cells when it is the
     shipped profile of its name; a profile calibrated on one measured step (``calibrate step``, given the run's
     ``gpu`` and ``precision``) carries the one-run workflow's measured error, another profile of one's own or one
@@ -148,7 +210,7 @@ def for_run(framework, architecture: str, gpus: int, gpu: str = "", precision: s
         shipped = get_framework(framework.name)
     except ScenarioError:
         shipped = None
-    bar = held_out(framework.name, architecture, gpus, own=shipped != framework)
+    bar = held_out(framework.name, architecture, gpus, own=shipped != framework, kinds=kinds)
     if framework.calibrated_on is not None and gpu:
         one = calibrated(framework, gpu, precision)
         if one:  # speed from the one-run workflow; memory stays the unseen stack's (the fit moves no memory)

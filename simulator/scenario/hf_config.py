@@ -224,7 +224,14 @@ def _sliding_window(cfg: dict, model_type: str) -> dict:
     """model.sliding_window and full_attention_every from a config.json: ``sliding_window`` where the model uses it
     (Qwen2's ``use_sliding_window: false`` turns it off), the full-attention layers from ``layer_types`` (GPT-OSS,
     recent transformers), ``sliding_window_pattern`` (Gemma 3) or Gemma 2's alternation; a window over every layer
-    otherwise (Mistral 7B v0.1)."""
+    otherwise (Mistral 7B v0.1). Llama 4's chunked attention likewise: ``attention_chunk_size``, its global layers
+    the NoPE ones (``no_rope_layers``: 0 where a layer has no rotary embedding and attends to the whole context)."""
+    chunk = cfg.get("attention_chunk_size")
+    if isinstance(chunk, int) and not isinstance(chunk, bool) and chunk > 0:
+        nope = cfg.get("no_rope_layers")
+        full = sum(1 for x in nope if not x) if isinstance(nope, list) else 0
+        every = {"full_attention_every": max(round(len(nope) / full), 1)} if full else {}
+        return {"attention_chunk_size": chunk, **every}
     window = cfg.get("sliding_window")
     if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
         return {}

@@ -7,27 +7,9 @@ from typing import Literal
 
 from pydantic import Field, PositiveInt, ValidationInfo, model_validator
 
+from simulator.scenario.attention_parts import MambaConfig, MlaConfig
 from simulator.scenario.presets import expand_model_section
 from simulator.scenario.section import Section
-
-
-class MlaConfig(Section):
-    """Multi-head latent attention (DeepSeek-V2 / V3; Megatron-Core ``MLATransformerConfig``): queries and keys /
-    values pass through low-rank projections, and keys carry a rotary part shared by every head."""
-
-    q_lora_rank: PositiveInt | None = Field(
-        None,
-        le=2**16,
-        description="Query down-projection rank; none = one query projection (DeepSeek-V2-Lite).",
-    )
-    kv_lora_rank: PositiveInt = Field(512, le=2**16, description="Key / value latent width.")
-    qk_nope_head_dim: PositiveInt = Field(
-        128, le=4096, description="Per-head query / key width without rotary."
-    )
-    qk_rope_head_dim: PositiveInt = Field(
-        64, le=4096, description="Rotary query / key width (the key's is shared)."
-    )
-    v_head_dim: PositiveInt = Field(128, le=4096, description="Per-head value width.")
 
 
 class ExpertLoadConfig(Section):
@@ -129,23 +111,6 @@ class MoeConfig(Section):
         return self
 
 
-class MambaConfig(Section):
-    """The Mamba-2 mixers of a hybrid model (``model.hybrid_pattern``), in Megatron-Core's names
-    (megatron/core/transformer/transformer_config.py mamba_*, megatron/core/ssm/mamba_mixer.py, Megatron-LM d98e8a64;
-    Hugging Face's Nemotron-H config: ssm_state_size, mamba_head_dim, n_groups, mamba_num_heads, expand,
-    conv_kernel, chunk_size). Defaults are Megatron-Core's."""
-
-    state_dim: PositiveInt = Field(128, le=4096, description="SSM state size N (--mamba-state-dim).")
-    head_dim: PositiveInt = Field(64, le=4096, description="Per-head width P (--mamba-head-dim).")
-    num_groups: PositiveInt = Field(8, le=1024, description="B / C groups G (--mamba-num-groups).")
-    num_heads: PositiveInt | None = Field(
-        None, le=2**14, description="SSM heads (--mamba-num-heads). Default: expand x hidden_size / head_dim."
-    )
-    expand: PositiveInt = Field(2, le=16, description="Inner width over hidden_size (Megatron fixes 2).")
-    conv_kernel: PositiveInt = Field(4, le=64, description="Causal depthwise convolution width (d_conv).")
-    chunk_size: PositiveInt = Field(128, le=4096, description="The SSD kernel's chunk length (chunk_size).")
-
-
 HYBRID_SYMBOLS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 
 
@@ -187,11 +152,18 @@ class ModelConfig(Section):
         "Hugging Face sliding_window): each query attends to the last sliding_window tokens. None: every layer "
         "attends to all earlier tokens.",
     )
+    attention_chunk_size: PositiveInt | None = Field(
+        None,
+        le=2**24,
+        description="Chunked local attention (Llama 4; Hugging Face attention_chunk_size): the sequence is cut into "
+        "chunks of this many tokens and each query attends to the earlier tokens of its own chunk. None: no chunks.",
+    )
     full_attention_every: PositiveInt | None = Field(
         None,
         le=2**10,
-        description="With sliding_window: every n-th layer attends to the whole context (Gemma 2 and GPT-OSS: 2, "
-        "Gemma 3: 6; Hugging Face layer_types / sliding_window_pattern). None: every layer windowed.",
+        description="With sliding_window or attention_chunk_size: every n-th layer attends to the whole context "
+        "(Gemma 2 and GPT-OSS: 2, Gemma 3: 6, Llama 4's NoPE layers: 4; Hugging Face layer_types, "
+        "sliding_window_pattern, no_rope_layers). None: every layer windowed or chunked.",
     )
     position_embedding: Literal["learned", "rope", "alibi"] = "learned"
     normalization: Literal["layernorm", "rmsnorm"] = "layernorm"
@@ -247,6 +219,10 @@ class ModelConfig(Section):
                 f"model.num_query_groups ({self.num_query_groups}): multi-head latent attention gives every head its "
                 f"own keys and values (leave num_query_groups unset or {a})"
             )
+        if self.sliding_window is not None and self.attention_chunk_size is not None:
+            raise ValueError(
+                "model.sliding_window and attention_chunk_size: a layer's attention is windowed or chunked, not both"
+            )
         if self.hybrid_pattern is not None:
             self._check_hybrid(self.hybrid_pattern)
         moe = self.moe
@@ -279,7 +255,11 @@ class ModelConfig(Section):
                 if "E" in pattern
                 else "model.moe is set but hybrid_pattern has no E (MoE) layer"
             )
-        for field, value in (("mla", self.mla), ("sliding_window", self.sliding_window)):
+        for field, value in (
+            ("mla", self.mla),
+            ("sliding_window", self.sliding_window),
+            ("attention_chunk_size", self.attention_chunk_size),
+        ):
             if value is not None:
                 raise ValueError(f"model.{field} with hybrid_pattern is not modelled")
         if self.mtp_layers:
@@ -329,20 +309,26 @@ class ModelConfig(Section):
 
     @property
     def windowed_layers(self) -> int:
-        """Layers whose attention is windowed (``sliding_window``)."""
-        if self.sliding_window is None:
+        """Layers whose attention is windowed (``sliding_window``) or chunked (``attention_chunk_size``)."""
+        if self.sliding_window is None and self.attention_chunk_size is None:
             return 0
         every = self.full_attention_every
         return self.num_layers - (self.num_layers // every if every else 0)
 
     def attention_work_share(self, seq: int) -> float:
         """A layer's causal attention work at ``seq`` tokens, averaged over the layers, as a share of full causal
-        attention's: a windowed query sees min(i + 1, w) keys, (w (w + 1) / 2 + (s - w) w) / s on average where
-        causal attention's sees (s + 1) / 2."""
-        w, n = self.sliding_window, self.windowed_layers
-        if not n or w >= seq:
+        attention's, whose query i sees i + 1 keys, (s + 1) / 2 on average: a windowed query sees min(i + 1, w),
+        (w (w + 1) / 2 + (s - w) w) / s on average; a chunked one (i mod c) + 1, (q c (c + 1) / 2 + r (r + 1) / 2) / s
+        with s = q c + r (Llama 4: modeling_llama4.py's chunked causal mask)."""
+        w, c, n = self.sliding_window, self.attention_chunk_size, self.windowed_layers
+        if not n or (w or c) >= seq:
             return 1.0
-        windowed = (w * (w + 1) / 2 + (seq - w) * w) / seq / ((seq + 1) / 2)
+        if w is not None:
+            keys = w * (w + 1) / 2 + (seq - w) * w
+        else:
+            q, r = divmod(seq, c)
+            keys = q * c * (c + 1) / 2 + r * (r + 1) / 2
+        windowed = keys / seq / ((seq + 1) / 2)
         return (self.num_layers - n + n * windowed) / self.num_layers
 
     @property

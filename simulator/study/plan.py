@@ -15,6 +15,7 @@ from itertools import islice
 from simulator.errors import NothingFits, ScenarioError
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.topology import cluster_spec
+from simulator.metrics.error_bar import families
 from simulator.scenario.schema import Scenario
 from simulator.study.layouts import Layout, candidates, why_none
 from simulator.study.screen import Screen
@@ -215,7 +216,7 @@ def plan(
         "top": [c.to_dict() for c in ranked],
         "screen_accuracy": screen_accuracy(ranked),
         "why": why(ranked, fit),
-        "error_bar": (bar := error_bar(picked, cluster.gpu.architecture, gpus)),
+        "error_bar": (bar := error_bar(picked, cluster.gpu.architecture, gpus, families(base.model))),
         "caveat": caveat(picked, bar),
     }
 
@@ -232,13 +233,13 @@ def refine(screen: Screen, estimates: list, need: int) -> list:
     ]
 
 
-def error_bar(framework: str, architecture: str, gpus: int) -> dict | None:
-    """The profile's error on measured runs the code had not seen, at this GPU generation and job size
-    (metrics/error_bar.py)."""
+def error_bar(framework: str, architecture: str, gpus: int, kinds: tuple[str, ...] = ()) -> dict | None:
+    """The profile's error on measured runs the code had not seen, at this GPU generation and job size, for a
+    model of the families ``kinds`` (metrics/error_bar.py)."""
     from simulator.frameworks import get_framework
     from simulator.metrics.error_bar import for_run
 
-    return for_run(get_framework(framework), architecture, gpus)
+    return for_run(get_framework(framework), architecture, gpus, kinds=kinds)
 
 
 def caveat(framework: str, bar: dict | None) -> str:

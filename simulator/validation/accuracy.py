@@ -13,7 +13,8 @@ and counts with the larger of the two in magnitude. No case counts in sample.
 ``accuracy.yaml`` holds the figures of every (profile, GPU generation, job size) cell, and of the wider cells the
 bar falls back to (error_bar.py), each beside today's in-sample figure; per file, the three side by side; and
 (``one_run``) the one-run workflow's errors by distance from the fitted run (one_run.py), the bar of a profile
-calibrated on one measured step. Rewrite it after any change that moves a prediction, as the snapshot is
+calibrated on one measured step; and (``families``) the figures of each model family (MoE, MLA, hybrid Mamba-2, ...),
+which widen the bar of a run of that family, or flag it as unseen where it holds too few. Rewrite it after any change that moves a prediction, as the snapshot is
 rewritten:
 
     python -m simulator.validation.accuracy        # rewrites simulator/validation/accuracy.yaml (about 5 min)
@@ -35,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from simulator.metrics.error_bar import ACCURACY_FILE, ANY_PROFILE, RELATIONS, scale_of, stored
+from simulator.metrics.error_bar import ACCURACY_FILE, ANY_PROFILE, FAMILIES, RELATIONS, scale_of, stored
 from simulator.validation.first_contact import signed_error
 from simulator.validation.first_contact import stored as first_contact
 from simulator.validation.one_run import OneRun, one_run
@@ -70,6 +71,7 @@ class CaseError:
     profile: str
     architecture: str
     gpus: int
+    families: tuple[str, ...]  # the model's (metrics/error_bar.py FAMILIES)
     today: float  # the shipped profiles as they stand (in sample where a profile was fitted on the case)
     left_out: float  # profiles refitted without the case's source
     first: float | None  # at first contact, where the case has one
@@ -182,7 +184,9 @@ def case_errors(
                 left = today
             fc = signed_error(first.get(stem, {}).get(r.id, {}))
             out.append(
-                CaseError(stem, r.id, kind, r.profile, r.architecture, r.gpus, today, left, fc and fc[1])
+                CaseError(
+                    stem, r.id, kind, r.profile, r.architecture, r.gpus, r.families, today, left, fc and fc[1]
+                )
             )
         if progress:
             progress(stem, len(results))
@@ -220,6 +224,14 @@ def measure(
             g["first_contact"] = sum(e.first is not None for e in rows)
             g["today"] = brief([e.today for e in rows])
             out[kind][key] = g
+    out["families"] = {
+        kind: {
+            family: summary([e.bar for e in rows], Counter(e.stem for e in rows))
+            for family in FAMILIES
+            if (rows := [e for e in errors if e.kind == kind and family in e.families])
+        }
+        for kind in ("speed", "memory")
+    }
     out["files"] = {}
     for stem in HELD_OUT:
         for kind in ("speed", "memory"):

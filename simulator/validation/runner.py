@@ -16,6 +16,7 @@ from pathlib import Path
 from simulator.api import simulate
 from simulator.errors import ScenarioError
 from simulator.frameworks import Framework
+from simulator.metrics.error_bar import families
 from simulator.metrics.flops import megatron_flops
 from simulator.metrics.metrics import Metrics
 from simulator.scenario.files import read_yaml
@@ -56,6 +57,7 @@ class CaseResult:
     profile: str = ""  # the framework profile it ran
     architecture: str = ""  # its GPU's generation (ampere, hopper, ...)
     gpus: int = 0  # the job's GPUs
+    families: tuple[str, ...] = ()  # the model's families (metrics/error_bar.py FAMILIES)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -164,7 +166,9 @@ def run_case(case: dict, framework: Framework | None = None, kernels: str | None
             message=f"internal error: {type(e).__name__}: {e}",
         )
     m = r.metrics
-    base.update(profile=m.framework, architecture=r.cluster.gpu.architecture, gpus=m.gpus)
+    base.update(
+        profile=m.framework, architecture=r.cluster.gpu.architecture, gpus=m.gpus, families=families(s.model)
+    )
     model = s.model
     mosaic_params = 6 * r.workload.total_params + 12 * model.num_layers * model.hidden_size * model.seq_length
     predicted = predicted_value(m, pub, mosaic_params, s)
