@@ -22,7 +22,7 @@ from simulator.hardware.topology import cluster_spec
 from simulator.metrics.additions import fp8_metrics, moe_metrics, train_metrics
 from simulator.metrics.error_bar import families, for_run
 from simulator.metrics.metrics import Metrics, finish_metrics, measure
-from simulator.metrics.periodic import NotPeriodic, extrapolate, sample_windows
+from simulator.metrics.periodic import NotPeriodic, extrapolate, sample_windows, worth_it
 from simulator.metrics.sources import source_seconds, summarise_sources
 from simulator.program import Program
 from simulator.scenario.loader import load_scenario
@@ -33,6 +33,7 @@ from simulator.strategy.groups import placement_for
 from simulator.tables.lookup import MODELLED
 from simulator.tables.select import resolve_tables
 from simulator.timeline.timeline import Timeline
+from simulator.workload.ops import OpsMemo
 from simulator.workload.transformer import Workload, build_workload
 
 __all__ = ["Result", "load_scenario", "simulate"]
@@ -92,7 +93,7 @@ def simulate(
     cluster: Cluster | None = None,
     workload: Workload | None = None,
     framework: Framework | None = None,
-    periodic: bool = True,
+    periodic: bool | str = "auto",
 ) -> Result:
     """Simulate one training iteration. ``scenario`` is a :class:`Scenario` or a path to a YAML file;
     ``cluster`` and ``workload`` replace the ones the scenario describes (what-if studies, tests).
@@ -100,7 +101,9 @@ def simulate(
     With many micro-batches (more than six times the pipeline depth) and ``periodic`` on, three shorter runs
     are simulated and the metrics extrapolated, exactly where the schedule is periodic (checked;
     ``simulator/metrics/periodic.py``): ``metrics.periodic`` then says so, and ``timeline`` and ``program``
-    are the longest of the three. ``periodic=False`` replays every micro-batch (traces and reports need it)."""
+    are the longest of the three. ``"auto"`` (the default) does so only where the shorter runs cost less than
+    replaying every micro-batch (``periodic.worth_it``); ``periodic=False`` replays every micro-batch (traces
+    and reports need it)."""
     with _no_cyclic_gc():
         return _simulate(scenario, cluster, workload, framework, periodic)
 
@@ -116,7 +119,7 @@ def with_microbatches(s: Scenario, microbatches: int) -> Scenario:
     )
 
 
-def check_full_replay(s: Scenario, periodic: bool, why: str) -> None:
+def check_full_replay(s: Scenario, periodic: bool | str, why: str) -> None:
     """Every micro-batch of every pipeline chunk is replayed: within MAX_STAGE_MICROBATCHES stage steps (about
     15 s). The periodic replay simulates a few short runs instead, so the limit binds only here."""
     micro = s.gradient_accumulation_steps
@@ -164,17 +167,17 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
     # and so do the dispatcher's kernels behind another micro-batch's compute (combined 1F1B, DualPipe)
     behind = sm_slowdown(sms, dispatcher_sms(s)) if s.cluster.nccl_sm_contention else 1.0
 
+    # tasks share ops tuples: cost each once, and add up each one's sources once (workload/ops.py OpsMemo)
+    durations, sourced = OpsMemo(), OpsMemo()
+
     def replay(sc: Scenario, program: Program) -> tuple[Timeline, dict, dict]:
         """The program's timeline and what it adds up (metrics.measure, sources.source_seconds)."""
-        durations: dict[int, TaskCost] = {}  # tasks share ops tuples: cost each once
+
+        def cost_of(ops: tuple) -> TaskCost:
+            return task_cost(ops, compute, comm_time, dispatch, s.training.graph_capture, behind)
 
         def task_duration(task) -> TaskCost:
-            key = id(task.ops)
-            if key not in durations:
-                durations[key] = task_cost(
-                    task.ops, compute, comm_time, dispatch, s.training.graph_capture, behind
-                )
-            return durations[key]
+            return durations.get(task.ops, cost_of)
 
         stage_of = [r.stage for r in program.ranks]
 
@@ -184,7 +187,7 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
         timeline = simulate_program(program, task_duration, phases)
 
         def compute_share(ops) -> float:  # of the GPU seconds the first replay costed for these ops
-            total = durations[id(ops)].seconds
+            total = durations.get(ops, cost_of).seconds
             return (
                 sum(compute.op_time_s(op) for op in ops if op.kind in COMPUTE_BOUND) / total if total else 0.0
             )
@@ -199,7 +202,7 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
             timeline = simulate_program(program, with_contention, phases)
         lo, hi = (timeline.end[w] for w in program.window) if program.window else (0.0, timeline.makespan_s)
         totals = measure(sc, timeline, placement, comm.cross_node_fraction)
-        return timeline, totals, source_seconds(timeline, lo, hi, compute.op_cost, comm_source)
+        return timeline, totals, source_seconds(timeline, lo, hi, compute.op_cost, comm_source, sourced)
 
     def finish(totals: dict, sources: dict) -> Metrics:
         metrics = finish_metrics(s, totals, peak)
@@ -253,6 +256,9 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
         # DualPipe needs 2 micro-batches a rank at least (schedules/dualpipe.py)
         depth = par.pipeline_parallel * (2 if par.pipeline_schedule in DUAL_SCHEDULES else 1)
         windows = sample_windows(s.gradient_accumulation_steps, depth)
+        steps = s.gradient_accumulation_steps * par.pipeline_parallel * par.virtual_pipeline_stages
+        if periodic == "auto" and steps <= MAX_STAGE_MICROBATCHES:  # else only the periodic replay can run it
+            windows = worth_it(s.gradient_accumulation_steps, windows)
     try:
         if not windows:
             raise NotPeriodic("too few micro-batches to gain")

@@ -133,6 +133,6 @@ def test_the_periodic_replay_of_a_combined_schedule_equals_replaying_every_micro
     replay declines and every micro-batch is replayed, which is exact too."""
     s = case(True, gbs=2048)  # 256 micro-batches per pipeline
     s = s.model_copy(update={"cluster": s.cluster.model_copy(update={"nccl_version": "2.17.1"})})
-    fast, every = simulate(s).metrics, simulate(s, periodic=False).metrics
+    fast, every = simulate(s, periodic=True).metrics, simulate(s, periodic=False).metrics
     assert fast.periodic is not None and every.periodic is None
     assert fast.iteration_time_s == pytest.approx(every.iteration_time_s, rel=1e-9)

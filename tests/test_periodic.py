@@ -6,7 +6,7 @@ import pytest
 from conftest import make
 
 from simulator import simulate
-from simulator.metrics.periodic import NotPeriodic, extrapolate, sample_windows
+from simulator.metrics.periodic import NotPeriodic, extrapolate, sample_windows, worth_it
 
 # fields that describe the simulation itself, not the simulated iteration
 NOT_COMPARED = {"wall_s", "tasks", "events", "periodic"}
@@ -79,7 +79,7 @@ def test_extrapolated_metrics_equal_replaying_every_microbatch(case, framework):
         framework=framework,
     )
     full = simulate(s, periodic=False).metrics
-    fast = simulate(s).metrics
+    fast = simulate(s, periodic=True).metrics
     assert full.periodic is None
     u = max(parallelism.get("pipeline_parallel", 1), 2)
     # interleaved 1F1B's warm-up outgrows p micro-batches: its first window is not periodic yet, the next is
@@ -101,6 +101,25 @@ def test_sample_windows_only_where_they_save_work():
     assert sample_windows(384, 64) == []
     assert sample_windows(100, 4) == [(4, 8, 12), (8, 12, 16), (12, 16, 20)]
     assert sample_windows(100, 1) == [(2, 4, 6), (4, 6, 8), (6, 8, 10)]
+
+
+def test_the_default_replays_periodically_only_where_that_costs_less():
+    """``worth_it``: a window's runs, with 32 micro-batches' worth charged for each run, must add up to at most the
+    micro-batches they stand for. 64 stages at 512 micro-batches: 64 + 128 + 192 + 3 x 32 = 480, kept; at 479
+    not. 8 stages at 512: the three windows' five runs, 8 + 16 + ... + 40 + 5 x 32 = 280, all kept; at 128 not
+    even the first (48 + 96 = 144). Data parallelism with 16 micro-batches replays every one by default."""
+    assert worth_it(512, sample_windows(512, 64)) == [(64, 128, 192)]
+    assert worth_it(479, sample_windows(479, 64)) == []
+    assert worth_it(512, sample_windows(512, 8)) == [(8, 16, 24), (16, 24, 32), (24, 32, 40)]
+    assert worth_it(279, sample_windows(279, 8)) == [(8, 16, 24), (16, 24, 32)]
+    assert worth_it(128, sample_windows(128, 8)) == []
+    s = make(
+        model=LAYER8,
+        training={"global_batch_size": 128, "micro_batch_size": 1},
+        parallelism={"data_parallel": 8},
+    )
+    assert s.gradient_accumulation_steps == 16 and simulate(s).metrics.periodic is None
+    assert simulate(s, periodic=True).metrics.periodic["simulated"] == [2, 4, 6]
 
 
 def test_extrapolation_is_linear_and_refuses_what_is_not():

@@ -394,5 +394,5 @@ class CollectiveModel:
     def _pattern(self, kind: str, groups) -> _Pattern:
         key = (kind, groups)
         if key not in self._patterns:
-            self._patterns[key] = _Pattern(self.links.group_loads(kind, groups))
+            self._patterns[key] = _Pattern(self.links.shared_group_loads(kind, groups))
         return self._patterns[key]

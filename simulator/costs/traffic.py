@@ -31,11 +31,19 @@ CLOSE_ROWS = 1 << 10
 NODE_BLOCK = 1 << 8
 
 
+# Link loads of every pattern found so far, by the cluster's spec and node count, the placement, the pattern's kind
+# and its groups: they depend on nothing else, and the runs of one process (a sweep, plan's confirmations, warm
+# simulate() calls) cost the same patterns on the same cluster again. Emptied when it grows past _SHARED_MAX.
+_SHARED: dict[tuple, dict] = {}
+_SHARED_MAX = 4096
+
+
 class LinkLoads:
     """Per link class, the seconds per byte the hops of a pattern put on the busiest link of the class."""
 
     def __init__(self, cluster: Cluster, placement: Placement):
         self.cluster = cluster
+        self.placement = placement
         gpn = cluster.gpus_per_node
         self._fabric_stages: dict = {}
         self._leaf_cache: dict[tuple[int, int], tuple[list[frozenset], np.ndarray]] = {}
@@ -123,6 +131,21 @@ class LinkLoads:
             (np.concatenate((src[c], dst[c])) // gpn for c in slices),
             ((src[c], dst[c], share[c]) for c in slices),
         )
+
+    def shared_group_loads(self, kind: str, groups) -> dict[LinkClass, float]:
+        """``group_loads``, kept for every later run of this process on the same cluster and placement (_SHARED):
+        the caller must not change what it returns."""
+        key = (*self._cluster_key, self.placement, kind, groups)
+        if key not in _SHARED:
+            if len(_SHARED) >= _SHARED_MAX:
+                _SHARED.clear()
+            _SHARED[key] = self.group_loads(kind, groups)
+        return _SHARED[key]
+
+    @cached_property
+    def _cluster_key(self) -> tuple[str, int]:
+        """What the cluster's links are built from (``Cluster(spec, num_nodes)``), as a key."""
+        return self.cluster.spec.model_dump_json(), self.cluster.num_nodes
 
     def group_loads(self, kind: str, groups) -> dict[LinkClass, float]:
         """``loads(hops(kind, groups))``, the hops made a few groups at a time (a group's hops depend on its

@@ -36,6 +36,10 @@ class FluidNetwork:
         self.active: list[_Transfer] = []
         self._last = 0.0
         self._generation = 0
+        # rates by the running transfers' demands: a program's layers repeat the same overlapping transfers (an
+        # FSDP gather beside a reduce-scatter, layer after layer), whose rates depend on nothing else. Keyed by
+        # the demand dicts' ids, each kept alive in its entry so that no id is reused while the entry lives.
+        self._rates: dict[tuple, tuple[tuple[dict, ...], tuple[float, ...]]] = {}
 
     def transfer(self, demand: dict, alone: float | None = None) -> simpy.Event:
         """An event that fires when ``demand`` (link class -> seconds alone) has been served; ``alone``, its
@@ -58,7 +62,18 @@ class FluidNetwork:
         self._last = self.env.now
 
     def _reschedule(self) -> None:
-        allocate_rates(self.active)
+        active = self.active
+        if len(active) == 1:
+            active[0].rate = 1.0 / active[0].alone_s
+        else:
+            key = tuple((id(tr.demand), tr.alone_s) for tr in active)
+            hit = self._rates.get(key)
+            if hit is None:
+                allocate_rates(active)
+                self._rates[key] = (tuple(tr.demand for tr in active), tuple(tr.rate for tr in active))
+            else:
+                for tr, rate in zip(active, hit[1], strict=True):
+                    tr.rate = rate
         dt = min(tr.remaining / tr.rate for tr in self.active)
         self._generation += 1
         timer = self.env.timeout(max(dt, 0.0))

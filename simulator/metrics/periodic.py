@@ -39,6 +39,26 @@ def sample_windows(microbatches: int, pipeline_parallel: int, tries: int = 3) ->
     return [w for w in windows if microbatches > 2 * w[-1]]
 
 
+# What one more replay costs beside the micro-batches it replays (its program built, its metrics measured, the SM
+# contention's second pass), in micro-batches replayed: 9-90 on the shipped scenarios (benchmarks/bench_scale.py).
+REPLAY_COST_MICROBATCHES = 32
+
+
+def worth_it(microbatches: int, windows: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """The leading windows whose runs cost less than replaying every micro-batch: a window is tried only while
+    the micro-batches replayed so far, with it, and REPLAY_COST_MICROBATCHES more for each run, are at most
+    ``microbatches``. On every shipped scenario that picks the faster of the two replays (it ran periodically
+    wherever its largest count was under half the micro-batches, up to 2.2x a full replay's time)."""
+    kept, seen = [], set()
+    for window in windows:
+        runs = seen | set(window)
+        if sum(runs) + REPLAY_COST_MICROBATCHES * len(runs) > microbatches:
+            break
+        kept.append(window)
+        seen = runs
+    return kept
+
+
 def extrapolate(samples: Sequence[tuple[int, Any]], m: int, path: str = "") -> Any:
     """The tree of totals at ``m`` micro-batches from the same tree at three counts ``(m_i, tree_i)``: numbers
     on their line, everything else (names, flags, dictionary keys) unchanged across the samples."""

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from simulator.tables.lookup import INTERPOLATED, MEASURED, MODELLED, SHAPED
 from simulator.timeline.timeline import Timeline
-from simulator.workload.ops import Op
+from simulator.workload.ops import Op, OpsMemo
 
 SOURCES = (MEASURED, INTERPOLATED, MODELLED)
 
@@ -43,9 +43,11 @@ def source_seconds(
     hi: float,
     op_cost: Callable[[Op], tuple[float, str]],
     comm_source: Callable[[str, str, float, int | None], str],
+    memo: OpsMemo | None = None,
 ) -> dict:
     """Seconds per GPU of compute and of communication by source (measured, interpolated, modelled) over
-    [lo, hi), and of each modelled op (``modelled``: {(kind, op): seconds})."""
+    [lo, hi), and of each modelled op (``modelled``: {(kind, op): seconds}). ``memo``: each ops tuple's own
+    sums, kept from an earlier call with the same ``op_cost``."""
     program = timeline.program
     start, end, parts_of = timeline.start, timeline.end, timeline.parts
     gpus = sum(r.count for r in program.ranks) or 1
@@ -70,14 +72,27 @@ def source_seconds(
             comm[key] += weight[t.rank] * (end[t.id] - start[t.id])
     totals = {k: defaultdict(float, dict.fromkeys(SOURCES, 0.0)) for k in ("compute", "communication")}
     modelled: dict[tuple[str, str], float] = defaultdict(float)
-    for key, w in ops_weight.items():
-        for op in distinct[key]:
+    memo = memo or OpsMemo()
+
+    def sums(ops: tuple) -> tuple[dict[str, float], dict[str, float]]:
+        """One tuple's compute seconds by source, and by modelled op."""
+        by_source: dict[str, float] = defaultdict(float)
+        by_op: dict[str, float] = defaultdict(float)
+        for op in ops:
             if op.kind in ("collective", "host", "sync"):
                 continue
             seconds, source = op_cost(op)
-            totals["compute"][source] += w * seconds
+            by_source[source] += seconds
             if source == MODELLED:
-                modelled[("compute", describe(op))] += w * seconds
+                by_op[describe(op)] += seconds
+        return dict(by_source), dict(by_op)
+
+    for key, w in ops_weight.items():
+        by_source, by_op = memo.get(distinct[key], sums)
+        for source, seconds in by_source.items():
+            totals["compute"][source] += w * seconds
+        for name, seconds in by_op.items():
+            modelled[("compute", name)] += w * seconds
     for key, w in parts_weight.items():
         for part in distinct[key]:
             if part.kind != "compute":

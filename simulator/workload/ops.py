@@ -128,3 +128,22 @@ def gemm_backward(op: Op, has_weight: bool = True) -> tuple[Op, Op]:
         gemm(f"{op.name} dgrad", op.m, op.k, op.n, op.batch, **kw),
         gemm(f"{op.name} {second}", op.k, op.n, op.m, op.batch, **kw),
     )
+
+
+class OpsMemo:
+    """A value computed once per tuple of ops: by the tuple's id (the tuple kept in its entry, so its id is not
+    reused while the memo lives), else by its value (Op is frozen: equal ops hash alike), which the programs of
+    a periodic replay need (each built anew from one workload, so their tasks hold equal tuples, not the same)."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple] = {}
+        self._by_value: dict[tuple, object] = {}
+
+    def get(self, ops: tuple, make):
+        hit = self._by_id.get(id(ops))
+        if hit is None:
+            value = self._by_value.get(ops)
+            if value is None:
+                value = self._by_value[ops] = make(ops)
+            hit = self._by_id[id(ops)] = (ops, value)
+        return hit[1]
