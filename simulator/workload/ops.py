@@ -132,18 +132,23 @@ def gemm_backward(op: Op, has_weight: bool = True) -> tuple[Op, Op]:
 
 class OpsMemo:
     """A value computed once per tuple of ops: by the tuple's id (the tuple kept in its entry, so its id is not
-    reused while the memo lives), else by its value (Op is frozen: equal ops hash alike), which the programs of
-    a periodic replay need (each built anew from one workload, so their tasks hold equal tuples, not the same)."""
+    reused while the memo lives), and, with ``by_value`` set, by its value (Op is frozen: equal ops hash alike),
+    which the programs of a periodic replay need (each built anew from one workload, so their tasks hold equal
+    tuples, not the same). Hashing a tuple of a few hundred ops costs about what costing it does, so only then."""
 
     def __init__(self) -> None:
+        self.by_value = False
         self._by_id: dict[int, tuple] = {}
         self._by_value: dict[tuple, object] = {}
 
     def get(self, ops: tuple, make):
         hit = self._by_id.get(id(ops))
         if hit is None:
-            value = self._by_value.get(ops)
-            if value is None:
-                value = self._by_value[ops] = make(ops)
+            if self.by_value:
+                value = self._by_value.get(ops)
+                if value is None:
+                    value = self._by_value[ops] = make(ops)
+            else:
+                value = make(ops)
             hit = self._by_id[id(ops)] = (ops, value)
         return hit[1]
