@@ -414,8 +414,8 @@ def test_version_is_printed():
     assert out.exit_code == 0 and out.output.strip() == f"clustersim {version('clustersim')}"
 
 
-def test_framework_option_on_run_compare_and_memory(tmp_path, monkeypatch):
-    """Issue 65 item 2: --framework NAME|FILE on run, compare and memory replaces the scenario's profile; a file of
+def test_framework_option_on_run_compare_memory_and_sweep(tmp_path, monkeypatch):
+    """Issue 65 item 2: --framework NAME|FILE on run, compare, memory and sweep replaces the scenario's profile; a file of
     one's own (relative to the working directory) runs as an unseen stack and its error bar says so."""
     runner = CliRunner()
     named = runner.invoke(app, ["run", "quickstart", "--framework", "megatron-2022", "--json"])
@@ -436,3 +436,18 @@ def test_framework_option_on_run_compare_and_memory(tmp_path, monkeypatch):
     )
     bad = runner.invoke(app, ["run", "quickstart", "--framework", "nope"])
     assert bad.exit_code == 2 and "unknown framework 'nope'" in bad.output
+    # sweep: every point runs the profile (a relative file found from the working directory, not the base's)
+    base = str(Path(__file__).resolve().parents[1] / "scenarios" / "quickstart-gpt3-1.3b-ddp-8xa100.yaml")
+    swept = runner.invoke(
+        app,
+        ["sweep", base, "--vary", "training.micro_batch_size=1,2", "--out", "out", "--framework", "mine.yaml"]
+        + ["--workers", "1", "--json"],
+    )
+    assert swept.exit_code == 0, swept.output
+    points = [json.loads(line) for line in (tmp_path / "out" / "points.jsonl").read_text().splitlines()]
+    assert [p["metrics"]["framework"] for p in points] == ["my-stack"] * 2
+    both_ways = runner.invoke(
+        app, ["sweep", base, "--vary", "framework=ideal", "--out", "o2", "--framework", "ideal"]
+    )
+    assert both_ways.exit_code == 2
+    assert "--framework: the sweep varies framework itself; give one or the other" in both_ways.output

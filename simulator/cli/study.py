@@ -1,5 +1,6 @@
 """``clustersim sweep`` and ``clustersim plan``: many simulations, a grid of scenarios or a search of layouts."""
 
+import dataclasses
 import json
 import stat
 import sys
@@ -9,8 +10,10 @@ from typing import Annotated
 import typer
 
 from simulator import paths
+from simulator.cli.common import FRAMEWORK_HELP
 from simulator.errors import ScenarioError
 from simulator.report.console import fail, note, progress, shown_warnings
+from simulator.scenario.files import is_path
 
 
 def sweep(
@@ -40,6 +43,7 @@ def sweep(
         bool, typer.Option("--json", help="Print {points, ran, skipped, failed, ...} as JSON.")
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    framework: Annotated[str | None, typer.Option("--framework", help=FRAMEWORK_HELP)] = None,
 ) -> None:
     """Simulate a base scenario over a grid of field values; resumable (finished points are skipped)."""
     from rich.console import Console
@@ -68,6 +72,11 @@ def sweep(
                 plan, options = grid.load_sweep_file(base)
                 if zipped:
                     plan = grid.Sweep(plan.base, plan.base_dir, plan.fields, plan.values, True)
+        if framework is not None:  # every point's profile, the command line's over the base's
+            if "framework" in plan.fields:
+                raise ScenarioError("--framework: the sweep varies framework itself; give one or the other")
+            chosen = str(Path(framework).resolve()) if is_path(framework) else framework
+            plan = dataclasses.replace(plan, base={**plan.base, "framework": chosen})
     except ScenarioError as e:
         fail(str(e))
     plan, dropped = grid.derived_data_parallel(plan)
