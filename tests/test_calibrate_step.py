@@ -1,6 +1,7 @@
 """clustersim calibrate step: one profile parameter fitted to one measured step, the profile then used by run."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,36 @@ def test_a_faster_measurement_raises_the_level_and_says_when_it_cannot(tmp_path,
     assert got.exit_code == 0 and "stopped at the bound of gemm_efficiency" in got.output
 
 
+def test_the_fit_says_how_well_the_step_fixes_the_parameter_and_refuses_what_it_cannot(tmp_path, simulated):
+    """The quickstart's step is mostly matmuls: 10% off gemm_efficiency moves it about 8%, said as a sensitivity
+    and as what a 1% measurement error does to the fit (its inverse). The same GPU-bound step does not depend on the
+    host's kernel-launch cost at all: fitting that to it is refused, one line, exit 2, no profile written."""
+    from simulator.frameworks import get_framework
+    from simulator.validation.calibrate import elasticity, scaled
+
+    out = tmp_path / "p.yaml"
+    measured = f"{1.1 * simulated.iteration_time_s:.6g}"
+    got = runner.invoke(app, ["calibrate", "step", QUICKSTART, "--measured", measured, "--write", str(out)])
+    assert got.exit_code == 0, got.output
+    start = get_framework("pytorch-2024")
+    lower = simulate(load_scenario(QUICKSTART), framework=scaled(start, "gemm_efficiency", 0.9)).metrics
+    expected = abs(math.log(lower.iteration_time_s / simulated.iteration_time_s) / math.log(0.9))
+    assert 0.5 < expected < 1.0
+    text = " ".join(got.output.split())
+    assert f"sensitivity: the step moves {expected:.2f}% per 1% of gemm_efficiency" in text
+    assert f"moves the fit by {1 / expected:.1f}%" in text
+    case = {"id": "q", **yaml.safe_load(Path(QUICKSTART).read_text())}
+    case["published"] = {"metric": "iteration_time_s", "value": simulated.iteration_time_s}
+    assert elasticity(case, start, "gemm_efficiency") == pytest.approx(expected, rel=1e-9)
+    host = runner.invoke(
+        app,
+        ["calibrate", "step", QUICKSTART, "--measured", measured, "--param", "host.forward_kernel_s"]
+        + ["--write", str(tmp_path / "h.yaml")],
+    )
+    assert host.exit_code == 2 and "this step hardly depends on it" in host.output
+    assert not (tmp_path / "h.yaml").exists()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -84,16 +115,19 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
 
 
 def test_validate_one_run_measures_the_workflow_per_source():
-    """validate --one-run: per source with 4+ runs of a profile, the GEMM level fitted to the smallest run, the
-    others predicted with it and filed by their relation to it. torchtitan's runs (docs/validation.md): 8 A100
-    runs fitted on the smallest, the other 7 within 4%; the H100 set fitted on its BF16 run, its FP8 runs beside."""
+    """validate --one-run: per source with 4+ runs of a profile, the GEMM level fitted to the smallest run (of
+    those, the most sensitive to it), the others predicted with it and filed by their relation to it. torchtitan's
+    runs (docs/calibration.md): 8 A100 runs fitted on one, the other 7 within 6%; the H100 set fitted on its BF16
+    run, its FP8 runs beside."""
     got = runner.invoke(app, ["validate", "--one-run", "--cases", TORCHTITAN, "--json"])
     assert got.exit_code == 0, got.output
     out = json.loads(got.stdout)
     sources = {r["source"]: r for r in out["sources"]}
     a100 = sources["TTA100"]
+    # of its runs on the fewest GPUs, the one whose step the GEMM level moves most is the one fitted
+    assert a100["fitted_on"] == "TTA100-L2-70B-FULL"
     assert (
-        a100["same GPU and precision"]["n"] == 7 and a100["same GPU and precision"]["max_abs_error_pct"] < 5.0
+        a100["same GPU and precision"]["n"] == 7 and a100["same GPU and precision"]["max_abs_error_pct"] < 6.0
     )
     assert (
         a100["gemm_efficiency"][0] == pytest.approx(0.892)

@@ -1,6 +1,7 @@
 """``clustersim calibrate step``: a profile of one's own stack from one measured step of one's own run."""
 
 import datetime
+import math
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -10,6 +11,10 @@ import typer
 from simulator.cli.calibrate import calibrate_app, parse_duration
 from simulator.errors import ScenarioError
 from simulator.report.console import err, escape, fail, note, progress
+
+# a step that moves less than this % per 1% of the fitted parameter fixes it poorly (a warning); one that moves
+# less than REFUSE_BELOW, and less than REFUSE_HALVED with the parameter halved, cannot fix it (refused)
+REFUSE_BELOW, WARN_BELOW, REFUSE_HALVED = 0.1, 0.3, 0.05
 
 
 @calibrate_app.command("step")
@@ -113,6 +118,22 @@ def calibrate_step(
         gpu_name = get_gpu(cluster_spec(s).node.gpu).name
         first = simulate(s, framework=start).metrics
         before = cal.STEP_METRICS[metric](first)
+        # how much the parameter moves this step (as calibrate.elasticity): near 0 the measurement cannot fix it
+        moved = cal.STEP_METRICS[metric](simulate(s, framework=cal.scaled(start, param, 0.9)).metrics)
+        sensitivity = abs(math.log(moved / before) / math.log(0.9)) if moved > 0 and before > 0 else 0.0
+        # where the parameter sits past a floor (GEMMs at the roofline) 10% moves nothing yet; halving it tells
+        halved = (
+            cal.STEP_METRICS[metric](simulate(s, framework=cal.scaled(start, param, 0.5)).metrics)
+            if sensitivity < REFUSE_BELOW
+            else 0.0
+        )
+        if sensitivity < REFUSE_BELOW and abs(halved / before - 1) < REFUSE_HALVED:
+            moved = halved
+            raise ScenarioError(
+                f"--param {param}: this step hardly depends on it ({param} halved moves the simulated step "
+                f"{abs(moved / before - 1):.1%}), so one measurement of it cannot fix {param}; measure a step "
+                "whose time depends on it, or fit another --param"
+            )
         with progress(sys.stderr.isatty()) as bar:
             task = bar.add_task("fitting", total=None)
             fitted, old, new, at_bound = cal.fit_step(
@@ -127,6 +148,16 @@ def calibrate_step(
     ]
     print(f"{param}: {old:.4g} -> {new:.4g} on {gpu_name} ({start.name} profile; every entry scaled alike)")
     print(f"{s.name}: measured {target:.4g}{unit}; simulated {before:.4g} before, {after:.4g} after")
+    print(
+        f"sensitivity: the step moves {sensitivity:.2f}% per 1% of {param}, so a 1% error in the measurement moves "
+        f"the fit by {1 / sensitivity:.1f}%"
+    )
+    if sensitivity < WARN_BELOW:
+        note(
+            "warning",
+            f"this step identifies {param} poorly (sensitivity {sensitivity:.2f}): a step with more of its time in "
+            "that parameter's kernels (a larger model or micro-batch) fixes it better",
+        )
     if traced is not None:
         print(f"trace {trace.name}: {traced.how}")
         rows = [("traced", (traced.step_s, traced.compute_s, traced.nccl_only_s, traced.idle_s))]

@@ -13,7 +13,6 @@ from simulator import paths
 from simulator.cli.common import FRAMEWORK_HELP
 from simulator.errors import ScenarioError
 from simulator.report.console import fail, note, progress, shown_warnings
-from simulator.scenario.files import is_path
 
 
 def sweep(
@@ -73,6 +72,8 @@ def sweep(
                 if zipped:
                     plan = grid.Sweep(plan.base, plan.base_dir, plan.fields, plan.values, True)
         if framework is not None:  # every point's profile, the command line's over the base's
+            from simulator.scenario.files import is_path
+
             if "framework" in plan.fields:
                 raise ScenarioError("--framework: the sweep varies framework itself; give one or the other")
             chosen = str(Path(framework).resolve()) if is_path(framework) else framework

@@ -2,8 +2,8 @@
 
 A user of a stack no profile was fitted on measures one step and runs ``clustersim calibrate step``: the GEMM level
 of the profile they start from is fitted to that step, and every other run is predicted with it. This measures
-that workflow on every shipped source with 4 or more speed runs of one profile: the smallest run (fewest GPUs,
-then the file's order) is the measured step, ``gemm_efficiency`` is fitted to it alone, the source's other runs
+that workflow on every shipped source with 4 or more speed runs of one profile: the smallest run (fewest GPUs;
+of those, the one whose step the GEMM level moves most, as ``calibrate step`` advises) is the measured step, ``gemm_efficiency`` is fitted to it alone, the source's other runs
 are predicted with the fitted profile, and each error is filed by how far the run is from the fitted one: the same
 GPU and precision, or another precision, or another GPU. That is the error a calibrated profile's user should
 expect, beside the unseen-stack bar (docs/calibration.md).
@@ -21,7 +21,7 @@ from simulator.hardware.gpus import get_gpu
 from simulator.hardware.topology import cluster_spec
 from simulator.metrics.error_bar import relation
 from simulator.scenario.loader import load_scenario
-from simulator.validation.calibrate import fit_level, loss
+from simulator.validation.calibrate import elasticity, fit_level, loss
 from simulator.validation.runner import CaseResult, case_scenario, run_case, source_group
 from simulator.validation.signs import SPEED_METRICS, speed_error_pct
 
@@ -56,8 +56,14 @@ def one_run(cases: list[dict], progress: Callable[[str], None] | None = None) ->
     for (source, profile), members in groups.items():
         if len(members) < MIN_RUNS:
             continue
-        anchor, (_, gpu, precision) = min(members, key=lambda m: m[1][0])  # fewest GPUs, first in the file
         start = get_framework(profile)  # fitted as calibrate step fits it (calibrate.fit_step)
+        fewest = min(m[1][0] for m in members)
+        # of the runs on the fewest GPUs, the one whose step the GEMM level moves most (the first in the file on a
+        # tie): a step mostly of small kernels and host waits identifies that level poorly (calibrate.elasticity)
+        anchor, (_, gpu, precision) = max(
+            (m for m in members if m[1][0] == fewest),
+            key=lambda m: elasticity(m[0], start, "gemm_efficiency"),
+        )
         fitted, *levels, _ = fit_level(
             start, "gemm_efficiency", get_gpu(gpu), lambda f, a=anchor: loss(f, [a])
         )
