@@ -1,7 +1,6 @@
 """``clustersim calibrate step``: a profile of one's own stack from one measured step of one's own run."""
 
 import datetime
-import math
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -118,17 +117,14 @@ def calibrate_step(
         gpu_name = get_gpu(cluster_spec(s).node.gpu).name
         first = simulate(s, framework=start).metrics
         before = cal.STEP_METRICS[metric](first)
+
+        def with_param(ratio: float) -> float:  # the step with the parameter scaled by ``ratio``
+            return cal.STEP_METRICS[metric](simulate(s, framework=cal.scaled(start, param, ratio)).metrics)
+
         # how much the parameter moves this step (as calibrate.elasticity): near 0 the measurement cannot fix it
-        moved = cal.STEP_METRICS[metric](simulate(s, framework=cal.scaled(start, param, 0.9)).metrics)
-        sensitivity = abs(math.log(moved / before) / math.log(0.9)) if moved > 0 and before > 0 else 0.0
+        sensitivity = cal.sensitivity(before, with_param(0.9), 0.9)
         # where the parameter sits past a floor (GEMMs at the roofline) 10% moves nothing yet; halving it tells
-        halved = (
-            cal.STEP_METRICS[metric](simulate(s, framework=cal.scaled(start, param, 0.5)).metrics)
-            if sensitivity < REFUSE_BELOW
-            else 0.0
-        )
-        if sensitivity < REFUSE_BELOW and abs(halved / before - 1) < REFUSE_HALVED:
-            moved = halved
+        if sensitivity < REFUSE_BELOW and abs((moved := with_param(0.5)) / before - 1) < REFUSE_HALVED:
             raise ScenarioError(
                 f"--param {param}: this step hardly depends on it ({param} halved moves the simulated step "
                 f"{abs(moved / before - 1):.1%}), so one measurement of it cannot fix {param}; measure a step "

@@ -72,12 +72,11 @@ def sweep(
                 if zipped:
                     plan = grid.Sweep(plan.base, plan.base_dir, plan.fields, plan.values, True)
         if framework is not None:  # every point's profile, the command line's over the base's
-            from simulator.scenario.files import is_path
+            from simulator.scenario.loader import framework_option
 
             if "framework" in plan.fields:
                 raise ScenarioError("--framework: the sweep varies framework itself; give one or the other")
-            chosen = str(Path(framework).resolve()) if is_path(framework) else framework
-            plan = dataclasses.replace(plan, base={**plan.base, "framework": chosen})
+            plan = dataclasses.replace(plan, base={**plan.base, "framework": framework_option(framework)})
     except ScenarioError as e:
         fail(str(e))
     plan, dropped = grid.derived_data_parallel(plan)

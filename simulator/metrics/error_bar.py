@@ -137,10 +137,11 @@ def held_out(
                     **groups[widest],
                 }
                 break
-    for kind, bar in out.items():
-        out[kind] = widen(
-            bar, kind, kinds, neighbours(profile, architecture, scale, data.get(kind, {}), True)
-        )
+    if kinds:  # a model of one or more families: their records too
+        for kind, bar in out.items():
+            out[kind] = widen(
+                bar, kind, kinds, neighbours(profile, architecture, scale, data.get(kind, {}), True)
+            )
     return out or None
 
 

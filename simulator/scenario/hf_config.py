@@ -86,7 +86,7 @@ def read_hf_config(path: Path) -> dict:
             if act == "relu2"
             else "gelu"
         )
-        out.update(_sliding_window(cfg, model_type))
+        out.update(_local_attention(cfg, model_type))
         # GemmaConfig's tie_word_embeddings=True where the file says nothing
         if model_type in GATED_GELU_TYPES:
             out.setdefault("tied_embeddings", True)
@@ -220,9 +220,9 @@ def _moe(cfg: dict, model_type: str, out: dict, where: str) -> None:
         out.pop("ffn_hidden_size", None)
 
 
-def _sliding_window(cfg: dict, model_type: str) -> dict:
-    """model.sliding_window and full_attention_every from a config.json: ``sliding_window`` where the model uses it
-    (Qwen2's ``use_sliding_window: false`` turns it off), the full-attention layers from ``layer_types`` (GPT-OSS,
+def _local_attention(cfg: dict, model_type: str) -> dict:
+    """model.sliding_window (or attention_chunk_size) and full_attention_every from a config.json:
+    ``sliding_window`` where the model uses it (Qwen2's ``use_sliding_window: false`` turns it off), the full-attention layers from ``layer_types`` (GPT-OSS,
     recent transformers), ``sliding_window_pattern`` (Gemma 3) or Gemma 2's alternation; a window over every layer
     otherwise (Mistral 7B v0.1). Llama 4's chunked attention likewise: ``attention_chunk_size``, its global layers
     the NoPE ones (``no_rope_layers``: 0 where a layer has no rotary embedding and attends to the whole context)."""

@@ -15,6 +15,12 @@ from simulator.scenario.shipped import resolve_scenario
 from simulator.tables.select import check_choice
 
 
+def framework_option(framework: str) -> str:
+    """``--framework``'s value as a scenario's ``framework:``: a name as it is, a profile file made absolute (a
+    relative one is the working directory's, as every command-line path)."""
+    return str(Path(framework).resolve()) if is_path(framework) else framework
+
+
 def load_scenario(
     source: str | Path | dict,
     base_dir: Path | None = None,
@@ -72,7 +78,7 @@ def load_scenario(
         data[key] = str(path)
     data = _paths_relative_to(data, base_dir)
     if framework is not None:  # after the scenario's own paths: this one is the command line's
-        data = {**data, "framework": str(Path(framework).resolve()) if is_path(framework) else framework}
+        data = {**data, "framework": framework_option(framework)}
     if isinstance(data.get("kernels"), str):  # a table directory is relative to the scenario file
         data = {**data, "kernels": check_choice(data["kernels"], base_dir=base_dir)}
     try:

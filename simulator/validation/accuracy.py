@@ -13,9 +13,9 @@ and counts with the larger of the two in magnitude. No case counts in sample.
 ``accuracy.yaml`` holds the figures of every (profile, GPU generation, job size) cell, and of the wider cells the
 bar falls back to (error_bar.py), each beside today's in-sample figure; per file, the three side by side; and
 (``one_run``) the one-run workflow's errors by distance from the fitted run (one_run.py), the bar of a profile
-calibrated on one measured step; and (``families``) the figures of each model family (MoE, MLA, hybrid Mamba-2, ...),
-which widen the bar of a run of that family, or flag it as unseen where it holds too few. Rewrite it after any change that moves a prediction, as the snapshot is
-rewritten:
+calibrated on one measured step; and (``families``) the figures of each model family (MoE, MLA, hybrid Mamba-2,
+...), which widen the bar of a run of that family, or flag it as unseen where it holds too few. Rewrite it after
+any change that moves a prediction, as the snapshot is rewritten:
 
     python -m simulator.validation.accuracy        # rewrites simulator/validation/accuracy.yaml (about 5 min)
 

@@ -163,15 +163,20 @@ STEP_METRICS = {
 }
 
 
-def elasticity(case: dict, framework: Framework, name: str, ratio: float = 0.9) -> float:
-    """How much a case's predicted value moves with parameter ``name``: |d log value / d log name|, from the
-    profile and the profile with ``name`` scaled by ``ratio``. Near 1 the step is all that parameter's kernels and
-    one measurement fixes it; near 0 a 1% error in the measurement moves the fitted value by 1/elasticity %."""
-    before = run_case(case, framework).predicted
-    after = run_case(case, scaled(framework, name, ratio)).predicted
-    if not before or not after:
+def sensitivity(before: float | None, after: float | None, ratio: float) -> float:
+    """|d log value / d log parameter| from a value ``before`` and ``after`` the parameter was scaled by ``ratio``
+    (0 where either is missing). Near 1 a step is all that parameter's kernels and one measurement fixes it; near 0
+    a 1% error in the measurement moves the fitted value by 1/sensitivity %."""
+    if not before or not after or before <= 0 or after <= 0:
         return 0.0
     return abs(math.log(after / before) / math.log(ratio))
+
+
+def elasticity(case: dict, framework: Framework, name: str, ratio: float = 0.9) -> float:
+    """How much a case's predicted value moves with parameter ``name`` (``sensitivity``): the profile against the
+    profile with ``name`` scaled by ``ratio``."""
+    before = run_case(case, framework).predicted
+    return sensitivity(before, run_case(case, scaled(framework, name, ratio)).predicted, ratio)
 
 
 def fit_step(
