@@ -137,6 +137,22 @@ def test_validate_one_run_measures_the_workflow_per_source():
     assert out["overall"]["other precision"]["n"] == 10
 
 
+def test_one_run_moves_to_the_next_step_where_the_fit_stops_at_its_bound(tmp_path):
+    """A measured step 3x faster than the profile's lies beyond what the GEMM level can explain (calibrate step warns
+    so): the workflow fits the next most sensitive of the fewest-GPU runs instead, as a user heeding it would."""
+    data = yaml.safe_load(Path(TORCHTITAN).read_text())
+    for case in data["cases"]:
+        if case["id"] == "TTA100-L2-70B-FULL":
+            case["published"]["value"] *= 3 if case["published"]["metric"] != "iteration_time_s" else 1 / 3
+    fast = tmp_path / "fast.yaml"
+    fast.write_text(yaml.safe_dump(data))
+    got = runner.invoke(app, ["validate", "--one-run", "--cases", str(fast), "--json"])
+    assert got.exit_code == 0, got.output
+    a100 = {r["source"]: r for r in json.loads(got.stdout)["sources"]}["TTA100"]
+    assert a100["fitted_on"] not in ("TTA100-L2-70B-FULL", None)
+    assert a100["same GPU and precision"]["n"] == 7
+
+
 def test_validate_one_run_refuses_a_file_without_a_source_of_four_runs(tmp_path):
     few = tmp_path / "few.yaml"
     cases = yaml.safe_load(Path(TORCHTITAN).read_text())["cases"][:3]

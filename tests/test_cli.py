@@ -63,6 +63,7 @@ def test_run_json_has_the_documented_keys(tmp_path):
         "nccl",
         "fragmentation",
         "reserve",
+        "graphs",
         "reserved",
         "device",
     } == set(d["memory_gib"])
@@ -342,6 +343,7 @@ def test_scenarios_filter_by_any_column_and_refuse_what_matches_nothing():
         "llama4-maverick-ep16-256xh100",
         "mixtral-8x7b-ep8-16xh100",
         "qwen3-235b-fp8-256xh100",
+        "qwen3-30b-a3b-mxfp8-8xgb200",
     }
     rows = json.loads(
         runner.invoke(app, ["scenarios", "GB200", "--json"]).stdout

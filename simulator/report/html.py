@@ -24,6 +24,7 @@ MEMORY_PARTS = [
     ("optimizer", "optimizer states"),
     ("activations", "activations"),
     ("buffers", "buffers"),
+    ("graphs", "CUDA graph static inputs"),
     ("step_extra", "optimizer step (beyond activations)"),
 ]
 

@@ -168,6 +168,12 @@ ROWS = [
     ("Memory: activations", lambda m: m.memory_gib["activations"], "{:.2f} GiB"),
     ("Memory: buffers", lambda m: m.memory_gib["buffers"], "{:.2f} GiB"),
     (
+        "Memory: CUDA graph static inputs",
+        lambda m: m.memory_gib.get("graphs", 0.0),
+        "{:.2f} GiB",
+        lambda m: bool(m.memory_gib.get("graphs", 0.0)),
+    ),
+    (
         "Memory: optimizer-step temporaries",
         lambda m: m.memory_gib.get("step", 0.0),
         "{:.2f} GiB",
@@ -340,7 +346,10 @@ def print_oom_headline(m: Metrics, fixes) -> None:
     g = m.memory_gib
     if m.oom:
         parts = sorted(
-            ((k, g[k]) for k in ("params", "grads", "optimizer", "activations", "buffers", "step_extra")),
+            (
+                (k, g[k])
+                for k in ("params", "grads", "optimizer", "activations", "buffers", "graphs", "step_extra")
+            ),
             key=lambda kv: -kv[1],
         )
         detail = ", ".join(f"{k} {v:,.1f}" for k, v in parts[:3] if v > 0)

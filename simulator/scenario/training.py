@@ -203,7 +203,8 @@ class TrainingConfig(Section):
             description="With cuda_graphs: capture only these modules of each layer (Megatron-Core --cuda-graph-modules, "
             "formerly --cuda-graph-scope, with --cuda-graph-impl transformer_engine or local): their kernels go out in "
             "one launch each, everything else (the embedding, the loss, an MoE layer's dispatch, experts and combine "
-            "unless 'moe') is issued kernel by kernel, and the host waits outside them stay. Empty: every layer whole.",
+            "unless 'moe') is issued kernel by kernel, and the host waits outside them stay; each graphed layer keeps "
+            "static inputs per micro-batch in flight (docs/memory.md). Empty: every layer whole.",
         )
     )
 

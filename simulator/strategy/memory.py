@@ -11,6 +11,7 @@ from simulator.scenario.schema import Scenario
 from simulator.strategy.groups import expert_grad_group_size
 from simulator.strategy.state_bytes import fp8_weight_copy_bytes, grad_bytes
 from simulator.strategy.steps import overlaps_a2a
+from simulator.workload.cuda_graphs import static_input_bytes
 from simulator.workload.loss import head_activation_bytes, head_reserve_bytes
 from simulator.workload.memory import (
     MemoryBreakdown,
@@ -125,7 +126,11 @@ def memory_breakdown(
     pairs = [(p, b.moe, b.kind) for p, b in zip(chunk_policies(s, len(w.layers)), w.layers, strict=True)]
     layer = largest_layer_bytes(s, pairs) if combined else 0.0
     acts, reserve = activation_memory(s, list(w.layers), relief=relief, transient=layer)
-    mem = MemoryBreakdown(params, grads, opt, acts, buffers, cluster.gpu.hbm_bytes, reserve=reserve)
+    # one micro-batch in flight: a static input set per graphed layer (workload/cuda_graphs.py)
+    graphs = sum(static_input_bytes(s, b.kind, b.moe) for b in w.layers)
+    mem = MemoryBreakdown(
+        params, grads, opt, acts, buffers, cluster.gpu.hbm_bytes, reserve=reserve, graphs=graphs
+    )
     return with_host_checkpoints(s, mem, w.num_layers, cluster)
 
 

@@ -108,7 +108,7 @@ def memory_table(s: Scenario, progress: Callable[[str], None] | None = None) -> 
 
 
 def _gib(mem) -> dict[str, float]:
-    other = mem.buffers + mem.step_extra + mem.context + mem.nccl + mem.fragmentation
+    other = mem.buffers + mem.graphs + mem.step_extra + mem.context + mem.nccl + mem.fragmentation
     return {
         "params": mem.params / GIB,
         "grads": mem.grads / GIB,

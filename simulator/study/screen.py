@@ -32,6 +32,7 @@ from simulator.study.layouts import Estimate, Layout, carried, collective_span, 
 from simulator.study.offload import OffloadScreen
 from simulator.study.step_overhead import step_overhead_s
 from simulator.tables.select import resolve_tables
+from simulator.workload.cuda_graphs import mean_static_input_bytes
 from simulator.workload.fp8 import fp8_plan
 from simulator.workload.loss import head_activation_bytes
 from simulator.workload.memory import activation_bytes_per_layer, state_bytes_per_param
@@ -391,5 +392,6 @@ class Screen:
                 )
                 per_layer /= m.num_layers
                 whole = max(activation_bytes_per_layer(s, "none", k == "moe", k) for k in kinds)
+            per_layer += mean_static_input_bytes(s)  # CUDA graphs' inputs, a set per layer in flight
             self._act[key] = (per_layer, head_activation_bytes(s), whole)
         return self._act[key]

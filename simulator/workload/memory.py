@@ -38,6 +38,8 @@ class MemoryBreakdown:
     # what the caching allocator holds beyond the peak allocation in holes it cannot reuse: the loss's
     # (workload/loss.py head_reserve_bytes, workload/allocator.py); ``fragmentation``, where set, replaces it
     reserve: float = 0.0
+    # the static inputs of Megatron-Core's per-layer CUDA graphs (workload/cuda_graphs.py)
+    graphs: float = 0.0
 
     @property
     def step_extra(self) -> float:
@@ -46,7 +48,15 @@ class MemoryBreakdown:
     @property
     def peak(self) -> float:
         """The most bytes allocated at once, as ``torch.cuda.max_memory_allocated`` reports it."""
-        return self.params + self.grads + self.optimizer + self.activations + self.buffers + self.step_extra
+        return (
+            self.params
+            + self.grads
+            + self.optimizer
+            + self.activations
+            + self.buffers
+            + self.graphs
+            + self.step_extra
+        )
 
     @property
     def reserved(self) -> float:

@@ -11,6 +11,7 @@ from simulator.strategy.reduction import bf16_optimizer
 from simulator.strategy.schedules import DUAL, SPLITS_BACKWARD, Step
 from simulator.strategy.state_bytes import fp8_weight_copy_bytes, fsdp_reduce_bytes, grad_bytes
 from simulator.strategy.steps import overlaps_a2a
+from simulator.workload.cuda_graphs import static_input_bytes
 from simulator.workload.fp8 import is_quantized
 from simulator.workload.loss import head_activation_bytes, head_reserve_bytes
 from simulator.workload.memory import (
@@ -103,6 +104,7 @@ def stage_memory(
         (versions - 1) * params * w_b,
         cluster.gpu.hbm_bytes,
         reserve=max(0.0, at_loss - peak),
+        graphs=_graph_inputs(s, chunks, tasks, st, v),
     )
     if not s.training.cpu_checkpointing:
         return mem
@@ -136,6 +138,19 @@ def _walk(
                 most = max(most, live + extra)
         most = max(most, live + extra)
     return most, at_embedding
+
+
+def _graph_inputs(s: Scenario, chunks, tasks: list[tuple[Step, ...]], st: int, v: int) -> float:
+    """The stage's CUDA graph static inputs: a set per graphed (layer, micro-batch) forward in flight, each set
+    reused once its micro-batch's backward (its input gradient, under zero-bubble splits) has run
+    (workload/cuda_graphs.py)."""
+    if not s.training.cuda_graph_modules:
+        return 0.0
+    per_chunk = {
+        c: sum(static_input_bytes(s, u.block.kind, u.block.moe) for u in chunks[(st, c)] if u.is_layer)
+        for c in range(v)
+    }
+    return _walk(tasks, {"F": 1.0, "B": -1.0, "I": -1.0, "W": 0.0, "O": 0.0}, per_chunk)[0]
 
 
 def _embedding_gradient(s: Scenario, w: Workload, chunks, st: int, v: int) -> tuple | None:

@@ -135,8 +135,11 @@ def _check_dual(s: Scenario) -> None:
             f"parallelism: {name} splits the model into {stages} stages; model.num_layers ({s.model.num_layers})"
             f"{given} = {rest} does not split evenly over {inner} of them"
         )
-    if p.fsdp is not None:
-        raise ScenarioError(f"parallelism: {name} with fsdp is not modelled (DeepSeek runs it with ZeRO-1)")
+    if p.fsdp is not None and name == "dualpipe":
+        raise ScenarioError(
+            "parallelism: dualpipe with fsdp is not modelled (DeepSeek runs it with ZeRO-1; torchtitan pipelines "
+            "FSDP2 with dualpipev)"
+        )
 
 
 def chunk_units(w: Workload, pp: int, v: int) -> dict[tuple[int, int], list[Unit]]:
