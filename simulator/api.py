@@ -221,7 +221,6 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
         """Simulate each window's micro-batch counts per pipeline (runs shared between windows) and extrapolate
         to the scenario's from the first window where every total is linear; NotPeriodic where none is."""
         samples: dict[int, tuple] = {}  # micro-batches -> (totals, sources, tasks, events)
-        durations.by_value = sourced.by_value = True  # each run's program holds equal ops tuples anew
         last = None  # the longest run's program and timeline, for the result
         for window in windows:
             for mb in window:

@@ -237,10 +237,10 @@ class Framework(BaseModel):
     attention_kernel: Literal["fused", "flash-attention-2", "triton-flash"] = Field(
         "fused",
         description="The FlashAttention kernel the stack runs: 'flash-attention-2' (PyTorch SDPA's flash backend, "
-        "the flash-attn package): its rate follows the shape on Hopper as measured there (costs/compute.py "
+        "the flash-attn package): its rate follows the shape on Hopper as measured there (costs/attention_rate.py "
         "flash_shape_factor); 'triton-flash' (MPT's Triton FlashAttention, attn_impl: triton): the same curve at "
-        "half the rate (costs/compute.py KERNEL_RATE); 'fused' (cuDNN's fused attention, Transformer Engine): one "
-        "rate for every shape.",
+        "half the rate (KERNEL_RATE); 'fused' (cuDNN's fused attention, Transformer Engine): cuDNN's published curve "
+        "on Blackwell (CUDNN_BLACKWELL), one rate for every shape before it.",
     )
     context_parallel: Literal["fused", "torch"] = Field(
         "fused",

@@ -26,6 +26,7 @@ def in_module(op: Op, module: str) -> Op:
     7x cheaper, and every op of every layer is tagged at every workload build."""
     new = object.__new__(Op)
     new.__dict__.update(op.__dict__, module=module)
+    new.__dict__.pop("_hash", None)  # op's cached hash (workload/ops.py) is not this one's
     return new
 
 

@@ -6,7 +6,8 @@ attention counted, as in Megatron's MFU formula). ``bytes`` is the HBM traffic o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from operator import attrgetter
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,23 @@ class Op:
     # the layer module the kernel belongs to, as Megatron-Core's CUDA graph scopes name them (attn, mlp, moe,
     # moe_router, moe_preprocess, mamba; workload/graph_modules.py): "" = none of them (embedding, head, step)
     module: str = ""
+
+    # Ops are looked up by value many times a simulation (the cost model's cache, a periodic replay's tasks, the
+    # sources' sums): the hash of their 21 fields is computed once and kept (never pickled: a string's hash
+    # differs between processes)
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash(_FIELD_VALUES(self))
+        return h
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_hash", None)
+        return state
+
+
+_FIELD_VALUES = attrgetter(*(f.name for f in fields(Op)))  # an Op's fields as one tuple
 
 
 def collective_op(
@@ -132,23 +150,19 @@ def gemm_backward(op: Op, has_weight: bool = True) -> tuple[Op, Op]:
 
 class OpsMemo:
     """A value computed once per tuple of ops: by the tuple's id (the tuple kept in its entry, so its id is not
-    reused while the memo lives), and, with ``by_value`` set, by its value (Op is frozen: equal ops hash alike),
-    which the programs of a periodic replay need (each built anew from one workload, so their tasks hold equal
-    tuples, not the same). Hashing a tuple of a few hundred ops costs about what costing it does, so only then."""
+    reused while the memo lives), else by its value (Op is frozen: equal ops hash alike, each its hash computed
+    once), so that tasks built apart with equal ops (a periodic replay's programs, ZeRO-3's and FSDP's per-module
+    pieces, a pipeline's micro-batches) share one."""
 
     def __init__(self) -> None:
-        self.by_value = False
         self._by_id: dict[int, tuple] = {}
         self._by_value: dict[tuple, object] = {}
 
     def get(self, ops: tuple, make):
         hit = self._by_id.get(id(ops))
         if hit is None:
-            if self.by_value:
-                value = self._by_value.get(ops)
-                if value is None:
-                    value = self._by_value[ops] = make(ops)
-            else:
-                value = make(ops)
+            value = self._by_value.get(ops)
+            if value is None:
+                value = self._by_value[ops] = make(ops)
             hit = self._by_id[id(ops)] = (ops, value)
         return hit[1]
