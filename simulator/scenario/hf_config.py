@@ -183,6 +183,7 @@ def _moe(cfg: dict, model_type: str, out: dict, where: str) -> None:
         moe["top_k"] = _int(cfg, "num_experts_per_tok", where, 4)
         moe["ffn_hidden_size"] = _int(cfg, "intermediate_size", where, 2880)
         out["add_bias_linear"] = bool(cfg.get("attention_bias", True))
+        out["attention_sinks"] = True  # GptOssAttention.sinks: a learnable logit per head
     elif model_type == "olmoe":
         moe["num_experts"] = _int(cfg, "num_experts", where)
         moe["top_k"] = _int(cfg, "num_experts_per_tok", where)

@@ -123,6 +123,13 @@ def merge_megatron_args(data: dict, tokens: list[str], label: str = "megatron_ar
         ("vocab-size", "vocab_size"), ("mtp-num-layers", "mtp_layers"),
     ):  # fmt: skip
         put("model", key, value(flag), flag)
+    # learnable softmax offsets (TransformerConfig.softmax_type, exposed as --softmax-type; d98e8a64)
+    softmax = value("softmax-type", str)
+    if softmax not in (None, "vanilla", "off-by-one", "learnable"):
+        raise ScenarioError(
+            f"{label}: --softmax-type must be vanilla, off-by-one or learnable, got {softmax!r:.40}"
+        )
+    put("model", "attention_sinks", True if softmax == "learnable" else None, "softmax-type")
     if on("group-query-attention"):
         put("model", "num_query_groups", value("num-query-groups"), "num-query-groups")
     else:

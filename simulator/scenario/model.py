@@ -165,6 +165,13 @@ class ModelConfig(Section):
         "(Gemma 2 and GPT-OSS: 2, Gemma 3: 6, Llama 4's NoPE layers: 4; Hugging Face layer_types, "
         "sliding_window_pattern, no_rope_layers). None: every layer windowed or chunked.",
     )
+    attention_sinks: bool = Field(
+        False,
+        description="A learnable logit per attention head in each softmax's denominator (GPT-OSS's sinks; "
+        "Megatron-Core softmax_type learnable, a parameter per head): Transformer Engine runs them in cuDNN's fused "
+        "attention at its rate; FlashAttention-2 has none, so where the stack's kernel is FlashAttention-2 or "
+        "MPT's Triton kernel, attention auto is the unfused layer (as Hugging Face runs GPT-OSS eagerly).",
+    )
     position_embedding: Literal["learned", "rope", "alibi"] = "learned"
     normalization: Literal["layernorm", "rmsnorm"] = "layernorm"
     add_bias_linear: bool = True

@@ -47,8 +47,17 @@ def resolve_cluster_degrees(scenario: Scenario) -> Scenario:
             f"model.attention: flash does not run on {gpu.name} (FlashAttention needs Turing / Ampere or newer); "
             "use attention: standard (or auto)"
         )
+    # attention sinks: Transformer Engine runs them in cuDNN's fused attention (v2.14 dot_product_attention/utils.py
+    # turns FlashAttention off for softmax_type learnable); FlashAttention-2 and MPT's Triton kernel have none
+    sinkless = scenario.model.attention_sinks and framework.attention_kernel != "fused"
+    if scenario.model.attention == "flash" and sinkless:
+        raise ScenarioError(
+            f"model.attention_sinks: the {framework.name} profile's attention kernel ({framework.attention_kernel}) "
+            "has no attention sinks; use attention: standard (or auto: the unfused layer, as Hugging Face runs "
+            "GPT-OSS), or a stack with cuDNN's fused attention (Megatron-Core)"
+        )
     if scenario.model.attention == "auto":
-        attention = framework.attention if flash else "standard"
+        attention = framework.attention if flash and not sinkless else "standard"
         if attention == "standard" and scenario.parallelism.context_parallel > 1:
             raise ScenarioError(
                 f"parallelism.context_parallel ({scenario.parallelism.context_parallel}) needs FlashAttention, "

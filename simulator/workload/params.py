@@ -24,6 +24,8 @@ def attention_params(m: ModelConfig) -> int:
     """One layer's attention projections (whole layer, every head)."""
     h, a = m.hidden_size, m.num_attention_heads
     out_bias = h if m.add_bias_linear else 0
+    # learnable softmax offsets, one per head (Megatron-Core dot_product_attention.py softmax_offset, d98e8a64)
+    out_bias += a if m.attention_sinks else 0
     if m.mla is not None:
         c = m.mla
         qk = c.qk_nope_head_dim + c.qk_rope_head_dim
