@@ -31,18 +31,17 @@ FLASH_SHAPED = ("hopper",)
 # worth ``overhead`` key blocks of its walk, ``fill`` blocks per SM for half the rate. Fitted on cuDNN 9.22's
 # published GB200 rows (NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training @3929da2, MIT: Llama 3.1, DeepSeek-V3
 # and Kimi K2.6 shapes, 2k-32k tokens, causal and full, head dims 128, 192 and 256; 35 forward and 30 backward rows,
-# docs/measurements/cudnn-sdpa-blackwell.json): rms 4.8% forward, 6.5% backward, where one rate for every shape was
-# 18% / 23% off (2k causal tokens run at 0.64 of the 16k rate). Held out: the same rows on GB300, rms 6.9% / 5.5%
+# docs/measurements/cudnn-sdpa-blackwell.json): rms 5.0% forward, 6.5% backward, where one rate for every shape was
+# 18% / 23% off (2k causal tokens run at 0.64 of the 16k rate). Held out: the same rows on GB300, rms 7.0% / 5.5%
 # (15% / 25% with one rate); cuDNN 9.13.1's B200 rows (0b1577c8) fall faster below 4k tokens (tests/
 # test_blackwell_kernels.py). Backward at head dim 192 (MLA's queries and keys) runs at 0.826 of 128's rate (20 rows);
 # the forward keeps its rate at 192 and 256.
 CUDNN_BLACKWELL = {"overhead": {"forward": 5.3, "backward": 3.0}, "fill": {"forward": 0.1, "backward": 0.2}}
 CUDNN_REFERENCE = (16384, 16384, 128)  # queries, keys, sample-heads of the Blackwell files' measured rate
 CUDNN_WIDE_BACKWARD = (192, 0.826)  # head dim, backward rate relative to 128's (linear between, kept above)
-CUDNN_KERNELS = (
-    "fused",
-    "flash-attention-2",
-)  # priced at cuDNN's measured rate on Blackwell (its files' rate)
+# the profiles' kernels the Blackwell files price at cuDNN's measured rate, and so on its curve: the fused attention,
+# and a FlashAttention-2 stack's (no Blackwell measurement of FlashAttention-2 itself is used)
+CUDNN_KERNELS = ("fused", "flash-attention-2")
 
 
 def _tile_rate(q, k, bh, overhead: float, fill: float):
@@ -68,9 +67,10 @@ def flash_shape_factor(
     """FlashAttention-2's rate at ``queries`` x ``keys`` (causal; each query sees half the keys on average, as
     with context parallelism's load balancing) over ``heads`` (sample, head) pairs, relative to the reference
     shape's, on the architectures it was measured on: on A100 the kernel's fixed work weighs less against slower
-    tensor cores (Dao 2023 Fig. 4 shows a flatter curve). cuDNN's fused attention: its own curve on Blackwell
-    (CUDNN_BLACKWELL); on Hopper, measured beside FlashAttention-2, it follows none (its heuristics pick kernels
-    by shape: docs/measurements/cudnn_shapes_h100.json), so one rate."""
+    tensor cores (Dao 2023 Fig. 4 shows a flatter curve). On Blackwell, where the files state cuDNN's measured
+    rate, cuDNN's curve (CUDNN_BLACKWELL) for the fused and the FlashAttention-2 kernels alike; on Hopper cuDNN's
+    fused attention, measured beside FlashAttention-2, follows none (its heuristics pick kernels by shape:
+    docs/measurements/cudnn_shapes_h100.json), so one rate."""
     if gpu.architecture == "blackwell" and kernel in CUDNN_KERNELS:
         c, fill = CUDNN_BLACKWELL["overhead"][direction], CUDNN_BLACKWELL["fill"][direction] * gpu.sm_count
         return _tile_rate(queries, keys, heads, c, fill) / _tile_rate(*CUDNN_REFERENCE, c, fill)
@@ -112,7 +112,8 @@ def flash_head_dim_factor(
     """FlashAttention-2's rate at ``head_dim`` relative to head dim 128 (above: 1.0); other kernels keep one
     rate: cuDNN's and FlashAttention-3 overlap the softmax with the matmuls, and MPT's Triton kernel was not
     measured (MosaicML's 350M runs, head dim 64, show no such penalty beside their 760M-70B ones, head dim 128).
-    cuDNN's backward on Blackwell above head dim 128: CUDNN_WIDE_BACKWARD."""
+    On Blackwell both the fused and the FlashAttention-2 kernels take cuDNN's (CUDNN_KERNELS): one rate forward,
+    CUDNN_WIDE_BACKWARD's backward above head dim 128."""
     if gpu.architecture == "blackwell" and kernel in CUDNN_KERNELS:
         if direction != "backward":
             return 1.0

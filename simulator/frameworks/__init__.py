@@ -239,8 +239,9 @@ class Framework(BaseModel):
         description="The FlashAttention kernel the stack runs: 'flash-attention-2' (PyTorch SDPA's flash backend, "
         "the flash-attn package): its rate follows the shape on Hopper as measured there (costs/attention_rate.py "
         "flash_shape_factor); 'triton-flash' (MPT's Triton FlashAttention, attn_impl: triton): the same curve at "
-        "half the rate (KERNEL_RATE); 'fused' (cuDNN's fused attention, Transformer Engine): cuDNN's published curve "
-        "on Blackwell (CUDNN_BLACKWELL), one rate for every shape before it.",
+        "half the rate (KERNEL_RATE); 'fused' (cuDNN's fused attention, Transformer Engine): one rate for every "
+        "shape before Blackwell. On Blackwell, whose files state cuDNN's measured rate, the fused and the "
+        "FlashAttention-2 kernels follow cuDNN's published curve (costs/attention_rate.py CUDNN_BLACKWELL).",
     )
     context_parallel: Literal["fused", "torch"] = Field(
         "fused",

@@ -13,7 +13,8 @@ Names are the frameworks' own, read from their source:
   --ffn-hidden-size, --num-attention-heads, --group-query-attention / --num-query-groups,
   --max-position-embeddings, --vocab-size, --swiglu, --normalization RMSNorm, --position-embedding-type rope,
   --disable-bias-linear, --softmax-type learnable, --untie-embeddings-and-output-weights, --num-experts,
-  --moe-router-topk, --moe-ffn-hidden-size, --moe-shared-expert-intermediate-size; --overlap-moe-expert-parallel-comm (core_v0.14.0).
+  --moe-router-topk, --moe-ffn-hidden-size, --moe-shared-expert-intermediate-size;
+  --overlap-moe-expert-parallel-comm (core_v0.14.0).
 - DeepSpeed deepspeed/runtime/config.py and zero/config.py (v0.16.4; every key written is checked against the keys
   its parser reads, tests/data/deepspeed-v0.16.4-config-keys.txt): train_batch_size,
   train_micro_batch_size_per_gpu, gradient_accumulation_steps, bf16.enabled, zero_optimization.stage.

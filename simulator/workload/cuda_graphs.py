@@ -42,8 +42,8 @@ def graphed(modules: frozenset[str], kind: str, moe: bool) -> tuple[bool, bool]:
 
 def static_input_bytes(s: Scenario, kind: str, moe: bool) -> float:
     """Bytes of one graphed layer's static inputs for one micro-batch (0 for a layer not captured)."""
-    modules = frozenset(s.training.cuda_graph_modules) if s.training.cuda_graphs else frozenset()
-    if not modules:
+    modules = s.training.graph_capture  # a set of modules only for per-module graphs
+    if not isinstance(modules, frozenset):
         return 0.0
     captured, attention = graphed(modules, kind, moe)
     if not captured:
@@ -58,7 +58,7 @@ def static_input_bytes(s: Scenario, kind: str, moe: bool) -> float:
 def mean_static_input_bytes(s: Scenario) -> float:
     """static_input_bytes averaged over the model's layers (the planner's screen, study/screen.py)."""
     m = s.model
-    if not (s.training.cuda_graphs and s.training.cuda_graph_modules):
+    if not isinstance(s.training.graph_capture, frozenset):
         return 0.0
     if m.hybrid_pattern:
         kinds = [m.layer_kind(i) for i in range(m.num_layers)]

@@ -21,18 +21,9 @@ from simulator.workload.ops import Op
 MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
 
 
-def in_module(op: Op, module: str) -> Op:
-    """``op`` with ``module``: dataclasses.replace without re-running __init__ (Op has no __post_init__), about
-    7x cheaper, and every op of every layer is tagged at every workload build."""
-    new = object.__new__(Op)
-    new.__dict__.update(op.__dict__, module=module)
-    new.__dict__.pop("_hash", None)  # op's cached hash (workload/ops.py) is not this one's
-    return new
-
-
 def tagged(ops: tuple[Op, ...], module: str) -> tuple[Op, ...]:
     """``ops`` with ``module`` where they have none yet."""
-    return tuple(op if op.module else in_module(op, module) for op in ops)
+    return tuple(op if op.module else op.with_module(module) for op in ops)
 
 
 def dispatch_modules(ops: tuple[Op, ...]) -> tuple[Op, ...]:
@@ -45,5 +36,5 @@ def dispatch_modules(ops: tuple[Op, ...]) -> tuple[Op, ...]:
     for op in ops:
         before = before and op.kind != "sync"
         moves = op.kind == "collective" and ("tokens" in op.name or "dispatch" in op.name)
-        out.append(in_module(op, "moe_preprocess" if before and not moves else "moe"))
+        out.append(op.with_module("moe_preprocess" if before and not moves else "moe"))
     return tuple(out)
