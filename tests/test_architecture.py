@@ -20,6 +20,7 @@ FLOORS = [
             "simulator.scenario.section",
             "simulator.scenario.model",
             "simulator.scenario.attention_parts",
+            "simulator.scenario.moe_config",
             "simulator.scenario.cluster",
             "simulator.scenario.training",
             "simulator.scenario.parallelism",

@@ -16,7 +16,7 @@ from simulator.errors import ScenarioError
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.placement import Placement
 from simulator.hardware.topology import load_topology
-from simulator.scenario.model import ExpertLoadConfig, MoeConfig
+from simulator.scenario.moe_config import ExpertLoadConfig, MoeConfig
 from simulator.workload.expert_load import expert_load, expert_shares
 from simulator.workload.params import mlp_params
 from simulator.workload.transformer import build_workload

@@ -5,6 +5,7 @@ configuration_<type>.py`` and ``modeling_<type>.py``: which keys exist, their de
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
 
@@ -98,6 +99,8 @@ def read_hf_config(path: Path) -> dict:
         out.setdefault("tied_embeddings", False)
         if isinstance(cfg.get("head_dim"), int) and model_type not in ("deepseek_v2", "deepseek_v3"):
             out["kv_channels"] = cfg["head_dim"]  # DeepSeek-V3's head_dim is its rotary width, not a head's
+    if isinstance(cfg.get("rope_scaling"), dict):
+        out["rope_mscale"] = _yarn_factor(cfg["rope_scaling"])
     if model_type in MOE_TYPES:
         _moe(cfg, model_type, out, f"hf_config {path}")
     if model_type == "nemotron_h":
@@ -106,6 +109,23 @@ def read_hf_config(path: Path) -> dict:
     if missing:
         raise ValueError(f"hf_config {path} lacks {', '.join(missing)}")
     return out
+
+
+def _yarn_factor(scaling: dict) -> float:
+    """YaRN's attention factor on cos and sin as Megatron-Core computes it (yarn_rotary_pos_embedding.py
+    _yarn_get_concentration_factor, Megatron-LM d7288711): 0.1 ln(factor) + 1 where mscale or mscale_all_dim is
+    missing, else the ratio of the two scaled alike; 1 for other RoPE scalings."""
+    if (scaling.get("rope_type") or scaling.get("type")) != "yarn":
+        return 1.0
+    factor = float(scaling.get("factor") or 1.0)
+
+    def get(m: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    mscale, all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if mscale is None or all_dim is None:
+        return get(1.0)
+    return get(float(mscale)) / get(float(all_dim))
 
 
 def _hybrid(cfg: dict, out: dict, where: str) -> None:
@@ -184,6 +204,9 @@ def _moe(cfg: dict, model_type: str, out: dict, where: str) -> None:
         moe["ffn_hidden_size"] = _int(cfg, "intermediate_size", where, 2880)
         out["add_bias_linear"] = bool(cfg.get("attention_bias", True))
         out["attention_sinks"] = True  # GptOssAttention.sinks: a learnable logit per head
+        # GptOssExperts: gate clamped at swiglu_limit, up within +-it, gate * sigmoid(1.702 gate) * (up + 1)
+        out["activation"] = "quick-geglu"
+        out["activation_clamp"] = float(cfg.get("swiglu_limit", 7.0))
     elif model_type == "olmoe":
         moe["num_experts"] = _int(cfg, "num_experts", where)
         moe["top_k"] = _int(cfg, "num_experts_per_tok", where)

@@ -8,108 +8,9 @@ from typing import Literal
 from pydantic import Field, PositiveInt, ValidationInfo, model_validator
 
 from simulator.scenario.attention_parts import MambaConfig, MlaConfig
+from simulator.scenario.moe_config import MoeConfig
 from simulator.scenario.presets import expand_model_section
 from simulator.scenario.section import Section
-
-
-class ExpertLoadConfig(Section):
-    """How routed tokens spread over the experts. Uniform by default (what Megatron's
-    ``--moe-router-force-load-balancing`` benchmarks run); ``imbalance`` is a measured ratio of the busiest
-    expert's tokens to the mean; ``skew`` draws tokens per expert from a Zipf law of that exponent (experts in a
-    random order from ``seed``). The busiest expert-parallel rank sets the pace of every MoE layer."""
-
-    imbalance: float = Field(
-        1.0, ge=1, le=1e3, description="Tokens of the busiest expert / the mean (1 = uniform)."
-    )
-    skew: float | None = Field(None, gt=0, le=8, description="Zipf exponent of tokens per expert.")
-    seed: int = Field(0, ge=0, le=2**32, description="Which experts get the most tokens under skew.")
-
-
-class MoeConfig(Section):
-    """Mixture-of-experts MLPs (Megatron-Core ``--num-experts`` ... options; Hugging Face's Mixtral, Qwen-MoE,
-    DeepSeek and OLMoE configs map onto these fields)."""
-
-    num_experts: PositiveInt = Field(le=2**14, description="Routed experts per MoE layer.")
-    top_k: PositiveInt = Field(2, le=256, description="Routed experts per token.")
-    ffn_hidden_size: PositiveInt | None = Field(
-        None, le=2**20, description="Width of one routed expert's MLP. Default: model.ffn_hidden_size."
-    )
-    shared_expert_ffn_hidden_size: int = Field(
-        0,
-        ge=0,
-        le=2**20,
-        description="Width of the shared experts together (one MLP every token runs); 0 = none.",
-    )
-    shared_expert_gate: bool = Field(False, description="A sigmoid gate on the shared expert (Qwen2-MoE).")
-    first_dense_layers: int = Field(
-        0,
-        ge=0,
-        le=4096,
-        description="Dense layers before the first MoE layer (DeepSeek first_k_dense_replace).",
-    )
-    layer_freq: PositiveInt = Field(
-        1,
-        le=4096,
-        description="Every n-th layer after the dense ones is MoE, counting from 1 (layer i is MoE when "
-        "(i - first_dense_layers + 1) % layer_freq == 0; Qwen2-MoE decoder_sparse_step, Llama 4's interleave step).",
-    )
-    score_function: Literal["softmax", "sigmoid"] = "softmax"
-    num_groups: PositiveInt | None = Field(
-        None, description="Group-limited routing: expert groups (DeepSeek n_group)."
-    )
-    group_topk: PositiveInt | None = Field(None, description="Group-limited routing: groups a token may use.")
-    expert_bias: bool = Field(
-        False, description="Aux-loss-free balancing: a per-expert bias on the scores (DeepSeek-V3)."
-    )
-    aux_loss: Literal["none", "aux_loss", "seq_aux_loss"] = Field(
-        "aux_loss", description="Load-balancing loss (Megatron moe_router_load_balancing_type)."
-    )
-    capacity_factor: float | None = Field(
-        None,
-        gt=0,
-        le=64,
-        description="Tokens an expert takes at most, x top_k x tokens / experts; none = dropless.",
-    )
-    pad_to_capacity: bool = Field(
-        False,
-        description="Every expert gets exactly its capacity (Megatron moe_pad_expert_input_to_capacity).",
-    )
-    load: ExpertLoadConfig = Field(default_factory=ExpertLoadConfig)
-
-    @model_validator(mode="after")
-    def _check(self) -> MoeConfig:
-        e, k = self.num_experts, self.top_k
-        if k > e:
-            raise ValueError(f"model.moe.top_k ({k}) exceeds num_experts ({e})")
-        g, gk = self.num_groups, self.group_topk
-        if (g is None) != (gk is None):
-            raise ValueError("model.moe: group-limited routing needs both num_groups and group_topk")
-        if g is not None and e % g:
-            raise ValueError(f"model.moe.num_experts ({e}) is not divisible by num_groups ({g})")
-        if g is not None and gk > g:
-            raise ValueError(f"model.moe.group_topk ({gk}) exceeds num_groups ({g})")
-        if g is not None and gk * (e // g) < k:
-            raise ValueError(
-                f"model.moe: group-limited routing offers group_topk x num_experts / num_groups = {gk} x {e} / {g} = "
-                f"{gk * (e // g)} experts to a token, fewer than top_k ({k})"
-            )
-        if self.load.imbalance > e / k:
-            raise ValueError(
-                f"model.moe.load.imbalance ({self.load.imbalance:g}) exceeds num_experts / top_k = {e} / {k} = "
-                f"{e / k:g}: an expert receives each token at most once, so at most 1 / top_k of the routed copies"
-            )
-        if self.pad_to_capacity and self.capacity_factor is None:
-            raise ValueError(
-                "model.moe.pad_to_capacity needs a capacity_factor (dropless routing has no capacity)"
-            )
-        if self.load.skew is not None and self.load.imbalance != 1.0:
-            raise ValueError(
-                f"model.moe.load: give either imbalance ({self.load.imbalance}) or skew ({self.load.skew}), not both"
-            )
-        if self.expert_bias and self.score_function != "sigmoid":
-            raise ValueError("model.moe.expert_bias needs score_function: sigmoid (as Megatron-Core)")
-        return self
-
 
 HYBRID_SYMBOLS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 
@@ -129,10 +30,18 @@ class ModelConfig(Section):
         le=2**20,
         description="MLP width. Default: 4 x hidden_size (gelu), 8/3 x hidden_size rounded up to 64 (swiglu, geglu).",
     )
-    activation: Literal["gelu", "swiglu", "geglu", "relu", "squared-relu"] = Field(
+    activation: Literal["gelu", "swiglu", "geglu", "quick-geglu", "relu", "squared-relu"] = Field(
         "gelu",
-        description="The MLP's activation; swiglu and geglu are gated (a gate and an up projection, SiLU or GELU of "
-        "the gate times the up: Llama's and Gemma's MLPs, Megatron-Core gated_linear_unit with silu / gelu).",
+        description="The MLP's activation; swiglu, geglu and quick-geglu are gated (a gate and an up projection, "
+        "SiLU or GELU of the gate times the up: Llama's and Gemma's MLPs, Megatron-Core gated_linear_unit with silu "
+        "/ gelu; quick-geglu: x sigmoid(1.702 x) of the gate times (up + 1), GPT-OSS, Megatron-LM --quick-geglu).",
+    )
+    activation_clamp: float | None = Field(
+        None,
+        gt=0,
+        le=1e4,
+        description="Clamp of a gated activation's inputs: the gate at most this, the up half within +-this "
+        "(GPT-OSS 7; Hugging Face swiglu_limit, Megatron-Core activation_func_clamp_value). None: no clamp.",
     )
     seq_length: PositiveInt = Field(le=2**24)
     vocab_size: PositiveInt = Field(le=2**22)
@@ -173,6 +82,14 @@ class ModelConfig(Section):
         "MPT's Triton kernel, attention auto is the unfused layer (as Hugging Face runs GPT-OSS eagerly).",
     )
     position_embedding: Literal["learned", "rope", "alibi"] = "learned"
+    rope_mscale: float = Field(
+        1.0,
+        gt=0,
+        le=100,
+        description="YaRN's attention factor on RoPE's cos and sin (Megatron-Core _yarn_get_concentration_factor: "
+        "0.1 ln(factor) + 1 where the config names no mscale, GPT-OSS 1.347 at factor 32; mscale / mscale_all_dim "
+        "otherwise, DeepSeek-V3 1.0). Other than 1, Megatron-Core applies RoPE unfused.",
+    )
     normalization: Literal["layernorm", "rmsnorm"] = "layernorm"
     add_bias_linear: bool = True
     kv_channels: PositiveInt | None = Field(
@@ -232,6 +149,16 @@ class ModelConfig(Section):
             )
         if self.hybrid_pattern is not None:
             self._check_hybrid(self.hybrid_pattern)
+        if self.activation_clamp is not None and not self.gated:
+            raise ValueError(
+                f"model.activation_clamp ({self.activation_clamp}) clamps a gated activation's two halves; "
+                f"activation {self.activation} is not gated (swiglu, geglu or quick-geglu)"
+            )
+        if self.rope_mscale != 1.0 and self.position_embedding != "rope" and self.mla is None:
+            raise ValueError(
+                f"model.rope_mscale ({self.rope_mscale}) scales rotary embeddings; position_embedding is "
+                f"{self.position_embedding}"
+            )
         moe = self.moe
         if moe is not None and moe.first_dense_layers >= self.num_layers:
             raise ValueError(
@@ -341,7 +268,7 @@ class ModelConfig(Section):
     @property
     def gated(self) -> bool:
         """A gated MLP (SwiGLU, GeGLU): two up projections, the activation of one times the other."""
-        return self.activation in ("swiglu", "geglu")
+        return self.activation in ("swiglu", "geglu", "quick-geglu")
 
     @property
     def ffn_size(self) -> int:

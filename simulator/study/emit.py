@@ -161,6 +161,14 @@ def megatron(row: dict) -> str:
             "# SwiGLU's input in FP8 is TransformerConfig.activation_func_fp8_input_store: Megatron-LM's parser has "
             "no switch for it (arguments.py lists it among the fields without one)"
         )
+    if (
+        row["scenario"].get("model", {}).get("activation_clamp")
+        or row["scenario"].get("model", {}).get("rope_mscale", 1.0) != 1.0
+    ):
+        notes.append(
+            "# the activation's clamp and YaRN's attention factor are TransformerConfig fields "
+            "(activation_func_clamp_value, yarn_*): Megatron-Bridge sets them from the Hugging Face config"
+        )
     if row["scenario"].get("model", {}).get("activation") == "geglu":
         notes.append(
             "# GeGLU is Megatron-Core's gated_linear_unit with gelu: Megatron-LM's parser has no switch for it"
@@ -211,6 +219,8 @@ def megatron_model_args(m: dict) -> list[str]:
         args.append(f"--vocab-size {m['vocab_size']}")
     if m.get("activation") == "swiglu":
         args.append("--swiglu")
+    if m.get("activation") == "quick-geglu":
+        args.append("--quick-geglu")
     if m.get("normalization") == "rmsnorm":
         args.append("--normalization RMSNorm")
     if m.get("position_embedding") == "rope":

@@ -113,8 +113,12 @@ def write(sources: dict[str, dict[str, dict]], path: Path = FIRST_CONTACT_FILE) 
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
+    if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
         raise SystemExit(__doc__)
     for name in sys.argv[1:]:
+        if not (HERE / f"{name}.yaml").is_file():
+            raise SystemExit(
+                f"first_contact: no validation file simulator/validation/{name}.yaml (give its stem)"
+            )
         new = record(name)
         print(f"{name}: {len(new)} new case(s) recorded at first contact")

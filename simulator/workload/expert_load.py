@@ -15,7 +15,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from simulator.scenario.model import ExpertLoadConfig, MoeConfig
+from simulator.scenario.moe_config import ExpertLoadConfig, MoeConfig
 
 
 @dataclass(frozen=True)

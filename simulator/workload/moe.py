@@ -29,6 +29,7 @@ from dataclasses import replace
 
 from simulator.frameworks import Framework
 from simulator.scenario.schema import FLEX_DISPATCHERS, Scenario
+from simulator.workload import elementwise
 from simulator.workload.block import Part, present
 from simulator.workload.dispatchers import (
     INDEX_BYTES,
@@ -41,7 +42,7 @@ from simulator.workload.dispatchers import (
 )
 from simulator.workload.expert_load import ExpertLoad, capacity, expert_load
 from simulator.workload.graph_modules import dispatch_modules, tagged
-from simulator.workload.ops import Op, collective_op, gemm, gemm_backward, host_op, linear, memory_op
+from simulator.workload.ops import Op, collective_op, gemm, gemm_backward, host_op, linear, memory_op, sync_op
 from simulator.workload.params import mlp_params, router_params
 from simulator.workload.shape import LayerShape, activation
 
@@ -158,6 +159,7 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
     # torch._grouped_mm, 128 rows per expert take 1.8-2.3x one GEMM of the same FLOPs, 512 rows 1.1-1.4x,
     # 2,048 and more 1.02-1.1x (benchmarks/moe_grouped_gemm.py, docs/moe.md).
     local_experts = len(load.rows)
+    te_experts = megatron and fw.modules == "megatron"  # Megatron-Core's TEGroupedMLP / SequentialMLP
     for i, (n, real) in enumerate(groups):
         n_int = max(round(n), 1)
         name = "experts" if p.moe.grouped_gemm else f"expert {i}"
@@ -173,21 +175,38 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
         act, act_bwd = activation(
             m, f"{name} {m.activation} (probability-weighted)", e, n_int, f_rank, n * PROB_BYTES
         )
+        # Megatron-Core's TEGroupedMLP around the fused activation (elementwise.py): the eager clamp, the GLU
+        # offset copied to the GPU on every call (quick-geglu), the fc2 bias added per expert
+        clamp = elementwise.glu_clamp(e, n_int, f_rank) if te_experts and m.activation_clamp else (None, None)
+        offset = (
+            sync_op(OFFSET_SYNC, fw.host.sync_s) if te_experts and m.activation == "quick-geglu" else None
+        )
+        grouped_bias = te_experts and p.moe.grouped_gemm and m.add_bias_linear
+        bias = elementwise.expert_bias(e, n_int, h, local_experts) if grouped_bias else None
+        bias_fwd, bias_bwd = bias or (None, None)
         # Transformer Engine's grouped GEMM: one cuBLAS GEMM per local expert, launched from C++
         per_expert = (
             local_experts * fw.host.library_kernel_s
-            if p.moe.grouped_gemm and local_experts > 1 and megatron and fw.modules == "megatron"
+            if p.moe.grouped_gemm and local_experts > 1 and te_experts
             else 0.0
         )
 
         fwd_experts += present(
-            _cublas_loop(f"{name} fc1", per_expert), fc1, act, _cublas_loop(f"{name} fc2", per_expert), fc2
+            _cublas_loop(f"{name} fc1", per_expert),
+            fc1,
+            clamp[0],
+            offset,
+            act,
+            _cublas_loop(f"{name} fc2", per_expert),
+            fc2,
+            bias_fwd,
         )
-        acts.append(act)
+        acts += present(clamp[0], offset, act)  # what moe_act recompute re-runs (bias_act_func)
         bwd_experts = [
-            *present(_cublas_loop(f"{name} fc2 dgrad and wgrad", 2 * per_expert, "backward")),
+            *present(bias_bwd, _cublas_loop(f"{name} fc2 dgrad and wgrad", 2 * per_expert, "backward")),
             *gemm_backward(fc2),
             act_bwd,
+            *present(clamp[1]),
             *present(_cublas_loop(f"{name} fc1 dgrad and wgrad", 2 * per_expert, "backward")),
             *gemm_backward(fc1),
             *bwd_experts,
@@ -244,6 +263,11 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
         tagged(tuple(acts), "moe"),
         shared_fwd,
     )
+
+
+# fusions/fused_bias_geglu.py weighted_bias_quick_geglu_impl (Megatron-LM d7288711): torch.tensor(linear_offset,
+# device=...) on every call, a pageable host-to-device copy that PyTorch follows with cudaStreamSynchronize
+OFFSET_SYNC = "host sync: the GLU's linear offset copied to the GPU (torch.tensor)"
 
 
 def _cublas_loop(what: str, seconds: float, direction: str = "forward") -> Op | None:

@@ -195,6 +195,8 @@ def build_workload(
     )
     ckpt = checkpoint_bytes_per_layer(s)
     chains, rope_style = elementwise.styles(fw, tr)
+    if rope_style == "fused" and m.rope_mscale != 1.0:  # Megatron-Core's fused RoPE takes no YaRN factor
+        rope_style = "unfused"
     rope_fwd, rope_bwd = (
         elementwise.rope(sh, rope_style) if m.position_embedding == "rope" and m.mla is None else (None, None)
     )
