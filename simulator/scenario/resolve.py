@@ -156,6 +156,11 @@ def resolve_fp8(scenario: Scenario, gpu: GPU) -> Scenario:
             f"training.fp8.recipe: {recipe} is a Transformer Engine recipe; torchao's Float8Linear runs "
             "tensorwise (and mxfp8 on Blackwell)"
         )
+    if cfg.op_fuser and library != "transformer-engine":
+        raise ScenarioError(
+            "training.fp8.op_fuser: the operation fuser is Transformer Engine's (te.ops); this run casts with "
+            f"{library} (training.fp8.library)"
+        )
     if cfg.bf16_layers and recipe == "delayed":
         raise ScenarioError(
             "training.fp8.bf16_layers: the delayed recipe (the default on Hopper) keeps no layers in bf16 "

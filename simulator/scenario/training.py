@@ -81,6 +81,13 @@ class Fp8Config(Section):
         "TransformerConfig.fp8_dot_product_attention, no Megatron-LM flag; NeMo / MLPerf FP8_DPA=True): at the "
         "GPU's measured FP8 attention rate (flash_attention_fp8 in its file); refused on a GPU with none.",
     )
+    op_fuser: bool = Field(
+        False,
+        description="Transformer Engine's operation fuser runs the MLP (Megatron-Core use_transformer_engine_op_fuser, "
+        "--use-transformer-engine-op-fuser; NVIDIA's MLPerf USE_TE_OPS=True): its activation writes the next linear "
+        "layer's quantized input and its gradient the previous one's (delayed scaling and MXFP8 fully, current "
+        "scaling and NVFP4 with the amax taken in the same pass; TE activation.cpp). Transformer Engine only.",
+    )
     bf16_layers: int = Field(
         0,
         ge=0,

@@ -68,6 +68,7 @@ TE_WEIGHT_COPY_BYTES = {
 #   blockwise on Hopper (software-scaled, split accumulation): H200 autocast 18.978 ms (delayed) / 22.882 (block)
 #   MXFP8 on Blackwell: B300 pre-quantized 6.812 ms (current scaling) / 7.161 (MXFP8)
 NORM_KERNELS = ("layernorm", "rmsnorm")
+ACTIVATION_KERNELS = ("swiglu", "gelu", "relu", "squared_relu")
 
 RECIPE_GEMM_SCALE = {("blockwise", True): 18.978 / 22.882, ("mxfp8", False): 6.812 / 7.161}
 # NVFP4 GEMMs at TE's measured rate over per-tensor FP8 (the same B300 benchmark, pre-quantized: 6.812 ms FP8 current
@@ -88,6 +89,7 @@ class Fp8Plan:
     microbatches: int  # per step: the cached weight's cast is spread over them
     fp4_over_fp8_peak: float = 2.0  # the GPU's dense FP4 peak over its FP8 peak
     attention: bool = False  # the fused attention in FP8 too (TE fp8_dpa)
+    op_fuser: bool = False  # TE's operation fuser: the activation writes the next GEMM's quantized operand
 
     @property
     def gemm_dtype(self) -> str:
@@ -121,6 +123,25 @@ class Fp8Plan:
         if self.recipe == "tensorwise":
             return self.cast_bytes("input") - 2.0
         return self.cast_bytes("input")
+
+    @property
+    def activation_fused_cast_bytes(self) -> float:
+        """Bytes per element to quantize a linear layer's operand that an activation (or its gradient) wrote, where
+        Transformer Engine's operation fuser hands the activation that layer's quantizer (te.ops SwiGLU / GELU;
+        csrc/extensions/activation.cpp, TE d0067d0d): delayed scaling and MXFP8 are FULLY_FUSED (the activation
+        writes the quantized copies: beyond the bf16 output it replaces, only Hopper's transpose or MXFP8's
+        column-wise copy and scales remain); current scaling and NVFP4 take the amax in the activation's pass
+        (FUSED_ACTIVATION_AMAX_*), saving the amax read. (NVFP4 with the Hadamard transform's post-RHT amax stays
+        unfused; this model's NVFP4 costs none of the transform.)"""
+        if not (self.te and self.op_fuser):
+            return self.cast_bytes("input")
+        if self.recipe == "delayed":
+            return 2.0 if self.transposes else 0.0
+        if self.recipe == "mxfp8":
+            return (
+                1 + 2 / 32 - 1.0
+            )  # the column-wise copy and the scales, less the bf16 byte pair not written
+        return self.cast_bytes("input") - 2.0
 
     @property
     def gemm_scale(self) -> float:
@@ -179,6 +200,7 @@ def fp8_plan(s: Scenario, gpu: GPU) -> Fp8Plan | None:
         max(micro, 1),
         ratio,
         tr.fp8.attention,
+        tr.fp8.op_fuser,
     )
 
 
@@ -190,6 +212,7 @@ def quantized(ops: tuple[Op, ...], plan: Fp8Plan, tp_amax: bool) -> tuple[Op, ..
     out: list[Op] = []
     dtype = plan.gemm_dtype
     after_norm = False  # the last kernel was a LayerNorm / RMSNorm (collectives between them do not count)
+    after_act = False  # the last kernel was an MLP's activation or its gradient (the operation fuser's)
     for op in ops:
         if op.kind == "collective" and op.group == "tp" and op.collective == "all_gather":
             if tp_amax:
@@ -203,9 +226,11 @@ def quantized(ops: tuple[Op, ...], plan: Fp8Plan, tp_amax: bool) -> tuple[Op, ..
             out.append(op)
             if op.kind != "collective":
                 after_norm = op.kernel in NORM_KERNELS
+                after_act = op.kernel in ACTIVATION_KERNELS
             continue
         fused = after_norm and op.direction == "forward"
-        after_norm = False
+        by_act = after_act and plan.op_fuser
+        after_norm = after_act = False
         rows, inner, cols = op.m, op.k, op.n  # this GEMM: [rows x inner] x [inner x cols]
         backward = op.direction == "backward"
         if not op.name.endswith("wgrad"):
@@ -214,7 +239,14 @@ def quantized(ops: tuple[Op, ...], plan: Fp8Plan, tp_amax: bool) -> tuple[Op, ..
             # quantize their own rows and their own weight (TE GroupedLinear casts every GEMM's operands)
             experts = op.batch
             elements = experts * rows * inner
-            nbytes = elements * (plan.norm_fused_cast_bytes if fused else plan.cast_bytes(tensor))
+            per = (
+                plan.activation_fused_cast_bytes
+                if by_act
+                else plan.norm_fused_cast_bytes
+                if fused
+                else plan.cast_bytes(tensor)
+            )
+            nbytes = elements * per
             what = "output gradient" if backward else "input"
             if not backward:  # the weight: once per step for the cache (TE), every micro-batch for torchao
                 share = 1.0 / plan.microbatches if plan.te else 1.0
