@@ -78,3 +78,13 @@ def test_the_activation_quantizes_fc2s_input_and_fc1s_output_gradient(recipe, to
 def test_the_fuser_is_transformer_engines():
     with pytest.raises(ScenarioError, match="training.fp8.op_fuser: .* Transformer Engine's"):
         scenario("tensorwise", "dgx-h100", True, library="torchao")
+
+
+def test_read_from_and_written_to_megatron_command_lines():
+    from simulator.scenario.megatron_args import merge_megatron_args
+    from simulator.study.emit import low_precision_args
+
+    data = merge_megatron_args({"name": "m"}, ["--use-transformer-engine-op-fuser"], "test")
+    assert data["training"]["fp8"]["op_fuser"] is True
+    args = low_precision_args({"precision": "fp8", "recipe": "mxfp8", "op_fuser": True})
+    assert args[-1] == "--use-transformer-engine-op-fuser"

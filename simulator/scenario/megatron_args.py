@@ -304,6 +304,8 @@ def merge_megatron_args(data: dict, tokens: list[str], label: str = "megatron_ar
         put("training", "fp8.recipe", value("fp8-recipe", str, "delayed"), "fp8-recipe")
     if on("fp8-param-gather"):
         put("training", "fp8.param_gather", True, "fp8-param-gather")
+    if on("use-transformer-engine-op-fuser"):  # TransformerConfig.use_transformer_engine_op_fuser
+        put("training", "fp8.op_fuser", True, "use-transformer-engine-op-fuser")
     granularity = value("recompute-granularity", str)
     if granularity:
         put("training", "activation_recompute", granularity, "recompute-granularity")

@@ -67,6 +67,7 @@ def _common(row: dict) -> dict:
         "layers": model.get("num_layers"),
         "precision": training.get("precision", "bf16"),
         "recipe": (training.get("fp8") or {}).get("recipe", "delayed"),
+        "op_fuser": (training.get("fp8") or {}).get("op_fuser", False),
         "tp_overlap": s.get("parallelism", {}).get("tp_comm_overlap", False),
         "a2a_overlap": s.get("parallelism", {}).get("moe", {}).get("overlap_a2a", False),
         "compile": training.get("compile", False),
@@ -253,9 +254,10 @@ def low_precision_args(c: dict) -> list[str]:
     if c["precision"] != "fp8":
         return []
     recipe = c["recipe"] if c["recipe"] != "auto" else "delayed"
+    fuser = ["--use-transformer-engine-op-fuser"] if c.get("op_fuser") else []
     if recipe == "nvfp4":
-        return ["--fp4-format e2m1", "--fp4-recipe nvfp4"]
-    return [f"--fp8-format {FP8_FORMATS[recipe]}", f"--fp8-recipe {recipe}"]
+        return ["--fp4-format e2m1", "--fp4-recipe nvfp4", *fuser]
+    return [f"--fp8-format {FP8_FORMATS[recipe]}", f"--fp8-recipe {recipe}", *fuser]
 
 
 def deepspeed(row: dict) -> str:
