@@ -244,3 +244,48 @@ def test_fp8_attention_is_a_switch_the_run_states_and_a_gpu_without_a_measuremen
         ScenarioError, match="training.fp8.attention: mi300x-192gb has no measured FP8 attention"
     ):
         simulate(load_scenario(data))
+
+
+@pytest.mark.parametrize(("gpu", "rows"), [("gb200-186gb", 15), ("gb300-288gb", 15), ("b200-sxm-180gb", 18)])
+def test_shipped_blackwell_tables_hold_cudnns_published_attention_with_their_source(gpu, rows):
+    """The shipped table of each Blackwell GPU (benchmarks/cudnn_sdpa_tables.py) is cuDNN's published causal
+    attention: every row its CSV's milliseconds, its source and licence named; a run there reports the attention
+    it prices from them as measured or interpolated (the rest of the step stays modelled)."""
+    import json
+    from pathlib import Path
+
+    from simulator.tables.io import read_table
+    from simulator.tables.select import shipped_tables
+
+    table = read_table(shipped_tables()[gpu])
+    assert table.meta.gpu == gpu and len(table.kernels) == rows and not table.collectives
+    (source,) = table.meta.sources
+    assert "NVIDIA/cudnn-frontend" in source.source and source.licence.startswith("MIT")
+    assert (shipped_tables()[gpu] / "LICENSE.cudnn-frontend").is_file()
+    data = json.loads((Path(__file__).parents[1] / "docs/measurements/cudnn-sdpa-blackwell.json").read_text())
+    published = {
+        (r["queries"], r["head_dim"], r["batch"] * r["heads"], r["direction"]): r["ms"] * 1000
+        for r in data["rows"]
+        if r["gpu"] == gpu.split("-")[0] and r["mask"] == "causal" and r["head_dim"] == r["head_dim_v"]
+    }
+    assert {(k.m, k.k, k.batch, k.direction): k.median_us for k in table.kernels} == pytest.approx(published, abs=1e-3)
+
+
+def test_a_blackwell_run_says_which_costs_come_from_the_table():
+    from simulator import load_scenario, simulate
+
+    s = load_scenario(
+        {
+            "name": "gb200",
+            "framework": "megatron-core-2024",
+            "model": {"preset": "llama3-8b", "seq_length": 8192, "num_layers": 4},
+            "cluster": {"topology": "gb200-nvl72", "num_nodes": 1, "gpus_per_node": 8},
+            "training": {"global_batch_size": 32, "micro_batch_size": 4},  # 4 x 32 heads: the rows' 128
+        }
+    )
+    m = simulate(s).metrics
+    assert m.cost_tables["table"] == "gb200-186gb"
+    compute = m.cost_sources["compute"]
+    assert compute["measured"] + compute["interpolated"] > 0.02 and compute["modelled"] > 0.5
+    none = simulate(s.model_copy(update={"kernels": "none"})).metrics
+    assert none.cost_sources["compute"]["modelled"] == pytest.approx(1.0)

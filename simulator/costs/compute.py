@@ -210,7 +210,8 @@ class ComputeModel:
         hit = self.kernels.cost(*base, base_roof)
         if hit is None:
             return None
-        return hit[0] * roof / base_roof / self.low_precision_scale, INTERPOLATED
+        scale = self.low_precision_scale if op.kernel in GEMMS else 1.0  # the recipe's GEMM kernels' share
+        return hit[0] * roof / base_roof / scale, INTERPOLATED
 
     def _factor(self, kernel: str) -> float:
         f = self.framework
