@@ -268,7 +268,9 @@ def test_shipped_blackwell_tables_hold_cudnns_published_attention_with_their_sou
         for r in data["rows"]
         if r["gpu"] == gpu.split("-")[0] and r["mask"] == "causal" and r["head_dim"] == r["head_dim_v"]
     }
-    assert {(k.m, k.k, k.batch, k.direction): k.median_us for k in table.kernels} == pytest.approx(published, abs=1e-3)
+    assert {(k.m, k.k, k.batch, k.direction): k.median_us for k in table.kernels} == pytest.approx(
+        published, abs=1e-3
+    )
 
 
 def test_a_blackwell_run_says_which_costs_come_from_the_table():
