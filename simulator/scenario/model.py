@@ -41,7 +41,8 @@ class ModelConfig(Section):
         gt=0,
         le=1e4,
         description="Clamp of a gated activation's inputs: the gate at most this, the up half within +-this "
-        "(GPT-OSS 7; Hugging Face swiglu_limit, Megatron-Core activation_func_clamp_value). None: no clamp.",
+        "(GPT-OSS 7; Hugging Face swiglu_limit, Megatron-Core activation_func_clamp_value): Megatron-Core's MoE "
+        "experts clamp eagerly before the fused activation (workload/elementwise.py). None: no clamp.",
     )
     seq_length: PositiveInt = Field(le=2**24)
     vocab_size: PositiveInt = Field(le=2**22)
