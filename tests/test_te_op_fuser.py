@@ -88,3 +88,32 @@ def test_read_from_and_written_to_megatron_command_lines():
     assert data["training"]["fp8"]["op_fuser"] is True
     args = low_precision_args({"precision": "fp8", "recipe": "mxfp8", "op_fuser": True})
     assert args[-1] == "--use-transformer-engine-op-fuser"
+
+
+def test_grouped_experts_take_it_across_the_host_loop_of_their_gemms():
+    """An MoE layer's experts: Transformer Engine's grouped GEMM launches its cuBLAS GEMMs from a host loop between
+    the activation and fc2 (no kernel of its own): fc2's input is still the activation's quantized output."""
+    s = load_scenario(
+        {
+            "name": "moe",
+            "framework": "megatron-core-2024",
+            "model": {"preset": "mixtral-8x7b", "seq_length": 4096, "num_layers": 2},
+            "cluster": {"topology": "dgx-b200", "num_nodes": 1},
+            "training": {
+                "global_batch_size": 8,
+                "micro_batch_size": 1,
+                "precision": "fp8",
+                "fp8": {"recipe": "mxfp8", "op_fuser": True},
+            },
+            "parallelism": {"expert_parallel": 8, "moe": {"dispatcher": "alltoall", "grouped_gemm": True}},
+        }
+    )
+    found = casts(s)
+    fc2 = one(found, "experts fc2: quantize input")
+    plain = one(casts(s.model_copy(update={"training": s.training.model_copy(update={
+        "fp8": s.training.fp8.model_copy(update={"op_fuser": False})})})), "experts fc2: quantize input")  # fmt: skip
+    layer = build_workload(s, get_framework(s.framework), 8, None).layer
+    gemm = next(op for op in layer.forward if op.name == "experts fc2")
+    elements = gemm.batch * gemm.m * gemm.k  # fc2's input: its rows x the expert's width
+    # MXFP8 fully fused: 1/16 byte per element instead of the cast's 4 + 1/16 (the weight's share unchanged)
+    assert plain - fc2 == pytest.approx(elements * (TE_CAST_BYTES[("mxfp8", False)] - 1 / 16))

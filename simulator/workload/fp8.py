@@ -138,9 +138,7 @@ class Fp8Plan:
         if self.recipe == "delayed":
             return 2.0 if self.transposes else 0.0
         if self.recipe == "mxfp8":
-            return (
-                1 + 2 / 32 - 1.0
-            )  # the column-wise copy and the scales, less the bf16 byte pair not written
+            return 1 + 2 / 32 - 1.0  # the column-wise copy and scales, less the bf16 byte not written
         return self.cast_bytes("input") - 2.0
 
     @property
@@ -224,7 +222,7 @@ def quantized(ops: tuple[Op, ...], plan: Fp8Plan, tp_amax: bool) -> tuple[Op, ..
             continue
         if op.kind != "gemm" or not op.linear:
             out.append(op)
-            if op.kind != "collective":
+            if op.kind not in ("collective", "host", "sync"):  # host work issues no kernel between them
                 after_norm = op.kernel in NORM_KERNELS
                 after_act = op.kernel in ACTIVATION_KERNELS
             continue
