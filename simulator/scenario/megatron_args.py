@@ -136,17 +136,7 @@ def merge_megatron_args(data: dict, tokens: list[str], label: str = "megatron_ar
         used.add("num-query-groups")
     # Megatron's defaults where the command line states the model (--num-layers); else the scenario's model
     stated = "num-layers" in flags
-    act = (
-        "swiglu"
-        if on("swiglu")
-        else "quick-geglu"
-        if on("quick-geglu")
-        else "squared-relu"
-        if on("squared-relu")
-        else "gelu"
-        if stated
-        else None
-    )
+    act = next((a for a in ("swiglu", "quick-geglu", "squared-relu") if on(a)), "gelu" if stated else None)
     put("model", "activation", act, "swiglu")
     # a hybrid stack (megatron/training/arguments.py, d98e8a64: the pattern sets the layer count, --num-layers
     # ignored) and its Mamba mixers

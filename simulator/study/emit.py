@@ -162,20 +162,18 @@ def megatron(row: dict) -> str:
             "# SwiGLU's input in FP8 is TransformerConfig.activation_func_fp8_input_store: Megatron-LM's parser has "
             "no switch for it (arguments.py lists it among the fields without one)"
         )
-    if (
-        row["scenario"].get("model", {}).get("activation_clamp")
-        or row["scenario"].get("model", {}).get("rope_mscale", 1.0) != 1.0
-    ):
+    model = row["scenario"].get("model", {})
+    if model.get("activation_clamp") or model.get("rope_mscale", 1.0) != 1.0:
         notes.append(
             "# the activation's clamp and YaRN's attention factor are TransformerConfig fields "
             "(activation_func_clamp_value, yarn_*): Megatron-Bridge sets them from the Hugging Face config"
         )
-    if row["scenario"].get("model", {}).get("activation") == "geglu":
+    if model.get("activation") == "geglu":
         notes.append(
             "# GeGLU is Megatron-Core's gated_linear_unit with gelu: Megatron-LM's parser has no switch for it"
         )
     par = row["scenario"].get("parallelism", {})
-    if row["scenario"].get("model", {}).get("moe"):  # Megatron's default dispatcher (allgather) is not ours
+    if model.get("moe"):  # Megatron's default dispatcher (allgather) is not ours
         moe = par.get("moe", {})
         dispatcher = moe.get("dispatcher", "alltoall")
         if dispatcher == "deepep":
@@ -195,7 +193,7 @@ def megatron(row: dict) -> str:
         args.append("--overlap-grad-reduce")
     if ddp.get("overlap_param_gather") and sharding == "zero1":
         args.append("--overlap-param-gather")
-    return "\n".join([*notes, " \\\n".join(args + megatron_model_args(row["scenario"].get("model", {})))])
+    return "\n".join([*notes, " \\\n".join(args + megatron_model_args(model))])
 
 
 def megatron_model_args(m: dict) -> list[str]:

@@ -6,8 +6,8 @@ that workflow on every shipped source with 4 or more speed runs of one profile: 
 of those, the one whose step the GEMM level moves most, as ``calibrate step`` advises, or the next where the fit
 stops at the level's bound, as its warning advises) is the measured step, ``gemm_efficiency`` is fitted to it
 alone, the source's other runs are predicted with the fitted profile, and each error is filed by how far the run
-is from the fitted one: the same GPU and precision, or another precision, or another GPU. That is the error a calibrated profile's user should
-expect, beside the unseen-stack bar (docs/calibration.md).
+is from the fitted one: the same GPU and precision, or another precision, or another GPU. That is the error a
+calibrated profile's user should expect, beside the unseen-stack bar (docs/calibration.md).
 """
 
 from __future__ import annotations

@@ -34,10 +34,11 @@ B = "backward"
 EAGER_ROPE_KERNELS = 3  # per tensor each way: float(), complex multiply, type_as
 
 
-def styles(fw, training) -> tuple[str, str]:
-    """(SwiGLU and residual style, RoPE style): 'fused' or 'eager' (module docstring)."""
+def styles(fw, training, model) -> tuple[str, str]:
+    """(SwiGLU and residual style, RoPE style): 'fused' or 'eager'; a fused stack's RoPE 'unfused' where YaRN's
+    attention factor is not 1 (module docstring)."""
     if fw.elementwise == "fused":
-        return "fused", "fused"
+        return "fused", "fused" if model.rope_mscale == 1.0 else "unfused"
     return ("fused" if training.compile else "eager"), "eager"
 
 

@@ -194,9 +194,7 @@ def build_workload(
         for _ in range(fw.host.syncs.layer_forward)
     )
     ckpt = checkpoint_bytes_per_layer(s)
-    chains, rope_style = elementwise.styles(fw, tr)
-    if rope_style == "fused" and m.rope_mscale != 1.0:  # Megatron-Core's fused RoPE takes no YaRN factor
-        rope_style = "unfused"
+    chains, rope_style = elementwise.styles(fw, tr, m)
     rope_fwd, rope_bwd = (
         elementwise.rope(sh, rope_style) if m.position_embedding == "rope" and m.mla is None else (None, None)
     )
