@@ -281,6 +281,11 @@ def merge_megatron_args(data: dict, tokens: list[str], label: str = "megatron_ar
         if on("overlap-moe-expert-parallel-comm"):
             put("parallelism", "moe.overlap_a2a", True, "overlap-moe-expert-parallel-comm")
         put("parallelism", "moe.dispatcher_sms", value("moe-deepep-num-sms"), "moe-deepep-num-sms")
+        # the op fuser runs a gated MLP's experts only with NVTE_CUTEDSL_FUSED_GROUPED_MLP set (experts.py l.454,
+        # d98e8a64: Megatron asserts otherwise), fused where the GLU is interleaved in blocks of 32 (TE
+        # ops/fused/grouped_mlp.py l.783-813)
+        if on("use-transformer-engine-op-fuser") and value("moe-mlp-glu-interleave-size") == 32:
+            put("parallelism", "moe.fused_grouped_mlp", True, "moe-mlp-glu-interleave-size")
 
     # training
     put("training", "micro_batch_size", value("micro-batch-size"), "micro-batch-size")

@@ -225,6 +225,15 @@ class MoeParallelConfig(Section):
         "host synchronisations in forward and one in backward.",
     )
 
+    fused_grouped_mlp: bool = Field(
+        False,
+        description="The routed experts on Transformer Engine's fused grouped MLP (Megatron-Core "
+        "--use-transformer-engine-op-fuser with NVTE_CUTEDSL_FUSED_GROUPED_MLP=1 and --moe-mlp-glu-interleave-size 32; "
+        "Megatron-Bridge cutedsl_fused_grouped_mlp): fc1's grouped GEMM applies the GLU, the routing probability and "
+        "the MXFP8 / NVFP4 quantization in its epilogue, fc2's dgrad the activation's gradient in its own "
+        "(workload/fused_grouped_mlp.py). Blackwell, MXFP8 or NVFP4, a gated activation, expert_tensor_parallel 1.",
+    )
+
     @model_validator(mode="after")
     def _dispatcher_sms(self) -> MoeParallelConfig:
         if self.dispatcher_sms is not None and self.dispatcher not in FLEX_DISPATCHERS:

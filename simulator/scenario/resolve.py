@@ -37,6 +37,7 @@ def resolve_cluster_degrees(scenario: Scenario) -> Scenario:
         )
     if scenario.training.precision == "fp8":
         scenario = resolve_fp8(scenario, gpu)
+    check_fused_grouped_mlp(scenario, gpu)
     gpu.peak_flops(scenario.training.precision)  # errors if the GPU lacks this precision
     if scenario.framework == AUTO:
         scenario = scenario.model_copy(update={"framework": default_framework(scenario, gpu.architecture)})
@@ -178,3 +179,49 @@ def resolve_fp8(scenario: Scenario, gpu: GPU) -> Scenario:
         )
     fp8 = cfg.model_copy(update={"recipe": recipe, "library": library})
     return scenario.model_copy(update={"training": tr.model_copy(update={"fp8": fp8})})
+
+
+def check_fused_grouped_mlp(scenario: Scenario, gpu: GPU) -> None:
+    """Where Transformer Engine's fused grouped MLP runs (workload/fused_grouped_mlp.py): Megatron-Core's grouped
+    experts without expert tensor parallelism (experts.py l.397-413, Megatron-LM d98e8a64), a gated SwiGLU or
+    quick-GeGLU (l.418-436), cuDNN's CuTe DSL kernels on compute capability 10.x with MXFP8 or NVFP4, hidden and
+    expert sizes multiples of 64 (TE d0067d0d ops/fused/grouped_mlp.py l.783-813, l.842-846, l.944-959), and no
+    recomputation of the fused activation (TE ops/basic/swiglu.py l.473-477 refuses it)."""
+    p, m, tr = scenario.parallelism, scenario.model, scenario.training
+    if not p.moe.fused_grouped_mlp:
+        return
+    field = "parallelism.moe.fused_grouped_mlp"
+    if m.moe is None or p.moe.dispatcher == "deepspeed":
+        raise ScenarioError(
+            f"{field}: Megatron-Core's MoE experts run it; this model has none (model.moe) or runs "
+            "DeepSpeed-MoE's dispatcher"
+        )
+    if not p.moe.grouped_gemm or p.etp != 1:
+        raise ScenarioError(
+            f"{field} runs the local experts as grouped GEMMs without expert tensor parallelism: it needs "
+            f"parallelism.moe.grouped_gemm true and expert_tensor_parallel 1 (got {p.moe.grouped_gemm}, {p.etp})"
+        )
+    recipe = tr.fp8.recipe if tr.precision == "fp8" else tr.precision
+    if recipe not in ("mxfp8", "nvfp4") or tr.fp8.library != "transformer-engine":
+        raise ScenarioError(
+            f"{field}: Transformer Engine fuses only MXFP8 and NVFP4 experts (BF16 and per-tensor FP8 are never "
+            f"fused): set training.precision fp8 with training.fp8.recipe mxfp8 or nvfp4 (got {recipe})"
+        )
+    if gpu.architecture != "blackwell":
+        raise ScenarioError(
+            f"{field}: cuDNN's fused grouped MLP kernels run on Blackwell (compute capability 10.x) only; "
+            f"{gpu.name} is {gpu.architecture}"
+        )
+    if not m.gated or m.activation not in ("swiglu", "quick-geglu"):
+        raise ScenarioError(
+            f"{field} fuses a gated SwiGLU or quick-GeGLU (TE ScaledSwiGLU / ScaledClampedQGeGLU); model.activation "
+            f"is {m.activation}{'' if m.gated else ', not gated'}"
+        )
+    if tr.activation_recompute == "selective" and "moe_act" in tr.recompute.modules:
+        raise ScenarioError(
+            f"{field}: Transformer Engine refuses to recompute the fused activation: remove moe_act from "
+            "training.recompute.modules"
+        )
+    for name, size in (("model.hidden_size", m.hidden_size), ("the experts' FFN size", m.expert_ffn_size)):
+        if size % 64:
+            raise ScenarioError(f"{field}: {name} ({size}) must be a multiple of 64 (the kernels' tiles)")

@@ -188,6 +188,11 @@ def megatron(row: dict) -> str:
             args.append("--moe-grouped-gemm")
         if moe.get("dispatcher_sms"):
             args.append(f"--moe-deepep-num-sms {moe['dispatcher_sms']}")  # core_v0.15.0's name
+        if moe.get("fused_grouped_mlp"):  # experts.py l.454 (d98e8a64): the kernels need the interleaved GLU
+            args += ["--use-transformer-engine-op-fuser", "--moe-mlp-glu-interleave-size 32"]
+            notes.append(
+                "# the fused grouped MLP also needs NVTE_CUTEDSL_FUSED_GROUPED_MLP=1 in the environment"
+            )
     ddp = par.get("ddp", {})
     if ddp.get("overlap_grad_reduce"):
         args.append("--overlap-grad-reduce")

@@ -142,6 +142,14 @@ class Fp8Plan:
         return self.cast_bytes("input") - 2.0
 
     @property
+    def prequantized_cast_bytes(self) -> float:
+        """Bytes per element to quantize an operand that a fused epilogue wrote (Transformer Engine's fused grouped
+        MLP, ops/fused/grouped_mlp.py, TE d0067d0d): MXFP8 epilogues write the row- and column-wise copies
+        themselves (their bytes are the GEMM's, ``Op.epilogue_bytes``), so none; NVFP4's write bf16, which
+        ``group_quantize`` then casts with its Hadamard transform: the whole cast."""
+        return 0.0 if self.recipe == "mxfp8" else self.cast_bytes("input")
+
+    @property
     def gemm_scale(self) -> float:
         """This recipe's GEMM rate relative to its type's peak at per-tensor FP8's efficiency (block-scaled kernels;
         NVFP4: ``NVFP4_OVER_FP8`` times per-tensor FP8's rate, at most the FP4 peak)."""
@@ -238,7 +246,9 @@ def quantized(ops: tuple[Op, ...], plan: Fp8Plan, tp_amax: bool) -> tuple[Op, ..
             experts = op.batch
             elements = experts * rows * inner
             per = (
-                plan.activation_fused_cast_bytes
+                plan.prequantized_cast_bytes
+                if op.prequantized
+                else plan.activation_fused_cast_bytes
                 if by_act
                 else plan.norm_fused_cast_bytes
                 if fused
@@ -252,10 +262,13 @@ def quantized(ops: tuple[Op, ...], plan: Fp8Plan, tp_amax: bool) -> tuple[Op, ..
                     nbytes += experts * inner * cols * plan.cast_bytes("weight") * share
                     what += " and weight"
             # no table kind: Transformer Engine's fused cast kernels are not what PyTorch's casts would time
-            name = f"{op.name}: quantize {what} ({plan.recipe})"
-            out.append(memory_op(name, nbytes, "", rows, inner, op.direction))
+            if (
+                nbytes or not op.prequantized
+            ):  # written quantized by a fused epilogue, no weight cast: no kernel
+                name = f"{op.name}: quantize {what} ({plan.recipe})"
+                out.append(memory_op(name, nbytes, "", rows, inner, op.direction))
         low = 0.5 if dtype == "fp4" else 1.0
-        gemm_bytes = op.batch * (low * (op.m * op.k + op.k * op.n) + 2 * op.m * op.n)
+        gemm_bytes = op.batch * (low * (op.m * op.k + op.k * op.n) + 2 * op.m * op.n) + op.epilogue_bytes
         out.append(replace(op, dtype=dtype, bytes=gemm_bytes))
     return tuple(out)
 

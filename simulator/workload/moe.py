@@ -29,7 +29,7 @@ from dataclasses import replace
 
 from simulator.frameworks import Framework
 from simulator.scenario.schema import FLEX_DISPATCHERS, Scenario
-from simulator.workload import elementwise
+from simulator.workload import elementwise, fused_grouped_mlp
 from simulator.workload.block import Part, present
 from simulator.workload.dispatchers import (
     INDEX_BYTES,
@@ -160,6 +160,22 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
     # 2,048 and more 1.02-1.1x (benchmarks/moe_grouped_gemm.py, docs/moe.md).
     local_experts = len(load.rows)
     te_experts = megatron and fw.modules == "megatron"  # Megatron-Core's TEGroupedMLP / SequentialMLP
+    if p.moe.fused_grouped_mlp:  # Transformer Engine's fused grouped MLP (resolve.py checks where it runs)
+        (n, real), groups = groups[0], []
+        fwd_experts, bwd = fused_grouped_mlp.experts(
+            "experts",
+            n,
+            real,
+            local_experts,
+            f_up,
+            f_rank,
+            h,
+            s.training.fp8.recipe,
+            m.add_bias_linear,
+            p.moe.dispatcher == "alltoall",
+            fw.host.sync_s,
+        )
+        fwd_experts, bwd_experts = list(fwd_experts), list(bwd)
     for i, (n, real) in enumerate(groups):
         n_int = max(round(n), 1)
         name = "experts" if p.moe.grouped_gemm else f"expert {i}"

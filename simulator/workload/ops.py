@@ -46,9 +46,16 @@ class Op:
     # the layer module the kernel belongs to, as Megatron-Core's CUDA graph scopes name them (attn, mlp, moe,
     # moe_router, moe_preprocess, mamba; workload/graph_modules.py): "" = none of them (embedding, head, step)
     module: str = ""
+    # a fused epilogue's HBM bytes beyond the GEMM's own operands and output (Transformer Engine's fused grouped
+    # MLP writes the activation, quantized, from the GEMM's output tiles): the GEMM's traffic, so it costs time
+    # only where it makes the GEMM memory-bound (workload/fused_grouped_mlp.py)
+    epilogue_bytes: float = 0.0
+    # a linear GEMM whose varying operand (X forward, dY in dgrad) the kernel before it wrote already quantized,
+    # in that kernel's epilogue: FP8 training adds no cast for it (workload/fp8.py quantized)
+    prequantized: bool = False
 
     # Ops are looked up by value many times a simulation (the cost model's cache, a periodic replay's tasks, the
-    # sources' sums): the hash of their 21 fields is computed once and kept (never pickled: a string's hash
+    # sources' sums): the hash of their 23 fields is computed once and kept (never pickled: a string's hash
     # differs between processes)
     def __hash__(self) -> int:
         h = self.__dict__.get("_hash")
