@@ -262,9 +262,8 @@ def quantized(ops: tuple[Op, ...], plan: Fp8Plan, tp_amax: bool) -> tuple[Op, ..
                     nbytes += experts * inner * cols * plan.cast_bytes("weight") * share
                     what += " and weight"
             # no table kind: Transformer Engine's fused cast kernels are not what PyTorch's casts would time
-            if (
-                nbytes or not op.prequantized
-            ):  # written quantized by a fused epilogue, no weight cast: no kernel
+            # an operand a fused epilogue wrote quantized, with no weight to cast: no kernel at all
+            if nbytes or not op.prequantized:
                 name = f"{op.name}: quantize {what} ({plan.recipe})"
                 out.append(memory_op(name, nbytes, "", rows, inner, op.direction))
         low = 0.5 if dtype == "fp4" else 1.0

@@ -44,7 +44,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from simulator.workload.ops import Op, gemm, gemm_backward, memory_op, sync_op
+from simulator.workload.block import present
+from simulator.workload.ops import Op, gemm, gemm_backward, memory_op, routed_share, sync_op
 
 ALIGN = (
     256  # rows per expert: Megatron-Core pads to it with the op fuser / grouped tensor (moe_utils.py l.1472)
@@ -85,26 +86,22 @@ def experts(
     pads the rows itself (the all-to-all dispatcher); ``sync_s``: the profile's host synchronisation."""
     per = padded(rows / local)
     total = per * local
-    share = min(real / total, 1.0) if total else 0.0
+    share = min(real / total, 1.0)  # total >= 256 (padded)
     w = written_bytes(recipe)
     fc1 = gemm(f"{name} fc1 (fused GLU epilogue)", per, f_up, h, local, linear=True, grouped=True)
-    fc1 = replace(
-        fc1,
-        epilogue_bytes=total * (f_rank * w + PROB_BYTES),
-        launches=1 + SETUP_LAUNCHES,
-        model_flops=fc1.model_flops * share,
-    )
+    fc1 = replace(fc1, epilogue_bytes=total * (f_rank * w + PROB_BYTES), launches=1 + SETUP_LAUNCHES)
     fc2 = gemm(f"{name} fc2", per, h, f_rank, local, linear=True, grouped=True)
-    fc2 = replace(fc2, prequantized=True, model_flops=fc2.model_flops * share)
-    fc2_dgrad, fc2_wgrad = (replace(o, model_flops=o.model_flops * share) for o in gemm_backward(fc2))
+    fc2 = replace(fc2, prequantized=True)
+    fc2_dgrad, fc2_wgrad = (routed_share(o, share) for o in gemm_backward(fc2))
     fc2_dgrad = replace(
         fc2_dgrad,
         name=f"{name} fc2 dgrad (fused dGLU epilogue)",
         epilogue_bytes=total * (2 * f_up + f_up * w + 2 * PROB_BYTES),
     )
-    fc1_dgrad, fc1_wgrad = (replace(o, model_flops=o.model_flops * share) for o in gemm_backward(fc1))
-    fc1_dgrad = replace(fc1_dgrad, name=f"{name} fc1 dgrad", prequantized=True, launches=1)
-    fc1_wgrad = replace(fc1_wgrad, name=f"{name} fc1 wgrad", launches=1)
+    fc1_dgrad, fc1_wgrad = (routed_share(o, share) for o in gemm_backward(fc1))
+    fc1_dgrad = replace(fc1_dgrad, name=f"{name} fc1 dgrad", prequantized=True)
+    fc1_wgrad = replace(fc1_wgrad, name=f"{name} fc1 wgrad")
+    fc1, fc2 = routed_share(fc1, share), routed_share(fc2, share)
     dbias = (
         memory_op(f"{name} fc2 bias and probability gradients", total * 2 * h, "", total, h, "backward")
         if bias
@@ -132,4 +129,4 @@ def experts(
         fc1_wgrad,
         pad("pad backward", "backward"),
     )
-    return tuple(o for o in forward if o is not None), tuple(o for o in backward if o is not None)
+    return present(*forward), present(*backward)

@@ -42,7 +42,17 @@ from simulator.workload.dispatchers import (
 )
 from simulator.workload.expert_load import ExpertLoad, capacity, expert_load
 from simulator.workload.graph_modules import dispatch_modules, tagged
-from simulator.workload.ops import Op, collective_op, gemm, gemm_backward, host_op, linear, memory_op, sync_op
+from simulator.workload.ops import (
+    Op,
+    collective_op,
+    gemm,
+    gemm_backward,
+    host_op,
+    linear,
+    memory_op,
+    routed_share,
+    sync_op,
+)
 from simulator.workload.params import mlp_params, router_params
 from simulator.workload.shape import LayerShape, activation
 
@@ -148,7 +158,9 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
     bwd_experts: list[Op] = []
     acts: list[Op] = []
     groups = (
-        [(sum(load.rows), sum(load.real_rows))]
+        []  # Transformer Engine's fused grouped MLP instead (below)
+        if p.moe.fused_grouped_mlp
+        else [(sum(load.rows), sum(load.real_rows))]
         if p.moe.grouped_gemm
         else list(zip(load.rows, load.real_rows, strict=True))
     )
@@ -160,12 +172,11 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
     # 2,048 and more 1.02-1.1x (benchmarks/moe_grouped_gemm.py, docs/moe.md).
     local_experts = len(load.rows)
     te_experts = megatron and fw.modules == "megatron"  # Megatron-Core's TEGroupedMLP / SequentialMLP
-    if p.moe.fused_grouped_mlp:  # Transformer Engine's fused grouped MLP (resolve.py checks where it runs)
-        (n, real), groups = groups[0], []
+    if p.moe.fused_grouped_mlp:  # resolve.py checks where it runs
         fwd_experts, bwd = fused_grouped_mlp.experts(
             "experts",
-            n,
-            real,
+            sum(load.rows),
+            sum(load.real_rows),
             local_experts,
             f_up,
             f_rank,
@@ -184,10 +195,10 @@ def moe_part(s: Scenario, sh: LayerShape, fw: Framework, tp, gpus_per_node: int 
             per = max(round(n / local_experts), 1)
             fc1 = gemm(f"{name} fc1", per, f_up, h, local_experts, linear=True, grouped=True)
             fc2 = gemm(f"{name} fc2", per, h, f_rank, local_experts, linear=True, grouped=True)
-            fc1, fc2 = _scaled(fc1, share), _scaled(fc2, share)
+            fc1, fc2 = routed_share(fc1, share), routed_share(fc2, share)
         else:
-            fc1 = _scaled(linear(f"{name} fc1", n_int, f_up, h), share)
-            fc2 = _scaled(linear(f"{name} fc2", n_int, h, f_rank), share)
+            fc1 = routed_share(linear(f"{name} fc1", n_int, f_up, h), share)
+            fc2 = routed_share(linear(f"{name} fc2", n_int, h, f_rank), share)
         act, act_bwd = activation(
             m, f"{name} {m.activation} (probability-weighted)", e, n_int, f_rank, n * PROB_BYTES
         )
@@ -290,8 +301,3 @@ def _cublas_loop(what: str, seconds: float, direction: str = "forward") -> Op | 
     """The host seconds of Transformer Engine's grouped GEMM launching one cuBLAS GEMM per local expert from C++
     (none where it does not)."""
     return host_op(f"{what}: a cuBLAS GEMM per local expert", seconds, direction) if seconds else None
-
-
-def _scaled(op: Op, share: float) -> Op:
-    """A GEMM over padded rows counts only its routed tokens as model FLOPs."""
-    return op if share >= 1.0 else replace(op, model_flops=op.model_flops * share)

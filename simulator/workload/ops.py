@@ -152,6 +152,11 @@ def memory_op(
     return Op(name, "memory", 0.0, float(nbytes), rows, cols, kernel=kernel, direction=direction)
 
 
+def routed_share(op: Op, share: float) -> Op:
+    """A GEMM over padded rows (MoE experts) counts only its routed tokens' ``share`` as model FLOPs."""
+    return op if share >= 1.0 else replace(op, model_flops=op.model_flops * share)
+
+
 def gemm_backward(op: Op, has_weight: bool = True) -> tuple[Op, Op]:
     """dX = dY W^T (m x k, reduce over n) and dW = X^T dY (k x n, reduce over m): each as many FLOPs as forward.
     Only a GEMM with a weight has a "wgrad" (which zero-bubble schedules may defer); attention's batched GEMMs
