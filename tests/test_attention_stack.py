@@ -44,7 +44,7 @@ def test_flash_attention_by_shape_follows_the_kernels_measured_on_an_h100():
     import json
     from pathlib import Path
 
-    from simulator.costs.compute import flash_shape_factor
+    from simulator.costs.attention_rate import flash_shape_factor
     from simulator.hardware.gpus import get_gpu
 
     h100 = get_gpu("h100-sxm5-80gb")
@@ -80,7 +80,7 @@ def test_flashattention2_at_head_dim_64_runs_slower_per_flop_as_measured_on_an_h
     import json
     from pathlib import Path
 
-    from simulator.costs.compute import flash_head_dim_factor
+    from simulator.costs.attention_rate import flash_head_dim_factor
     from simulator.hardware.gpus import get_gpu
 
     h100, a100 = get_gpu("h100-sxm5-80gb"), get_gpu("a100-sxm4-80gb")

@@ -130,3 +130,90 @@ def flash_head_dim_factor(
             (head_dim > 0) & (head_dim < 128), (head_dim / (head_dim + x)) / (128 / (128 + x)), 1.0
         )
     return (head_dim / (head_dim + x)) / (128 / (128 + x)) if 0 < head_dim < 128 else 1.0
+
+
+def block_cost(gpu: GPU, direction: str, head_dim):
+    """A 128 x 128 block's time at ``head_dim`` relative to head dim 128's: its matmuls in proportion to the head
+    dim, its softmax step not (FLASH_HEAD_DIM_X, in units of head dim, times FLASH_TENSOR_PER_SFU's ratio of tensor
+    to SFU rate on the architecture): (d + x) / (128 + x)."""
+    x = FLASH_HEAD_DIM_X[direction] * FLASH_TENSOR_PER_SFU.get(gpu.architecture, 1.0)
+    return (head_dim + x) / (128 + x)
+
+
+def _narrow_heads(gpu: GPU, direction: str, keys, head_dim):
+    """cuDNN's rate on Blackwell below head dim 128 relative to 128's at the same causal walk: a thread block's
+    fixed work (CUDNN_BLACKWELL's overhead, in head-dim-128 blocks) does not shrink with the head dim, each block
+    of the walk shrinks as ``block_cost`` says, the FLOPs as the head dim. Read off the sliding-window rows below
+    (window_factor), whose short walks weigh the fixed work most; 1.0 from head dim 128 on."""
+    c = CUDNN_BLACKWELL["overhead"][direction]
+    seen = np.asarray(keys) / (2 * FLASH_BLOCK) + 0.5
+    d = np.asarray(head_dim, dtype=float)
+    narrow = (d / 128 * seen / (seen * block_cost(gpu, direction, d) + c)) / (seen / (seen + c))
+    factor = np.where(d < 128, narrow, 1.0)
+    return factor if isinstance(head_dim, np.ndarray) or isinstance(keys, np.ndarray) else float(factor)
+
+
+def window_walk(queries: int, window: int) -> tuple[float, float]:
+    """(key blocks walked, keys attended / FLASH_BLOCK) per block of FLASH_BLOCK queries, averaged over the
+    ``queries``, of a causal sliding window of ``window`` keys: query i sees keys max(0, i - w + 1) .. i, and its
+    block reaches back ceil((w - 1) / 128) blocks before its own (every one walked whole, the partial ones masked)."""
+    nq = -(-queries // FLASH_BLOCK)
+    reach = -(-(window - 1) // FLASH_BLOCK) + 1
+    walked = (nq + 1) / 2 if nq <= reach else (reach * (reach + 1) / 2 + (nq - reach) * reach) / nq
+    w = min(window, queries)
+    keys = (w * (w + 1) / 2 + (queries - w) * w) / queries
+    return walked, keys / FLASH_BLOCK
+
+
+def window_factor(
+    gpu: GPU, direction: str, queries: int, window: int, heads: int, head_dim: int, kernel: str = "fused"
+) -> float:
+    """A sliding-window attention kernel's rate per FLOP of the keys it attends to, relative to the GPU file's
+    reference rate (head dim 128, a long causal walk): each block of 128 queries walks ``window_walk``'s blocks at
+    ``block_cost`` each, plus its fixed work, for the FLOPs of the keys in the window. The fixed work and grid fill
+    are the architecture's fitted ones (cuDNN's on Blackwell, FlashAttention-2's on H100 otherwise); nothing is
+    fitted to windows. Against cuDNN's published sliding-window timings (NVIDIA/cudnn-frontend benchmark/
+    sdpa_benchmark_training, MIT: GPT-OSS's shape, head dim 64, windows of 128 and 1,024 tokens, 2k-32k tokens;
+    docs/measurements/cudnn-sdpa-window.json) on GB200, GB300 and H200: tests/test_window_attention.py. Before, the
+    windowed layers were priced as causal attention over the average keys at the full kernel's rate, 38-59% fast."""
+    if gpu.architecture == "blackwell" and kernel in CUDNN_KERNELS:
+        c, fill = CUDNN_BLACKWELL["overhead"][direction], CUDNN_BLACKWELL["fill"][direction] * gpu.sm_count
+        reference, backward = CUDNN_REFERENCE, 1.0
+    else:
+        c, fill = FLASH_OVERHEAD[direction], FLASH_FILL[direction] * gpu.sm_count
+        reference = FLASH_REFERENCE
+        shaped = kernel in ("flash-attention-2", "triton-flash") and gpu.architecture in FLASH_SHAPED
+        backward = FLASH_BACKWARD if shaped and direction == "backward" else 1.0
+    walked, useful = window_walk(queries, window)
+    blocks = heads * -(-queries // FLASH_BLOCK)
+    rate = (
+        useful
+        * head_dim
+        / 128
+        / (walked * block_cost(gpu, direction, head_dim) + c)
+        * blocks
+        / (blocks + fill)
+    )
+    q, k, bh = reference
+    return rate / _tile_rate(q, k, bh, c, fill) * backward
+
+
+def attention_factor(
+    gpu: GPU,
+    direction: str,
+    queries,
+    keys,
+    heads,
+    head_dim,
+    kernel: str = "flash-attention-2",
+    window: int = 0,
+):
+    """The attention kernel's rate relative to the GPU file's reference rate: by shape (flash_shape_factor) and head
+    dim (flash_head_dim_factor; on Blackwell, below 128, _narrow_heads), or a sliding window's (window_factor)."""
+    if window:
+        return window_factor(gpu, direction, queries, window, heads, head_dim, kernel)
+    factor = flash_shape_factor(gpu, direction, queries, keys, heads, kernel)
+    factor = factor * flash_head_dim_factor(gpu, direction, head_dim, kernel)
+    if gpu.architecture == "blackwell" and kernel in CUDNN_KERNELS:
+        factor = factor * _narrow_heads(gpu, direction, keys, head_dim)
+    return factor

@@ -21,12 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from simulator.costs.attention_rate import (
-    KERNEL_RATE,
-    flash_direction_rate,
-    flash_head_dim_factor,
-    flash_shape_factor,
-)
+from simulator.costs.attention_rate import KERNEL_RATE, attention_factor, flash_direction_rate
 from simulator.costs.variability import slowest_gpu_factor
 from simulator.frameworks import Framework
 from simulator.hardware.gpus import GPU
@@ -106,7 +101,7 @@ def shape_roofline_s(gpu: GPU, op: str, direction: str, dtype: str, m, n, k, bat
     peak = gpu.peak_tflops.get(dtype, max(gpu.peak_tflops.values())) * 1e12
     flops = work(op, direction, m, n, k, batch)
     if op == "flash_attention":
-        shape = flash_shape_factor(gpu, direction, m, n, batch) * flash_head_dim_factor(gpu, direction, k)
+        shape = attention_factor(gpu, direction, m, n, batch, k)
         rate = flash_direction_rate(gpu, direction, dtype)  # FP8 attention: its measured rate over 16 bits'
         base = gpu.peak_tflops.get("bf16", peak / 1e12) * 1e12 if dtype in ("fp8", "fp4") else peak
         return flops / (base * gpu.flash_attention_efficiency * shape * rate)
@@ -203,15 +198,21 @@ class ComputeModel:
         shape = (op.kernel, op.direction, dtype, op.m, op.n, op.k, op.batch)
         roof = shape_roofline_s(g, *shape) if op.kernel in SHAPED else 0.0
         hit = self.kernels.cost(*shape, roof)
-        if hit is not None or dtype == self.precision or op.kernel not in SHAPED:
-            return hit
-        base = (op.kernel, op.direction, self.precision, op.m, op.n, op.k, op.batch)
-        base_roof = shape_roofline_s(g, *base)
-        hit = self.kernels.cost(*base, base_roof)
-        if hit is None:
-            return None
-        scale = self.low_precision_scale if op.kernel in GEMMS else 1.0  # the recipe's GEMM kernels' share
-        return hit[0] * roof / base_roof / scale, INTERPOLATED
+        if hit is None and dtype != self.precision and op.kernel in SHAPED:
+            base = (op.kernel, op.direction, self.precision, op.m, op.n, op.k, op.batch)
+            base_roof = shape_roofline_s(g, *base)
+            hit = self.kernels.cost(*base, base_roof)
+            if hit is not None:
+                scale = (
+                    self.low_precision_scale if op.kernel in GEMMS else 1.0
+                )  # the recipe's GEMM kernels' share
+                hit = hit[0] * roof / base_roof / scale, INTERPOLATED
+        if op.kernel == "flash_attention" and hit is not None and op.flops > 0:
+            # a row is the whole kernel of its shape; an attention op may be part of one (a ring step, the share of
+            # the layers that run it) or do other work than its head dim says (multi-latent attention's values are
+            # narrower than its queries and keys: 192 + 128 per pair, not 2 x 192): its time is in proportion
+            hit = hit[0] * op.flops / work(op.kernel, op.direction, op.m, op.n, op.k, op.batch), hit[1]
+        return hit
 
     def _factor(self, kernel: str) -> float:
         f = self.framework
@@ -232,8 +233,9 @@ class ComputeModel:
             comp = op.flops / (peak * eff * f.gemm_efficiency)
             comp = max(comp, gemm_floor_s(g, op.flops, peak, dtype))
         elif op.kind == "flash_attention":
-            shape = flash_shape_factor(g, op.direction, op.m, op.n, op.batch, f.attention_kernel)
-            shape *= flash_head_dim_factor(g, op.direction, op.k, f.attention_kernel)
+            shape = attention_factor(
+                g, op.direction, op.m, op.n, op.batch, op.k, f.attention_kernel, op.window
+            )
             shape *= flash_direction_rate(g, op.direction, op.dtype)
             comp = op.flops / (
                 self.peak * g.flash_attention_efficiency * shape * self._factor("flash_attention")

@@ -158,37 +158,53 @@ def _flash(
     # with context parallelism each rank's s/cp queries attend to all s keys (ring attention, causal load
     # balancing gives every rank the same share); QK^T (head width d) and PV (dv), causal masking skips half
     full = 2.0 * b * heads * seq * full_seq * (d + dv)
-    # sliding-window layers (Mistral, Gemma, GPT-OSS) walk only the window's keys: the work averaged over the
-    # layers (model.attention_work_share; FlashAttention-2 and cuDNN skip the blocks outside the window), the model
-    # FLOPs counted as Megatron's num_floating_point_operations does, full causal attention
-    share = s.model.attention_work_share(full_seq)
-    keys = max(round(full_seq * share), 1)  # the causal key length of the same work
-    attn_shape = (seq, keys, d, b * heads)  # queries x keys x head dim, per (sample, head)
     moved = e * tokens * (heads * d + kv_heads * d + kv_heads * dv + heads * dv)  # Q, K, V, output
-    fwd: tuple[Op, ...] = (
-        Op(
-            "flash attention",
+    m, n = s.model, s.parallelism.context_parallel
+    w = m.sliding_window
+    if w is not None and w < full_seq and m.windowed_layers and (n == 1 or context_parallel != "torch"):
+        # sliding-window layers (Mistral, Gemma, GPT-OSS) run their own kernel, which walks only the blocks of
+        # keys inside the window (FlashAttention-2 and cuDNN skip the others) and costs by that walk
+        # (costs/attention_rate.py window_factor): the average layer runs the full layers' kernel and the windowed
+        # layers' kernel each for its share of the layers. The model FLOPs are counted as Megatron's
+        # num_floating_point_operations counts them, full causal attention on every layer
+        windowed = m.windowed_layers / m.num_layers
+        keys = (w * (w + 1) / 2 + (full_seq - w) * w) / full_seq  # keys per query, on average
+        parts = ((1.0 - windowed, full / 2, 0, "flash attention"),)
+        parts += ((windowed, full * keys / full_seq, w, "flash attention (sliding window)"),)
+        attn_shape = (seq, full_seq, d, b * heads)
+    else:
+        # chunked layers (Llama 4) walk only their chunk's keys: the work averaged over the layers
+        # (model.attention_work_share), priced as causal attention over that many keys
+        share = m.attention_work_share(full_seq)
+        keys = max(round(full_seq * share), 1)  # the causal key length of the same work
+        parts = ((1.0, full / 2 * share, 0, "flash attention"),)
+        attn_shape = (seq, keys, d, b * heads)  # queries x keys x head dim, per (sample, head)
+    fwd: tuple[Op, ...] = ()
+    bwd: tuple[Op, ...] = ()
+    for layers, flops, window, name in parts:
+        if layers <= 0:
+            continue
+        forward = Op(
+            name,
             "flash_attention",
-            full / 2 * share,
-            moved,
+            flops * layers,
+            moved * layers,
             *attn_shape,
-            model_flops=full,
-            kernel="flash_attention",
-        ),
-    )
-    bwd: tuple[Op, ...] = (
-        Op(
-            "flash attention backward",
-            "flash_attention",
-            2.5 * full / 2 * share,
-            2 * moved,
-            *attn_shape,
-            model_flops=2 * full,
-            kernel="flash_attention",
-            direction="backward",
-        ),
-    )
-    n = s.parallelism.context_parallel
+            model_flops=full * layers,
+            kernel="" if window else "flash_attention",  # no table states a window
+            window=window,
+        )
+        fwd += (forward,)
+        bwd += (
+            replace(
+                forward,
+                name=f"{name} backward",
+                flops=2.5 * forward.flops,
+                bytes=2 * forward.bytes,
+                model_flops=2 * forward.model_flops,
+                direction="backward",
+            ),
+        )
     if n > 1:
         # K and V blocks go round the CP ring while the kernel works on the block it has (Liu et al. 2023,
         # Ring Attention; Megatron-Core context parallelism): an all-gather of K,V forward; K,V again and
@@ -199,7 +215,7 @@ def _flash(
         if context_parallel != "torch":
             fwd = (*fwd, collective_op("cp ring K/V exchange", "all_gather", "cp", kv, overlaps="previous"))
             bwd = (
-                bwd[0],
+                *bwd,
                 collective_op("cp ring K/V exchange", "all_gather", "cp", kv, overlaps="previous"),
                 collective_op("cp ring dK/dV exchange", "reduce_scatter", "cp", kv, overlaps="previous"),
             )

@@ -53,9 +53,12 @@ class Op:
     # a linear GEMM whose varying operand (X forward, dY in dgrad) the kernel before it wrote already quantized,
     # in that kernel's epilogue: FP8 training adds no cast for it (workload/fp8.py quantized)
     prequantized: bool = False
+    # a sliding-window attention kernel: the keys each query attends to at most (Mistral, Gemma, GPT-OSS); 0 = every
+    # earlier key. Its cost follows the blocks the kernel walks, not its FLOPs (costs/attention_rate.py window_factor)
+    window: int = 0
 
     # Ops are looked up by value many times a simulation (the cost model's cache, a periodic replay's tasks, the
-    # sources' sums): the hash of their 23 fields is computed once and kept (never pickled: a string's hash
+    # sources' sums): the hash of their 24 fields is computed once and kept (never pickled: a string's hash
     # differs between processes)
     def __hash__(self) -> int:
         h = self.__dict__.get("_hash")
