@@ -160,3 +160,12 @@ def test_mla_attention_from_a_blackwell_table_costs_its_own_flops():
     seconds, source = model.op_cost(op)
     assert source == "interpolated"
     assert (seconds - g.kernel_launch_s) * 1e3 == pytest.approx(0.432, rel=0.06)
+
+
+def test_a_windowed_kernel_says_its_window_where_costs_are_listed():
+    """`clustersim run`'s "largest modelled costs" names a sliding-window kernel with its window, and that no
+    table's columns can hold it."""
+    from simulator.metrics.sources import describe
+
+    text = describe(window_op(4096, 128, 256, 64, "backward"))
+    assert "window=128" in text and "no table kind" in text and "m=4096 k=64 batch=256" in text

@@ -16,6 +16,8 @@ SOURCES = (MEASURED, INTERPOLATED, MODELLED)
 
 def describe(op: Op) -> str:
     """An op as a user would look it up in a table: name, then kernel kind, pass and shape."""
+    if op.window:  # a sliding-window attention kernel: no table's columns state its window
+        return f"{op.name} [attention {op.direction}, m={op.m} k={op.k} batch={op.batch} window={op.window}, no table kind]"
     if not op.kernel:
         return f"{op.name} [no table kind]"
     if op.kernel in SHAPED:
