@@ -143,8 +143,9 @@ def block_cost(gpu: GPU, direction: str, head_dim):
 def _narrow_heads(gpu: GPU, direction: str, keys, head_dim):
     """cuDNN's rate on Blackwell below head dim 128 relative to 128's at the same causal walk: a thread block's
     fixed work (CUDNN_BLACKWELL's overhead, in head-dim-128 blocks) does not shrink with the head dim, each block
-    of the walk shrinks as ``block_cost`` says, the FLOPs as the head dim. Read off the sliding-window rows below
-    (window_factor), whose short walks weigh the fixed work most; 1.0 from head dim 128 on."""
+    of the walk shrinks as ``block_cost`` says, the FLOPs as the head dim: the walk window_factor prices, which
+    cuDNN's head-dim-64 sliding-window timings check (their short walks weigh the fixed work most; no causal
+    head-dim-64 timing on Blackwell is published); 1.0 from head dim 128 on."""
     c = CUDNN_BLACKWELL["overhead"][direction]
     seen = np.asarray(keys) / (2 * FLASH_BLOCK) + 0.5
     d = np.asarray(head_dim, dtype=float)
@@ -186,14 +187,8 @@ def window_factor(
         backward = FLASH_BACKWARD if shaped and direction == "backward" else 1.0
     walked, useful = window_walk(queries, window)
     blocks = heads * -(-queries // FLASH_BLOCK)
-    rate = (
-        useful
-        * head_dim
-        / 128
-        / (walked * block_cost(gpu, direction, head_dim) + c)
-        * blocks
-        / (blocks + fill)
-    )
+    per_block = walked * block_cost(gpu, direction, head_dim) + c  # in head-dim-128 blocks of the walk
+    rate = useful * head_dim / 128 / per_block * blocks / (blocks + fill)
     q, k, bh = reference
     return rate / _tile_rate(q, k, bh, c, fill) * backward
 
