@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from simulator.hardware.gpus import GPU
+from simulator.scenario.model import windowed_keys
 
 # FlashAttention's rate by shape, relative to the shape the GPU files' flash_attention_efficiency describes (16k
 # tokens, 16 heads of 128, causal: Dao 2023 Fig. 4 on A100, Shah et al. 2024 Fig. 5 on H100). A thread block takes
@@ -44,11 +45,39 @@ CUDNN_WIDE_BACKWARD = (192, 0.826)  # head dim, backward rate relative to 128's 
 CUDNN_KERNELS = ("fused", "flash-attention-2")
 
 
+def _cudnn_curve(gpu: GPU, kernel: str) -> bool:
+    """Does ``kernel`` follow cuDNN's measured Blackwell curve on ``gpu`` (CUDNN_KERNELS on Blackwell)?"""
+    return gpu.architecture == "blackwell" and kernel in CUDNN_KERNELS
+
+
+def _causal_walk(k):
+    """Key blocks a block of queries walks over ``k`` causal keys, on average (half of them, and the diagonal)."""
+    return k / (2 * FLASH_BLOCK) + 0.5
+
+
+def _grid_share(q, bh, fill: float):
+    """The share of the grid (``bh`` sample-heads x blocks of ``q`` queries) the SMs run at once."""
+    blocks = bh * -(-q // FLASH_BLOCK)
+    return blocks / (blocks + fill)
+
+
 def _tile_rate(q, k, bh, overhead: float, fill: float):
     """The share of a walk's time spent on its key blocks, times the share of the grid the SMs run at once."""
-    seen = k / (2 * FLASH_BLOCK) + 0.5  # key blocks a query block walks, on average (causal: half)
-    blocks = bh * -(-q // FLASH_BLOCK)
-    return seen / (seen + overhead) * blocks / (blocks + fill)
+    seen = _causal_walk(k)
+    return seen / (seen + overhead) * _grid_share(q, bh, fill)
+
+
+def _walk_constants(gpu: GPU, direction: str, kernel: str) -> tuple[float, float, tuple[int, int, int]]:
+    """(fixed work in key blocks, blocks per SM for half the rate, reference shape) of the tile curve a kernel
+    follows on ``gpu``: cuDNN's on Blackwell (its fused kernel and a FlashAttention-2 stack's), FlashAttention-2's
+    H100 fit otherwise."""
+    if _cudnn_curve(gpu, kernel):
+        return (
+            CUDNN_BLACKWELL["overhead"][direction],
+            CUDNN_BLACKWELL["fill"][direction] * gpu.sm_count,
+            CUDNN_REFERENCE,
+        )
+    return FLASH_OVERHEAD[direction], FLASH_FILL[direction] * gpu.sm_count, FLASH_REFERENCE
 
 
 # Attention kernels priced relative to FlashAttention-2 at the same shape. MPT's Triton FlashAttention
@@ -71,14 +100,17 @@ def flash_shape_factor(
     rate, cuDNN's curve (CUDNN_BLACKWELL) for the fused and the FlashAttention-2 kernels alike; on Hopper cuDNN's
     fused attention, measured beside FlashAttention-2, follows none (its heuristics pick kernels by shape:
     docs/measurements/cudnn_shapes_h100.json), so one rate."""
-    if gpu.architecture == "blackwell" and kernel in CUDNN_KERNELS:
-        c, fill = CUDNN_BLACKWELL["overhead"][direction], CUDNN_BLACKWELL["fill"][direction] * gpu.sm_count
-        return _tile_rate(queries, keys, heads, c, fill) / _tile_rate(*CUDNN_REFERENCE, c, fill)
-    if kernel not in ("flash-attention-2", "triton-flash") or gpu.architecture not in FLASH_SHAPED:
+    cudnn = _cudnn_curve(gpu, kernel)
+    if not (cudnn or _flash2_shaped(gpu, kernel)):
         return 1.0
-    c, fill = FLASH_OVERHEAD[direction], FLASH_FILL[direction] * gpu.sm_count
-    relative = _tile_rate(queries, keys, heads, c, fill) / _tile_rate(*FLASH_REFERENCE, c, fill)
-    return relative * FLASH_BACKWARD if direction == "backward" else relative
+    c, fill, reference = _walk_constants(gpu, direction, kernel)
+    relative = _tile_rate(queries, keys, heads, c, fill) / _tile_rate(*reference, c, fill)
+    return relative * FLASH_BACKWARD if direction == "backward" and not cudnn else relative
+
+
+def _flash2_shaped(gpu: GPU, kernel: str) -> bool:
+    """A FlashAttention-2-like kernel on an architecture its shape curve was measured on."""
+    return kernel in ("flash-attention-2", "triton-flash") and gpu.architecture in FLASH_SHAPED
 
 
 # FlashAttention-2's rate by head dimension. Per (query, key) pair the kernel does 4d FLOPs of matmul and a
@@ -114,7 +146,7 @@ def flash_head_dim_factor(
     measured (MosaicML's 350M runs, head dim 64, show no such penalty beside their 760M-70B ones, head dim 128).
     On Blackwell both the fused and the FlashAttention-2 kernels take cuDNN's (CUDNN_KERNELS): one rate forward,
     CUDNN_WIDE_BACKWARD's backward above head dim 128."""
-    if gpu.architecture == "blackwell" and kernel in CUDNN_KERNELS:
+    if _cudnn_curve(gpu, kernel):
         if direction != "backward":
             return 1.0
         wide, rate = CUDNN_WIDE_BACKWARD
@@ -147,7 +179,7 @@ def _narrow_heads(gpu: GPU, direction: str, keys, head_dim):
     cuDNN's head-dim-64 sliding-window timings check (their short walks weigh the fixed work most; no causal
     head-dim-64 timing on Blackwell is published); 1.0 from head dim 128 on."""
     c = CUDNN_BLACKWELL["overhead"][direction]
-    seen = np.asarray(keys) / (2 * FLASH_BLOCK) + 0.5
+    seen = _causal_walk(np.asarray(keys))
     d = np.asarray(head_dim, dtype=float)
     narrow = (d / 128 * seen / (seen * block_cost(gpu, direction, d) + c)) / (seen / (seen + c))
     factor = np.where(d < 128, narrow, 1.0)
@@ -161,9 +193,7 @@ def window_walk(queries: int, window: int) -> tuple[float, float]:
     nq = -(-queries // FLASH_BLOCK)
     reach = -(-(window - 1) // FLASH_BLOCK) + 1
     walked = (nq + 1) / 2 if nq <= reach else (reach * (reach + 1) / 2 + (nq - reach) * reach) / nq
-    w = min(window, queries)
-    keys = (w * (w + 1) / 2 + (queries - w) * w) / queries
-    return walked, keys / FLASH_BLOCK
+    return walked, windowed_keys(queries, min(window, queries)) / queries / FLASH_BLOCK
 
 
 def window_factor(
@@ -177,20 +207,12 @@ def window_factor(
     sdpa_benchmark_training, MIT: GPT-OSS's shape, head dim 64, windows of 128 and 1,024 tokens, 2k-32k tokens;
     docs/measurements/cudnn-sdpa-window.json) on GB200, GB300 and H200: tests/test_window_attention.py. Before, the
     windowed layers were priced as causal attention over the average keys at the full kernel's rate, 38-59% fast."""
-    if gpu.architecture == "blackwell" and kernel in CUDNN_KERNELS:
-        c, fill = CUDNN_BLACKWELL["overhead"][direction], CUDNN_BLACKWELL["fill"][direction] * gpu.sm_count
-        reference, backward = CUDNN_REFERENCE, 1.0
-    else:
-        c, fill = FLASH_OVERHEAD[direction], FLASH_FILL[direction] * gpu.sm_count
-        reference = FLASH_REFERENCE
-        shaped = kernel in ("flash-attention-2", "triton-flash") and gpu.architecture in FLASH_SHAPED
-        backward = FLASH_BACKWARD if shaped and direction == "backward" else 1.0
+    c, fill, reference = _walk_constants(gpu, direction, kernel)
+    backward = FLASH_BACKWARD if _flash2_shaped(gpu, kernel) and direction == "backward" else 1.0
     walked, useful = window_walk(queries, window)
-    blocks = heads * -(-queries // FLASH_BLOCK)
     per_block = walked * block_cost(gpu, direction, head_dim) + c  # in head-dim-128 blocks of the walk
-    rate = useful * head_dim / 128 / per_block * blocks / (blocks + fill)
-    q, k, bh = reference
-    return rate / _tile_rate(q, k, bh, c, fill) * backward
+    rate = useful * head_dim / 128 / per_block * _grid_share(queries, heads, fill)
+    return rate / _tile_rate(*reference, c, fill) * backward
 
 
 def attention_factor(
@@ -209,6 +231,6 @@ def attention_factor(
         return window_factor(gpu, direction, queries, window, heads, head_dim, kernel)
     factor = flash_shape_factor(gpu, direction, queries, keys, heads, kernel)
     factor = factor * flash_head_dim_factor(gpu, direction, head_dim, kernel)
-    if gpu.architecture == "blackwell" and kernel in CUDNN_KERNELS:
+    if _cudnn_curve(gpu, kernel):
         factor = factor * _narrow_heads(gpu, direction, keys, head_dim)
     return factor

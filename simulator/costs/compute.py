@@ -203,9 +203,8 @@ class ComputeModel:
             base_roof = shape_roofline_s(g, *base)
             hit = self.kernels.cost(*base, base_roof)
             if hit is not None:
-                scale = (
-                    self.low_precision_scale if op.kernel in GEMMS else 1.0
-                )  # the recipe's GEMM kernels' share
+                # the recipe's GEMM kernels' share
+                scale = self.low_precision_scale if op.kernel in GEMMS else 1.0
                 hit = hit[0] * roof / base_roof / scale, INTERPOLATED
         if op.kernel == "flash_attention" and hit is not None and op.flops > 0:
             # a row is the whole kernel of its shape; an attention op may be part of one (a ring step, the share of

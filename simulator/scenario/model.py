@@ -15,6 +15,12 @@ from simulator.scenario.section import Section
 HYBRID_SYMBOLS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 
 
+def windowed_keys(seq: int, window: int) -> float:
+    """Keys a causal sliding window of ``window`` (at most ``seq``) attends to over ``seq`` queries, all together:
+    query i sees min(i + 1, w) of them, w (w + 1) / 2 + (s - w) w."""
+    return window * (window + 1) / 2 + (seq - window) * window
+
+
 class ModelConfig(Section):
     """A decoder-only transformer, in Megatron-LM's argument names."""
 
@@ -259,7 +265,7 @@ class ModelConfig(Section):
         if not n or (w or c) >= seq:
             return 1.0
         if w is not None:
-            keys = w * (w + 1) / 2 + (seq - w) * w
+            keys = windowed_keys(seq, w)
         else:
             q, r = divmod(seq, c)
             keys = q * c * (c + 1) / 2 + r * (r + 1) / 2

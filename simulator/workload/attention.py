@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from simulator.scenario.model import windowed_keys
 from simulator.scenario.schema import Scenario
 from simulator.workload.ops import Op, collective_op, gemm, gemm_backward, linear, memory_op
 from simulator.workload.params import norm_params
@@ -168,7 +169,7 @@ def _flash(
         # layers' kernel each for its share of the layers. The model FLOPs are counted as Megatron's
         # num_floating_point_operations counts them, full causal attention on every layer
         windowed = m.windowed_layers / m.num_layers
-        keys = (w * (w + 1) / 2 + (full_seq - w) * w) / full_seq  # keys per query, on average
+        keys = windowed_keys(full_seq, w) / full_seq  # keys per query, on average
         parts = ((1.0 - windowed, full / 2, 0, "flash attention"),)
         parts += ((windowed, full * keys / full_seq, w, "flash attention (sliding window)"),)
         attn_shape = (seq, full_seq, d, b * heads)
