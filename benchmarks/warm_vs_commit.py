@@ -6,6 +6,7 @@ The earlier commit is checked out into a temporary git worktree and timed in its
 the other, as this checkout is; each figure is the best of 7 calls after one warming call, in milliseconds.
 
 Run: python benchmarks/warm_vs_commit.py [COMMIT]   (default 17d8e4c; prints tables; not a test)
+     python benchmarks/warm_vs_commit.py --periodic   (the periodic replay's tables only)
 """
 
 from __future__ import annotations
@@ -104,6 +105,42 @@ def periodic_vs_full() -> None:
         )
 
 
+def replay_overhead() -> None:
+    """What one replay costs beside its micro-batches (metrics/periodic.py REPLAY_COST_*): every micro-batch
+    replayed at p and 4p micro-batches, the wall time as a + b x m."""
+    from simulator import load_scenario, simulate
+    from simulator.api import with_microbatches
+
+    def best(s) -> float:
+        simulate(s, periodic=False)
+        walls = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            simulate(s, periodic=False)
+            walls.append(time.perf_counter() - t0)
+        return min(walls)
+
+    print("\none replay's overhead: every micro-batch replayed at p and 4p micro-batches, wall = a + b x m")
+    print(f"{'scenario':50s} {'p':>3s} {'b: ms/micro-batch':>18s} {'a: ms':>7s} {'a/b':>5s} {'a/(b/p)':>8s}")
+    for rel in OVERHEAD_CASES:
+        s = load_scenario(ROOT / rel)
+        p = max(s.parallelism.pipeline_parallel, 2)
+        t1, t4 = best(with_microbatches(s, p)), best(with_microbatches(s, 4 * p))
+        b = (t4 - t1) / (3 * p)
+        a = t1 - b * p
+        print(f"{rel:50s} {p:3d} {1e3 * b:18.3f} {1e3 * a:7.1f} {a / b:5.0f} {a / b * p:8.0f}")
+
+
+OVERHEAD_CASES = [
+    "scenarios/gpt3-175b-megatron-deepspeed-3d-384xa100.yaml",
+    "scenarios/moe/deepseek-v3-ep64-1024xh100.yaml",
+    "scenarios/published/nar21-t1-1t.yaml",
+    "scenarios/published/kor22-530b-sp-selective.yaml",
+]
+
+
 if __name__ == "__main__":
-    against(sys.argv[1] if len(sys.argv) > 1 else "17d8e4c")
+    if sys.argv[1:2] != ["--periodic"]:
+        against(sys.argv[1] if len(sys.argv) > 1 else "17d8e4c")
+    replay_overhead()
     periodic_vs_full()

@@ -22,7 +22,7 @@ from simulator.hardware.topology import cluster_spec
 from simulator.metrics.additions import fp8_metrics, moe_metrics, train_metrics
 from simulator.metrics.error_bar import families, for_run
 from simulator.metrics.metrics import Metrics, finish_metrics, measure
-from simulator.metrics.periodic import NotPeriodic, extrapolate, sample_windows, worth_it
+from simulator.metrics.periodic import EVERY_MICROBATCH, NotPeriodic, extrapolate, sample_windows, worth_it
 from simulator.metrics.sources import source_seconds, summarise_sources
 from simulator.program import Program
 from simulator.scenario.loader import load_scenario
@@ -255,7 +255,8 @@ def _simulate(scenario, cluster, workload, framework, periodic) -> Result:
         par = s.parallelism
         # DualPipe needs 2 micro-batches a rank at least (schedules/dualpipe.py)
         depth = par.pipeline_parallel * (2 if par.pipeline_schedule in DUAL_SCHEDULES else 1)
-        windows = sample_windows(s.gradient_accumulation_steps, depth)
+        step = 1 if par.pipeline_schedule in EVERY_MICROBATCH or par.pipeline_parallel == 1 else None
+        windows = sample_windows(s.gradient_accumulation_steps, depth, step=step)
         steps = s.gradient_accumulation_steps * par.pipeline_parallel * par.virtual_pipeline_stages
         if periodic == "auto" and steps <= MAX_STAGE_MICROBATCHES:  # else only the periodic replay can run it
             windows = worth_it(s.gradient_accumulation_steps, windows)

@@ -84,6 +84,17 @@ def test_run_table_and_trace(tmp_path):
     assert names[0].startswith("rank 0") and names[1].startswith("links")  # one simulated rank, the links')
 
 
+def test_a_name_that_looks_like_markup_is_printed_as_written(tmp_path):
+    """A scenario's name heads the table's column: rich markup in it ('[/x]', found by tests/test_hostile.py)
+    is the user's text, printed as written, not a MarkupError."""
+    for name in ("[/x]", "[red]a[/red]", "[bold"):
+        text = GOOD.replace("name: tiny", f"name: '{name}'")
+        for command in (["run"], ["compare"]):
+            r = runner.invoke(app, [*command, write(tmp_path, text)])
+            assert r.exception is None and r.exit_code == 0, (name, command, r.output)
+            assert name in r.output
+
+
 def test_compare_side_by_side(tmp_path):
     a = write(tmp_path, GOOD, "a.yaml")
     b = write(tmp_path, GOOD.replace("zero_stage: 1", "zero_stage: 3"), "b.yaml")

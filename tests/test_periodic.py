@@ -47,6 +47,7 @@ CASES = {
         64,
     ),
     "gpipe": ({"pipeline_parallel": 2, "data_parallel": 4, "pipeline_schedule": "gpipe"}, 16),
+    "zb-h1": ({"pipeline_parallel": 4, "data_parallel": 2, "pipeline_schedule": "zb-h1"}, 32),
     "deepspeed-zero1": (
         {"pipeline_parallel": 2, "data_parallel": 4, "pipeline_schedule": "deepspeed", "zero_stage": 1},
         16,
@@ -82,9 +83,10 @@ def test_extrapolated_metrics_equal_replaying_every_microbatch(case, framework):
     fast = simulate(s, periodic=True).metrics
     assert full.periodic is None
     u = max(parallelism.get("pipeline_parallel", 1), 2)
-    # interleaved 1F1B's warm-up outgrows p micro-batches: its first window is not periodic yet, the next is
-    first = 2 if case == "interleaved" else 1
-    simulated = [u * k for k in range(1, first + 3)]
+    # interleaved 1F1B's warm-up outgrows p micro-batches: its first window is not periodic yet, the next is;
+    # sampled a pipeline depth apart (its chunks cycle in groups of p micro-batches). The rest repeat every
+    # micro-batch from the p-th on: three runs a micro-batch apart.
+    simulated = [u, 2 * u, 3 * u, 4 * u] if case == "interleaved" else [u, u + 1, u + 2]
     assert fast.periodic == {"microbatches": microbatches, "simulated": simulated}
     assert fast.tasks < full.tasks  # what was replayed, honestly
     a, b = full.to_dict(), fast.to_dict()
@@ -101,25 +103,32 @@ def test_sample_windows_only_where_they_save_work():
     assert sample_windows(384, 64) == []
     assert sample_windows(100, 4) == [(4, 8, 12), (8, 12, 16), (12, 16, 20)]
     assert sample_windows(100, 1) == [(2, 4, 6), (4, 6, 8), (6, 8, 10)]
+    # a schedule that repeats every micro-batch: a micro-batch apart, moved on by the depth
+    assert sample_windows(512, 64, step=1) == [(64, 65, 66), (128, 129, 130), (192, 193, 194)]
+    assert sample_windows(133, 64, step=1) == [(64, 65, 66)]
+    assert sample_windows(132, 64, step=1) == []
 
 
 def test_the_default_replays_periodically_only_where_that_costs_less():
-    """``worth_it``: a window's runs, with 32 micro-batches' worth charged for each run, must add up to at most the
-    micro-batches they stand for. 64 stages at 512 micro-batches: 64 + 128 + 192 + 3 x 32 = 480, kept; at 479
-    not. 8 stages at 512: the three windows' five runs, 8 + 16 + ... + 40 + 5 x 32 = 280, all kept; at 128 not
-    even the first (48 + 96 = 144). Data parallelism with 16 micro-batches replays every one by default."""
+    """``worth_it``: a window's runs, with 40 micro-batches' worth charged for each run, must add up to at most the
+    micro-batches they stand for. 64 stages at 512 micro-batches: 64 + 128 + 192 + 3 x 40 = 504, kept; at 503
+    not. 8 stages at 512: the three windows' five runs, 8 + 16 + ... + 40 + 5 x 40 = 320, all kept; at 128 not
+    even the first (48 + 120 = 168). Runs a micro-batch apart: 64 + 65 + 66 + 3 x 40 = 315. Data parallelism
+    with 16 micro-batches replays every one by default."""
     assert worth_it(512, sample_windows(512, 64)) == [(64, 128, 192)]
-    assert worth_it(479, sample_windows(479, 64)) == []
+    assert worth_it(503, sample_windows(503, 64)) == []
     assert worth_it(512, sample_windows(512, 8)) == [(8, 16, 24), (16, 24, 32), (24, 32, 40)]
     assert worth_it(279, sample_windows(279, 8)) == [(8, 16, 24), (16, 24, 32)]
     assert worth_it(128, sample_windows(128, 8)) == []
+    assert worth_it(315, sample_windows(315, 64, step=1)) == [(64, 65, 66)]
+    assert worth_it(314, sample_windows(314, 64, step=1)) == []
     s = make(
         model=LAYER8,
         training={"global_batch_size": 128, "micro_batch_size": 1},
         parallelism={"data_parallel": 8},
     )
     assert s.gradient_accumulation_steps == 16 and simulate(s).metrics.periodic is None
-    assert simulate(s, periodic=True).metrics.periodic["simulated"] == [2, 4, 6]
+    assert simulate(s, periodic=True).metrics.periodic["simulated"] == [2, 3, 4]
 
 
 def test_extrapolation_is_linear_and_refuses_what_is_not():

@@ -66,13 +66,15 @@ def test_gpipe_and_1f1b_bubble_is_p_minus_1_over_m_plus_p_minus_1(schedule, p, m
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "deepspeed", "interleaved-1f1b"])
 @pytest.mark.parametrize("p,m", [(2, 64), (4, 256), (8, 1024)])
 def test_many_microbatches_extrapolated_keep_the_closed_forms(schedule, p, m):
-    """Past six times the pipeline depth the run is simulated at p, 2p and 3p micro-batches and extrapolated
-    (simulator/metrics/periodic.py): the bubble is still (p-1)/(v m + p-1) and the iteration (v m + p - 1)
-    chunk times, the chunk time read off a run of one micro-batch per stage (p micro-batches: 2p - 1 slots)."""
+    """Past six times the pipeline depth the run is simulated at p, p + 1 and p + 2 micro-batches (interleaved:
+    p, 2p and 3p) and extrapolated (simulator/metrics/periodic.py): the bubble is still (p-1)/(v m + p-1) and
+    the iteration (v m + p - 1) chunk times, the chunk time read off a run of one micro-batch per stage (p
+    micro-batches: 2p - 1 slots)."""
     v = 2 if schedule == "interleaved-1f1b" else 1
     r = pipeline(p, m, schedule, v)
+    u = max(p, 2)
     assert r.metrics.periodic["microbatches"] == m
-    assert r.metrics.periodic["simulated"][:3] == [max(p, 2) * k for k in (1, 2, 3)]
+    assert r.metrics.periodic["simulated"][:3] == ([u, 2 * u, 3 * u] if v > 1 else [u, u + 1, u + 2])
     assert r.metrics.bubble_fraction == pytest.approx((p - 1) / (v * m + p - 1), rel=1e-9)
     base = pipeline(p, p, schedule, v).metrics
     slot = (base.iteration_time_s - base.breakdown["optimizer_s"]) / (v * p + p - 1)

@@ -139,6 +139,7 @@ def print_validation(
     results: "list[CaseResult]", by_source: dict, overall: dict, console: "Console | None" = None
 ) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = console or Console()
@@ -154,8 +155,10 @@ def print_validation(
         cases.add_column(col, justify=just)
     for r in results:
         predicted = f"{r.predicted:,.4g}" if r.predicted is not None else "-"
-        status = r.status if r.status == "ok" else f"[red]{r.status}[/red] {r.message[:70]}"
-        cases.add_row(r.id, UNITS[r.metric], f"{r.published:,.4g}", predicted, _err(r.error_pct), status)
+        status = r.status if r.status == "ok" else f"[red]{r.status}[/red] {escape(r.message[:70])}"
+        cases.add_row(
+            escape(r.id), UNITS[r.metric], f"{r.published:,.4g}", predicted, _err(r.error_pct), status
+        )
     console.print(cases)
     summary = Table(
         title="Absolute error by source (signed speed: + where the simulation is faster than measured)",
@@ -238,6 +241,7 @@ def _cross_validate(
         )
     else:
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
 
         table = Table(title="In sample and out of sample (leave one source out)", header_style="bold")
@@ -245,7 +249,7 @@ def _cross_validate(
             table.add_column(col, justify="left" if col in ("case", "profile out of sample") else "right")
         for r in results:
             table.add_row(
-                r.case.id,
+                escape(r.case.id),
                 f"{r.case.published:,.4g}",
                 _err(r.case.error_pct),
                 _err(r.out_of_sample.error_pct),

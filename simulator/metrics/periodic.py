@@ -7,9 +7,9 @@ DeepSpeed's TrainSchedule and gradient accumulation without a pipeline repeat li
 up (``metrics.measure``: seconds, FLOPs, bytes, counts, memory) is then a linear function of the micro-batch
 count m, and every rate and fraction a ratio of such totals.
 
-So a run of m micro-batches per pipeline is simulated at m1 < m2 < m3 (multiples of the pipeline depth: one,
-two and three times it), every total is checked to lie on one line through the three runs (within ``RELATIVE``
-of its size), and evaluated at m. A total that is not on its line (a schedule that is not periodic yet, a
+So a run of m micro-batches per pipeline is simulated at m1 < m2 < m3 (the pipeline depth p and one and two
+micro-batches more where the schedule repeats every micro-batch; else one, two and three times p), every total
+is checked to lie on one line through the three runs (within ``RELATIVE`` of its size), and evaluated at m. A total that is not on its line (a schedule that is not periodic yet, a
 memory term that saturates between the samples) raises :class:`NotPeriodic`; the caller then moves the window
 on by one pipeline depth (two more tries), and simulates every micro-batch when none is periodic. The
 extrapolated numbers equal the full simulation's to float rounding (tests/test_periodic.py); simulated work then
@@ -28,20 +28,36 @@ class NotPeriodic(Exception):
     """A total is not linear in the micro-batch count over the sampled runs."""
 
 
-def sample_windows(microbatches: int, pipeline_parallel: int, tries: int = 3) -> list[tuple[int, int, int]]:
-    """The micro-batch counts to simulate instead of ``microbatches``: (u, 2u, 3u), u the pipeline depth (at
-    least 2), then the window moved on by u while the first is not periodic yet (interleaved 1F1B's warm-up
-    holds 2(p-1) + (v-1)p chunks, more than p micro-batches' worth: Megatron-LM
+# Schedules whose steady state repeats every micro-batch (each stage one forward and one backward, or GPipe's
+# forward and backward passes a micro-batch longer): their runs can be sampled one micro-batch apart. Interleaved
+# 1F1B cycles through its chunks in groups of p micro-batches and DualPipe pairs micro-batches from both ends:
+# theirs are sampled a pipeline depth apart.
+EVERY_MICROBATCH = ("1f1b", "gpipe", "deepspeed", "zb-h1")
+
+
+def sample_windows(
+    microbatches: int, pipeline_parallel: int, tries: int = 3, step: int | None = None
+) -> list[tuple[int, int, int]]:
+    """The micro-batch counts to simulate instead of ``microbatches``: (u, u + step, u + 2 step), u the pipeline
+    depth (at least 2) and ``step`` u by default, then the window moved on by u while the first is not periodic
+    yet (interleaved 1F1B's warm-up holds 2(p-1) + (v-1)p chunks, more than p micro-batches' worth: Megatron-LM
     ``forward_backward_pipelining_with_interleaving``); only windows under half of ``microbatches``, where
-    they save work."""
+    they save work. ``step=1`` for a schedule whose steady state repeats every micro-batch
+    (``EVERY_MICROBATCH``): from the u-th micro-batch on, each adds the same totals, so three runs a
+    micro-batch apart find the line, at a third of the micro-batches (64 stages: 64, 65 and 66, not 64, 128 and
+    192)."""
     unit = max(pipeline_parallel, 2)
-    windows = [(k * unit, (k + 1) * unit, (k + 2) * unit) for k in range(1, tries + 1)]
+    step = unit if step is None else step
+    windows = [(k * unit, k * unit + step, k * unit + 2 * step) for k in range(1, tries + 1)]
     return [w for w in windows if microbatches > 2 * w[-1]]
 
 
 # What one more replay costs beside the micro-batches it replays (its program built, its metrics measured, the SM
-# contention's second pass), in micro-batches replayed: 9-90 on the shipped scenarios (benchmarks/bench_scale.py).
-REPLAY_COST_MICROBATCHES = 32
+# contention's second pass), in micro-batches replayed: 7-533 on the shipped scenarios, 20-145 where the periodic
+# replay is what gains (benchmarks/warm_vs_commit.py replay_overhead: a run's wall time as a + b x m). 40, not
+# the 32 it was while runs sat a pipeline depth apart: GPT-3 175B 3D (8 stages, 128 micro-batches) would sample
+# 8 + 9 + 10 + 3 x 32 = 123 and run 1.07x its full replay.
+REPLAY_COST_MICROBATCHES = 40
 
 
 def worth_it(microbatches: int, windows: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:

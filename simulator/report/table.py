@@ -250,12 +250,13 @@ ROWS = [
 
 
 def metrics_table(results: list[tuple[str, Metrics]]) -> Table:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(show_header=True, header_style="bold")
     table.add_column("Metric")
     for name, _ in results:
-        table.add_column(name, justify="right")
+        table.add_column(escape(name), justify="right")  # a scenario's name is the user's text, not markup
     for label, get, fmt, *shown in ROWS:
         if shown and not any(shown[0](m) for _, m in results):
             continue

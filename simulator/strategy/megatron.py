@@ -128,7 +128,8 @@ def build(s: Scenario, w: Workload, cluster: Cluster) -> Program:
         if key is None:
             return ()
         for k in kinds:
-            src = (key[0], Step(k, mb, key[1]))
+            # a plain tuple finds the Step keys (a named tuple hashes and compares as its fields), unbuilt
+            src = (key[0], (k, mb, key[1]))
             i = sends.get(src) if overlap_p2p else pos[src[0]].get(src[1])
             if i is not None:
                 return (i,)
