@@ -5,10 +5,15 @@ ScenarioError naming the field the path came from."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import hashlib
 import os
+import pickle
+import re
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from simulator.errors import ScenarioError
@@ -122,3 +127,38 @@ def keep(target: Path, data: bytes) -> bool:
     except OSError:
         Path(tmp).unlink(missing_ok=True)
         return False
+
+
+KEEP_PER_NAME = 4  # a few installs or checkouts in use side by side each keep theirs
+
+
+def pickled(kind: str, name: str, key: object, make: Callable[[], object]) -> object:
+    """What ``make()`` returns, kept pickled between processes under ``cache_root()/kind``, as ``name`` with a hash
+    of ``key`` (what it depends on: file sizes, modification times, a format version): unpickled where a file of
+    that key is there, else made and written, removing ``name``'s least recently used files beyond KEEP_PER_NAME
+    (other checkouts' or versions'). Any problem with the cache is a reason to make it again, never an error."""
+    digest = hashlib.sha256(repr((name, key)).encode()).hexdigest()[:24]
+    target = cache_root() / kind / f"{name}-{digest}.pickle"
+    try:
+        with open(target, "rb") as f:
+            value = pickle.load(f)
+        with contextlib.suppress(OSError):
+            os.utime(target)  # in use: the newest are the ones kept
+        return value
+    except Exception:  # missing, stale format, unreadable: make it
+        pass
+    value = make()
+    if keep(target, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)):
+        _prune(target, name)
+    return value
+
+
+def _prune(target: Path, name: str) -> None:
+    """Remove ``name``'s cache files beyond the KEEP_PER_NAME last used (each install or checkout has its own, the
+    files' times being part of the key: 26 tables had piled up here from clones of the repository)."""
+    mine = re.compile(re.escape(name) + r"-[0-9a-f]{24}\.pickle")
+    with contextlib.suppress(OSError):
+        others = [p for p in target.parent.iterdir() if p != target and mine.fullmatch(p.name)]
+        others.sort(key=lambda p: p.stat().st_mtime_ns, reverse=True)
+        for old in others[KEEP_PER_NAME - 1 :]:
+            old.unlink()

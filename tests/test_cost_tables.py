@@ -410,10 +410,11 @@ def test_a_cached_table_keeps_its_kernel_rows_as_columns_and_its_lookup_is_the_r
 
 def test_a_tables_cache_keeps_its_last_used_files_and_leaves_other_tables_alone(tmp_path, monkeypatch):
     """Each checkout or version of a shipped table is a cache file of its own (keyed by the files' times):
-    writing one keeps the KEEP_PER_TABLE last used of the table (reading one marks it used) and removes the
+    writing one keeps the KEEP_PER_NAME last used of the table (reading one marks it used) and removes the
     rest, and leaves other tables' files alone, a table whose name begins with this one's included."""
     import os
 
+    from simulator import paths
     from simulator.tables import select
 
     monkeypatch.setenv("CLUSTERSIM_CACHE", str(tmp_path))
@@ -430,8 +431,8 @@ def test_a_tables_cache_keeps_its_last_used_files_and_leaves_other_tables_alone(
     os.utime(olds[4], (2e9, 2e9))  # used last of them
     select._cached_shipped(path, select._stamp(path))
     (written,) = set(cache.glob("h100-sxm5-80gb-*.pickle")) - {*olds, other}
-    kept = {olds[4], olds[0], olds[1]}  # the last used, then the newest: KEEP_PER_TABLE with the new one
-    assert set(cache.iterdir()) == {written, *kept, other, unrelated} and select.KEEP_PER_TABLE == 4
+    kept = {olds[4], olds[0], olds[1]}  # the last used, then the newest: KEEP_PER_NAME with the new one
+    assert set(cache.iterdir()) == {written, *kept, other, unrelated} and paths.KEEP_PER_NAME == 4
     os.utime(written, (1e9, 1e9))
     select._cached_shipped(path, select._stamp(path))  # read back: marked used
     assert written.stat().st_mtime > 1.5e9

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from simulator.scenario.files import load_shipped_yaml
+from simulator.scenario.files import read_shipped_yaml
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 _DATA = Path(__file__).with_name("nccl.yaml")
@@ -32,7 +32,7 @@ class ProtocolCost:
 
 @cache
 def _table() -> dict:
-    return load_shipped_yaml(_DATA.read_text())
+    return read_shipped_yaml(_DATA)
 
 
 @cache

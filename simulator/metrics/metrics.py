@@ -14,16 +14,17 @@ backward, a ZeRO-3 forward all-gather as forward), as DeepSpeed's and Megatron's
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
 from simulator.costs.collectives import ring_bytes_per_rank
 from simulator.costs.host import COPIES, HOST_GROUPS
 from simulator.hardware.placement import Placement
 from simulator.metrics.flops import narayanan_eq3_flops
+from simulator.metrics.rank import rank_metrics
 from simulator.program import COMPUTE
 from simulator.scenario.schema import DUAL_SCHEDULES, Scenario
-from simulator.timeline.timeline import Timeline, intersection_length, length, overlap, union
+from simulator.timeline.timeline import Timeline
 
 
 @dataclass
@@ -133,24 +134,23 @@ def measure(s: Scenario, timeline: Timeline, placement: Placement, cross_node_fr
     # FLOPs per GPU from what the representative ranks executed, weighted by how many real ranks each stands for
     model_flops = hw_flops = 0.0
     flops_of: dict[int, tuple[float, float]] = {}  # tasks share ops tuples: (model, hardware) FLOPs of each
-    for t in tasks:
-        if t.stream != COMPUTE or t.kind == "optimizer":
-            continue
-        key = id(t.ops)
-        if key not in flops_of:
-            flops_of[key] = (
-                sum(op.model_flops for op in t.ops if not op.recompute),
-                sum(op.model_flops for op in t.ops),
-            )
-        count = program.ranks[t.rank].count
-        mf, hf = flops_of[key]
-        hw_flops += hf * count
-        if t.kind != "recompute":  # recompute ops inside a backward step are flagged on the op
-            model_flops += mf * count
-
+    counts = [r.count for r in program.ranks]
     by_rank: dict[int, list] = defaultdict(list)
     for t in tasks:
         by_rank[t.rank].append(t)
+        if t.stream != COMPUTE or t.kind == "optimizer":
+            continue
+        key = id(t.ops)
+        got = flops_of.get(key)
+        if got is None:
+            got = flops_of[key] = (
+                sum(op.model_flops for op in t.ops if not op.recompute),
+                sum(op.model_flops for op in t.ops),
+            )
+        count = counts[t.rank]
+        hw_flops += got[1] * count
+        if t.kind != "recompute":  # recompute ops inside a backward step are flagged on the op
+            model_flops += got[0] * count
     breakdown: dict[str, float] = {}
     ranks: list[dict] = []
     comm = dict.fromkeys(
@@ -168,7 +168,7 @@ def measure(s: Scenario, timeline: Timeline, placement: Placement, cross_node_fr
     by_coll: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for rank, rank_tasks in sorted(by_rank.items()):
         w = weights[rank]
-        r = _rank_metrics(timeline, rank_tasks, lo, hi)
+        r = rank_metrics(timeline, rank_tasks, lo, hi)
         if rank == 0:
             breakdown = r["breakdown"]
         ranks.append(
@@ -285,116 +285,3 @@ def finish_metrics(s: Scenario, m: dict, peak_flops: float) -> Metrics:
             "gpu_busy_fraction": m["gpu_busy_s"] / T if T > 0 else 0.0,
         },
     )
-
-
-def _rank_metrics(timeline: Timeline, rank_tasks: list, lo: float, hi: float) -> dict:
-    """Breakdown, pipeline bubble and communication of one simulated rank.
-
-    The bubble is the compute stream's idle time spent waiting for another rank's work (a pipeline neighbour),
-    as a fraction of that idle time plus the rank's forward / backward / recompute time.
-    """
-    tasks = timeline.tasks
-    start, end, free, blocker = timeline.start, timeline.end, timeline.free, timeline.blocker
-    breakdown: dict[str, float] = defaultdict(float)
-    pipeline_idle = busy = 0.0
-    compute = [t for t in rank_tasks if t.stream == COMPUTE]
-    # transfers costed alone on a stream of their own (Megatron-Core's overlapped p2p sends): what they cost is
-    # the time a compute stream waits for them (on the receiving rank), not their own span
-    waited: dict[str, float] = defaultdict(float)
-    gpu_busy = sum(timeline.busy[t.id] for t in compute)
-    host_bound = sum(timeline.host_idle[t.id] for t in compute)
-    for t in compute:
-        i = t.id
-        ran = end[i] - start[i]
-        breakdown[t.phase] += ran
-        if t.kind != "optimizer":
-            busy += ran
-        gap_start, gap_end = free[i] if free[i] > lo else lo, start[i]
-        b = blocker[i]
-        if gap_end > gap_start:
-            # follow the chain: the dependency may itself have waited for another (a gather for a reduction,
-            # an all-reduce for the last stage's backward); each stretch goes to the task that held it, and
-            # stretches held by another stage's compute are pipeline bubble
-            holder = t
-            while b >= 0 and gap_end > gap_start:
-                holder = tasks[b]
-                own_start = max(gap_start, start[b])
-                breakdown[holder.phase] += gap_end - own_start
-                if _aside(holder, timeline):
-                    waited[_part_key(holder, timeline)] += gap_end - own_start
-                elif holder.rank != t.rank and not holder.is_collective:
-                    pipeline_idle += gap_end - own_start
-                gap_end = own_start
-                b = blocker[b]
-            breakdown[holder.phase] += gap_end - gap_start
-            if holder.rank != t.rank and not holder.is_collective and not _aside(holder, timeline):
-                pipeline_idle += gap_end - gap_start
-    last_compute = max((end[t.id] for t in compute), default=0.0)
-    if last_compute < hi:  # trailing communication (e.g. ZeRO-1/2 parameter all-gather after the step)
-        last = max(rank_tasks, key=lambda t: timeline.end[t.id])
-        breakdown[last.phase] += hi - last_compute
-
-    compute_u = union((start[t.id], end[t.id]) for t in compute)
-    comm_u = union((start[t.id], end[t.id]) for t in rank_tasks if t.is_collective)
-    overlapped = intersection_length(compute_u, comm_u)
-    aside = [t for t in rank_tasks if _aside(t, timeline)]
-    aside_s = sum(end[t.id] - start[t.id] for t in aside)
-    aside_waited = sum(waited.values())
-    collectives: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    embedded = hidden = 0.0
-    compute_starts = [a for a, _ in compute_u]
-    for t in rank_tasks:
-        if t.is_collective:
-            d = collectives[f"{t.kind}:{t.group}"]
-            a, b = timeline.start[t.id], timeline.end[t.id]
-            d["count"] += 1
-            d["time_s"] += b - a
-            d["bytes"] += t.bytes
-            d["exposed_s"] += max(0.0, b - a) - overlap(a, b, compute_u, compute_starts)
-    for t in aside:
-        for part in timeline.parts[t.id]:
-            if part.kind == "compute":
-                continue
-            d = collectives[f"{part.kind}:{part.group}"]
-            d["count"] += 1
-            d["time_s"] += part.duration_s + part.hidden_s
-            d["bytes"] += part.bytes
-    for key, seconds in waited.items():
-        collectives[key]["exposed_s"] += seconds
-    # blocking collectives inside compute tasks; tasks share their parts, so count each tuple once
-    inside = [t for t in rank_tasks if t.stream == COMPUTE]
-    uses = Counter(id(parts) for t in inside if (parts := timeline.parts.get(t.id)))
-    distinct = {id(parts): parts for t in inside if (parts := timeline.parts.get(t.id))}
-    for key, times in uses.items():
-        for part in distinct[key]:
-            if part.kind == "compute":
-                continue
-            d = collectives[f"{part.kind}:{part.group}"]
-            d["count"] += times
-            d["time_s"] += times * (part.duration_s + part.hidden_s)
-            d["bytes"] += times * part.bytes
-            d["exposed_s"] += times * part.duration_s  # the compute stream waits for it
-            embedded += times * part.duration_s
-            hidden += times * part.hidden_s
-    return {
-        "breakdown": breakdown,
-        "pipeline_idle": pipeline_idle,
-        "busy": busy,
-        "gpu_busy": gpu_busy,
-        "host_bound": host_bound,
-        "exposed": length(comm_u) - overlapped + embedded + aside_waited,
-        "overlapped": overlapped + hidden + max(aside_s - aside_waited, 0.0),
-        "total": length(comm_u) + embedded + hidden + aside_s,
-        "collectives": collectives,
-    }
-
-
-def _aside(t, timeline: Timeline) -> bool:
-    """A transfer costed alone on a stream of its own (not the compute stream, not a network collective)."""
-    return t.stream != COMPUTE and t.group is None and bool(timeline.parts.get(t.id))
-
-
-def _part_key(t, timeline: Timeline) -> str:
-    """``kind:group`` of such a transfer's collective."""
-    part = next(p for p in timeline.parts[t.id] if p.kind != "compute")
-    return f"{part.kind}:{part.group}"

@@ -7,7 +7,7 @@ from functools import cache
 from pathlib import Path
 
 from simulator import paths
-from simulator.scenario.files import check_path_value, did_you_mean, load_shipped_yaml
+from simulator.scenario.files import check_path_value, did_you_mean, read_shipped_yaml
 from simulator.scenario.hf_config import read_hf_config
 
 _PRESETS_FILE = Path(__file__).parent / "presets" / "models.yaml"
@@ -17,7 +17,7 @@ MODEL_SOURCE_KEYS = ("preset", "hf_config")
 
 @cache
 def model_presets() -> dict[str, dict]:
-    return load_shipped_yaml(_PRESETS_FILE.read_text())
+    return read_shipped_yaml(_PRESETS_FILE)
 
 
 def expand_model_section(data, base_dir: Path | None = None):

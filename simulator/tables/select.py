@@ -10,11 +10,6 @@ whose fabric matches the table's ``system``, so what-ifs with other links fall b
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import os
-import pickle
-import re
 from dataclasses import astuple
 from functools import cache
 from pathlib import Path
@@ -55,43 +50,18 @@ def cache_dir() -> Path:
 
 def _cached_shipped(path: Path, stamp: tuple) -> CostTable:
     """A shipped table parsed once per install: its metadata, kernel rows as columns (``KernelColumns``) and
-    collective rows as tuples, pickled under cache_dir(), keyed by the table's name, files' sizes and
-    modification times and the cache version (parsing its CSVs took ~0.1 s of every process's start; unpickling
-    takes about a millisecond). Writing one removes the table's least recently used ones beyond KEEP_PER_TABLE
-    (other checkouts' or versions'). Any problem with the cache is a reason to parse, never an error."""
+    collective rows as tuples, pickled under cache_dir() (``paths.pickled``), keyed by the table's name, files'
+    sizes and modification times and the cache version (parsing its CSVs took ~0.1 s of every process's start;
+    unpickling takes about a millisecond)."""
     files = sorted(p for p in path.iterdir() if p.is_file())
-    key = hashlib.sha256(
-        repr((CACHE_VERSION, path.name, [(p.name, p.stat().st_size) for p in files], stamp)).encode()
-    ).hexdigest()[:24]
-    target = cache_dir() / f"{path.name}-{key}.pickle"
-    try:
-        with open(target, "rb") as f:
-            meta, kernels, collectives = pickle.load(f)
-        with contextlib.suppress(OSError):
-            os.utime(target)  # in use: the newest are the ones kept
-        return CostTable(meta, KernelColumns(kernels), [CollectiveRow(*r) for r in collectives], path)
-    except Exception:  # missing, stale format, unreadable: parse the CSVs
-        pass
-    table = read_table(path)
-    kernels = KernelColumns.of(table.kernels)
-    rows = (table.meta, kernels.columns, [astuple(r) for r in table.collectives])
-    if paths.keep(target, pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)):
-        _prune(target, path.name)
-    return CostTable(table.meta, kernels, table.collectives, path)
 
+    def parse() -> tuple:
+        table = read_table(path)
+        return table.meta, KernelColumns.of(table.kernels).columns, [astuple(r) for r in table.collectives]
 
-KEEP_PER_TABLE = 4  # a few installs or checkouts in use side by side each keep theirs
-
-
-def _prune(target: Path, name: str) -> None:
-    """Remove the table's cache files beyond the KEEP_PER_TABLE last used (each install or checkout of a table
-    has its own, the files' times being part of the key: 26 had piled up here from clones of the repository)."""
-    mine = re.compile(re.escape(name) + r"-[0-9a-f]{24}\.pickle")
-    with contextlib.suppress(OSError):
-        others = [p for p in target.parent.iterdir() if p != target and mine.fullmatch(p.name)]
-        others.sort(key=lambda p: p.stat().st_mtime_ns, reverse=True)
-        for old in others[KEEP_PER_TABLE - 1 :]:
-            old.unlink()
+    key = (CACHE_VERSION, [(p.name, p.stat().st_size) for p in files], stamp)
+    meta, kernels, collectives = paths.pickled("tables", path.name, key, parse)
+    return CostTable(meta, KernelColumns(kernels), [CollectiveRow(*r) for r in collectives], path)
 
 
 def check_choice(choice: str, field: str = "kernels", base_dir: Path | None = None) -> str:
