@@ -8,12 +8,13 @@ up (``metrics.measure``: seconds, FLOPs, bytes, counts, memory) is then a linear
 count m, and every rate and fraction a ratio of such totals.
 
 So a run of m micro-batches per pipeline is simulated at m1 < m2 < m3 (the pipeline depth p and one and two
-micro-batches more where the schedule repeats every micro-batch; else one, two and three times p), every total
-is checked to lie on one line through the three runs (within ``RELATIVE`` of its size), and evaluated at m. A total that is not on its line (a schedule that is not periodic yet, a
-memory term that saturates between the samples) raises :class:`NotPeriodic`; the caller then moves the window
-on by one pipeline depth (two more tries), and simulates every micro-batch when none is periodic. The
-extrapolated numbers equal the full simulation's to float rounding (tests/test_periodic.py); simulated work then
-grows with the pipeline depth, not with depth x micro-batches.
+micro-batches more where the schedule repeats every micro-batch; else one, two and three times p), every total is
+checked to lie on one line through the three runs (within ``RELATIVE`` of its size), and evaluated at m. A total
+that is not on its line (a schedule that is not periodic yet, a memory term that saturates between the samples)
+raises :class:`NotPeriodic`; the caller then moves the window on by one pipeline depth (two more tries), and
+simulates every micro-batch when none is periodic. The extrapolated numbers equal the full simulation's to float
+rounding (tests/test_periodic.py); simulated work then grows with the pipeline depth, not with depth x
+micro-batches.
 """
 
 from __future__ import annotations
