@@ -75,17 +75,21 @@ def against(commit: str) -> None:
         print(f"{rel:58s} {before[rel]:9.1f} {now[rel]:9.1f} {now[rel] / before[rel]:8.2f}")
 
 
+def best_of_3(s, periodic) -> tuple[float, object]:
+    """The shortest of 3 ``simulate`` calls of ``s`` in milliseconds, and the metrics."""
+    from simulator import simulate
+
+    walls, m = [], None
+    for _ in range(3):
+        t0 = time.perf_counter()
+        m = simulate(s, periodic=periodic).metrics
+        walls.append(time.perf_counter() - t0)
+    return 1e3 * min(walls), m
+
+
 def periodic_vs_full() -> None:
     from simulator import load_scenario, simulate
     from simulator.scenario.shipped import shipped_scenarios
-
-    def best(s, periodic) -> tuple[float, object]:
-        walls, m = [], None
-        for _ in range(3):
-            t0 = time.perf_counter()
-            m = simulate(s, periodic=periodic).metrics
-            walls.append(time.perf_counter() - t0)
-        return 1e3 * min(walls), m
 
     print(
         "\nshipped scenarios the periodic replay can run (ms, best of 3): always, every micro-batch, the default"
@@ -97,7 +101,7 @@ def periodic_vs_full() -> None:
         s = load_scenario(path)
         if simulate(s, periodic=True).metrics.periodic is None:
             continue
-        (p, _), (f, _), (a, m) = best(s, True), best(s, False), best(s, "auto")
+        (p, _), (f, _), (a, m) = best_of_3(s, True), best_of_3(s, False), best_of_3(s, "auto")
         mode = "periodic" if m.periodic else "full"
         print(
             f"{name:45s} {s.gradient_accumulation_steps:5d} {s.parallelism.pipeline_parallel:3d} {p:9.1f} {f:8.1f}"
@@ -105,20 +109,24 @@ def periodic_vs_full() -> None:
         )
 
 
+# scenarios whose one-replay overhead replay_overhead measures
+OVERHEAD_CASES = [
+    "scenarios/gpt3-175b-megatron-deepspeed-3d-384xa100.yaml",
+    "scenarios/moe/deepseek-v3-ep64-1024xh100.yaml",
+    "scenarios/published/nar21-t1-1t.yaml",
+    "scenarios/published/kor22-530b-sp-selective.yaml",
+]
+
+
 def replay_overhead() -> None:
-    """What one replay costs beside its micro-batches (metrics/periodic.py REPLAY_COST_*): every micro-batch
-    replayed at p and 4p micro-batches, the wall time as a + b x m."""
+    """What one replay costs beside its micro-batches (metrics/periodic.py REPLAY_COST_MICROBATCHES): every
+    micro-batch replayed at p and 4p micro-batches (after a warming call), the wall time as a + b x m."""
     from simulator import load_scenario, simulate
     from simulator.api import with_microbatches
 
     def best(s) -> float:
         simulate(s, periodic=False)
-        walls = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            simulate(s, periodic=False)
-            walls.append(time.perf_counter() - t0)
-        return min(walls)
+        return best_of_3(s, False)[0] / 1e3
 
     print("\none replay's overhead: every micro-batch replayed at p and 4p micro-batches, wall = a + b x m")
     print(f"{'scenario':50s} {'p':>3s} {'b: ms/micro-batch':>18s} {'a: ms':>7s} {'a/b':>5s} {'a/(b/p)':>8s}")
@@ -129,14 +137,6 @@ def replay_overhead() -> None:
         b = (t4 - t1) / (3 * p)
         a = t1 - b * p
         print(f"{rel:50s} {p:3d} {1e3 * b:18.3f} {1e3 * a:7.1f} {a / b:5.0f} {a / b * p:8.0f}")
-
-
-OVERHEAD_CASES = [
-    "scenarios/gpt3-175b-megatron-deepspeed-3d-384xa100.yaml",
-    "scenarios/moe/deepseek-v3-ep64-1024xh100.yaml",
-    "scenarios/published/nar21-t1-1t.yaml",
-    "scenarios/published/kor22-530b-sp-selective.yaml",
-]
 
 
 if __name__ == "__main__":

@@ -132,13 +132,13 @@ def keep(target: Path, data: bytes) -> bool:
 KEEP_PER_NAME = 4  # a few installs or checkouts in use side by side each keep theirs
 
 
-def pickled(kind: str, name: str, key: object, make: Callable[[], object]) -> object:
-    """What ``make()`` returns, kept pickled between processes under ``cache_root()/kind``, as ``name`` with a hash
+def pickled(directory: Path, name: str, key: object, make: Callable[[], object]) -> object:
+    """What ``make()`` returns, kept pickled between processes in ``directory``, as ``name`` with a hash
     of ``key`` (what it depends on: file sizes, modification times, a format version): unpickled where a file of
     that key is there, else made and written, removing ``name``'s least recently used files beyond KEEP_PER_NAME
     (other checkouts' or versions'). Any problem with the cache is a reason to make it again, never an error."""
     digest = hashlib.sha256(repr((name, key)).encode()).hexdigest()[:24]
-    target = cache_root() / kind / f"{name}-{digest}.pickle"
+    target = directory / f"{name}-{digest}.pickle"
     try:
         with open(target, "rb") as f:
             value = pickle.load(f)

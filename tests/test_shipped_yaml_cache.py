@@ -45,3 +45,14 @@ def test_an_unusable_cache_is_parsed_around(tmp_path, monkeypatch):
     (kept,) = (tmp_path / "cache" / "yaml").glob("own.yaml-*.pickle")
     kept.write_bytes(b"damaged")
     assert read_shipped_yaml(own) == {"b": [1, 2]}
+
+
+def test_a_missing_shipped_file_is_one_scenario_error(tmp_path, monkeypatch):
+    """As every file read: a ScenarioError naming the file, not an OSError from looking it up for the cache."""
+    import pytest
+
+    from simulator.errors import ScenarioError
+
+    monkeypatch.setenv("CLUSTERSIM_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ScenarioError, match="gone.yaml"):
+        read_shipped_yaml(tmp_path / "gone.yaml", "a shipped file")

@@ -28,10 +28,9 @@ def rank_metrics(timeline: Timeline, rank_tasks: list, lo: float, hi: float) -> 
     for t in rank_tasks:
         if t.stream == COMPUTE:
             compute.append(t)
-        if t.group is not None:
-            if t.kind != "cpu_optimizer":
-                collective.append(t)
-        elif t.stream != COMPUTE and parts_of.get(t.id):
+        if t.is_collective:
+            collective.append(t)
+        elif _aside(t, timeline):
             aside.append(t)
     waited: dict[str, float] = defaultdict(float)
     gpu_busy = host_bound = 0.0

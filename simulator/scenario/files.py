@@ -229,9 +229,13 @@ def read_shipped_yaml(path: Path, what: str | None = None) -> object:
     """A file of the package's own, parsed by libyaml (unbounded) once per version of the file and kept pickled
     between processes (``paths.pickled``, keyed by its size and modification time): the accuracy file took 8-10
     ms of every run's 0.3 s to parse, unpickling it well under 1 ms."""
-    st = path.stat()
+    st = paths.lookup(path, _label(path, what))
+    if st is None:  # no such file: read_text says so, as one ScenarioError
+        return load_shipped_yaml(read_text(path, what))
     key = (SHIPPED_YAML_CACHE, str(path.resolve()), st.st_size, st.st_mtime_ns)
-    return paths.pickled("yaml", path.name, key, lambda: load_shipped_yaml(read_text(path, what)))
+    return paths.pickled(
+        paths.cache_root() / "yaml", path.name, key, lambda: load_shipped_yaml(read_text(path, what))
+    )
 
 
 def read_yaml(path: Path, what: str | None = None, shipped: bool = False) -> object:

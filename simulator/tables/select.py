@@ -60,7 +60,7 @@ def _cached_shipped(path: Path, stamp: tuple) -> CostTable:
         return table.meta, KernelColumns.of(table.kernels).columns, [astuple(r) for r in table.collectives]
 
     key = (CACHE_VERSION, [(p.name, p.stat().st_size) for p in files], stamp)
-    meta, kernels, collectives = paths.pickled("tables", path.name, key, parse)
+    meta, kernels, collectives = paths.pickled(cache_dir(), path.name, key, parse)
     return CostTable(meta, KernelColumns(kernels), [CollectiveRow(*r) for r in collectives], path)
 
 
