@@ -160,7 +160,12 @@ def startup() -> None:
 
 
 def gpt3_175b(gpus: int):
-    return load_scenario(
+    return load_scenario(gpt3_175b_data(gpus))
+
+
+def gpt3_175b_data(gpus: int) -> dict:
+    """GPT-3 175B, TP 8, PP 8 x 3, sequence parallel with selective recompute, 16 micro-batches a pipeline."""
+    return (
         {
             "name": f"gpt3-175b-{gpus}",
             "framework": "megatron-2022",

@@ -107,6 +107,128 @@ def calculon_top(name: str, stored: dict, title: str = "") -> None:
         )
 
 
+CALCULON_MODELS = {"gpt3-175b-1024": "models/gpt3-175B.json", "megatron-1t-3072": "models/megatron-1T.json"}
+RECOMPUTE_BACK = {v: k for k, v in RECOMPUTE.items()}
+
+
+def calculon_space(name: str) -> dict:
+    """Calculon's search space as plan options: its TP sizes (every factor of the GPUs dividing the hidden size and
+    the heads, across nodes too: ``Llm.get_all_tensor_parallelisms``), every PP dividing the layers, every
+    micro-batch size dividing a rank's batch, DDP or the distributed optimizer, and the switches (SP, TP overlap,
+    the data-parallel overlaps) each on and off; Megatron's schedules only."""
+    shape = CASES[name]
+    gpus, h, heads = shape["gpus"], shape["hidden_size"], shape["num_attention_heads"]
+    tps = tuple(t for t in range(1, gpus + 1) if gpus % t == 0 and h % t == 0 and heads % t == 0)
+    return {
+        "shardings": ("ddp", "zero1"),
+        "switches": True,
+        "max_micro_batch": 10**6,
+        "tp": tps,
+        "max_pp": shape["num_layers"],
+        "schedules": (),
+    }
+
+
+def calculon_scorer(name: str):
+    """Calculon's own model (``Llm.compile`` and ``run``) of a layout of this simulator's plan, on A100 80 GB
+    without the second memory tier, the best over what Calculon's search would also vary for that layout
+    (networks, TP overlap kind, the SP all-gather redo); None where Calculon is not installed (not a dependency:
+    ``pip install -e PATH/TO/calculon``)."""
+    try:
+        import logging
+
+        import calculon
+        from calculon.llm import Llm
+        from calculon.system import System
+    except ImportError:
+        return None
+    root = Path(calculon.__file__).resolve().parents[1]
+    app = Llm.Application(calculon.io.read_json_file(str(root / CALCULON_MODELS[name])))
+    system = calculon.io.read_json_file(str(root / "systems/a100_80g.json"))
+    system["mem2"]["GiB"] = 0  # no offload: the layouts both tools can express
+    syst = System(system)
+    gpus = CASES[name]["gpus"]
+
+    def score(t: dict, batch: int) -> tuple[float, float] | None:
+        """(Calculon's seconds, its GiB) of plan row ``t``, or None where Calculon refuses every variant."""
+        sp, tpo = bool(t["sp"]), bool(t["tp_overlap"])
+        best = None
+        for tn in (0, 1) if t["tp"] > 1 else (0,):
+            for pn in (0, 1) if t["pp"] > 1 else (0,):
+                for dn in (0, 1) if t["dp"] > 1 else (0,):
+                    for overlap in ("ring", "pipe") if tpo else ("none",):
+                        for redo in (True, False) if sp and t["recompute"] != "full" else (False,):
+                            exe = {
+                                "num_procs": gpus, "tensor_par": t["tp"], "pipeline_par": t["pp"],
+                                "data_par": t["dp"], "tensor_par_net": tn, "pipeline_par_net": pn,
+                                "data_par_net": dn, "batch_size": batch, "microbatch_size": t["mbs"],
+                                "datatype": "float16", "fused_activation": True, "attention_type": "multihead",
+                                "activation_recompute": RECOMPUTE_BACK[t["recompute"]],
+                                "pipeline_interleaving": t["v"], "optimizer_sharding": t["sharding"] == "zero1",
+                                "tensor_par_comm_type": "rs_ag" if sp else "ar", "tensor_par_overlap": overlap,
+                                "seq_par_ag_redo": redo, "data_par_overlap": bool(t["grad_overlap"]),
+                                "weight_offload": False, "activations_offload": False, "optimizer_offload": False,
+                                "training": True,
+                            }  # fmt: skip
+                            try:
+                                model = Llm(app, logging.Logger("calculon"))
+                                model.compile(syst, Llm.Execution.from_json(exe))
+                                model.run(syst)
+                            except Llm.Error:
+                                continue
+                            stats = model.get_stats_json(False)
+                            got = (stats["total_time"], stats["proc_mem_tier1_cap_req"] / 2**30)
+                            best = got if best is None or got[0] < best[0] else best
+        return best
+
+    return score
+
+
+def switched_plan(name: str, stored: dict, first: dict) -> None:
+    """This simulator's plan over Calculon's space with the switches (``calculon_space``): layouts screened, the
+    rate, the wall time, and its picks scored by Calculon's own model where Calculon is installed."""
+    base = scenario_of(name, first)
+    t0 = time.perf_counter()
+    r = plan(base, CASES[name]["gpus"], top=3, options=calculon_space(name), batch=first["batch_size"])
+    wall = time.perf_counter() - t0
+    best = stored["top"]["0"]["stats"]["total_time"]
+    print(
+        f"  this simulator's plan over Calculon's space with its switches: {r['screened']:,} layouts screened at "
+        f"{r['screened_per_s']:,.0f}/s (target 50,000/s), {r['fit_in_memory']:,} fit, {wall:.1f} s end to end "
+        f"(target 10 s; Calculon: {stored['executions']:,} executions, one per network assignment too)"
+    )
+    own = stored["top"]["0"]["stats"]
+    if stored["top"]["0"]["execution"]["optimizer_sharding"]:
+        # Calculon's layers.py get_weight_grad divides the 16-bit gradients by DP under optimizer sharding;
+        # Megatron's distributed optimizer keeps its gradient buffer whole: 4 + 16/d bytes a parameter with fp16
+        # parameters and gradients (Megatron-LM docs/user-guide/features/dist_optimizer.md), so the gradients
+        # take what the 16-bit weights take
+        whole = own["proc_mem_tier1_cap_req"] / 2**30 - own["weight_grad_space"] / 2**30
+        whole += own["weight_space"] / 2**30
+        print(
+            f"  Calculon's pick needs {own['proc_mem_tier1_cap_req'] / 2**30:.1f} GiB by its own count, "
+            f"{whole:.1f} GiB with the gradients whole as Megatron's distributed optimizer keeps them (4 + 16/d "
+            "bytes a parameter; Calculon shards them, layers.py get_weight_grad): a plan that keeps to memory "
+            "Megatron can hold cannot take it"
+        )
+    score = calculon_scorer(name)
+    for t in r["top"]:
+        sim = (
+            f"{t['iteration_time_s']:.2f} s, {t['memory_gib']:.1f} GiB"
+            if t["status"] == "ok"
+            else t["status"]
+        )
+        by = score(t, first["batch_size"]) if score else None
+        judged = (
+            f"Calculon {by[0]:.2f} s ({by[0] / best - 1:+.1%} against its own pick), {by[1]:.1f} GiB"
+            if by
+            else "Calculon not installed"
+            if score is None
+            else "Calculon refuses it"
+        )
+        print(f"    {t['layout']:60s} {sim} | {judged}")
+
+
 def main() -> None:
     for name, shape in CASES.items():
         path = MEASURED / f"calculon-{name}.json"
@@ -135,7 +257,9 @@ def main() -> None:
         # the same search without Calculon's second memory tier: the layouts both tools can express
         restricted = MEASURED / f"calculon-{name}-no-offload.json"
         if restricted.exists():
-            calculon_top(name, json.loads(restricted.read_text()), f"{name}, no offload")
+            no_offload = json.loads(restricted.read_text())
+            calculon_top(name, no_offload, f"{name}, no offload")
+            switched_plan(name, no_offload, no_offload["top"]["0"]["execution"])
 
 
 if __name__ == "__main__":

@@ -298,7 +298,8 @@ def test_plan_from_a_dualpipe_scenario_sets_its_own_layout_beside_the_pick():
 def test_the_planner_lays_out_dualpipe_and_dualpipev_where_their_stages_fill():
     """study/layouts.py dual_plans: DualPipe over an even PP with an even count of at least 2 PP micro-batches,
     DualPipeV over 2 PP stages with at least 2 PP; the bubble the README gives at B = 2F = 2W (pipeline_bubble)."""
-    from simulator.study.layouts import Layout, candidates, dual_plans, pipeline_bubble
+    from simulator.study.layout import Layout, pipeline_bubble
+    from simulator.study.layouts import candidates, dual_plans
 
     assert dual_plans(16, 4, 8, {}) == [(2, "dualpipe", (0, 0)), (2, "dualpipev", (0, 0))]
     assert dual_plans(16, 4, 6, {}) == []  # fewer than 2 PP micro-batches

@@ -12,7 +12,8 @@ from simulator.cli import app
 from simulator.errors import ScenarioError
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.topology import cluster_spec
-from simulator.study.layouts import Layout, candidates, hsdp_shards
+from simulator.study.layout import Layout
+from simulator.study.layouts import candidates, hsdp_shards
 from simulator.study.plan import Confirmed, plan, screen_accuracy
 
 
@@ -634,7 +635,7 @@ def test_plan_keeps_the_base_s_switches_where_they_apply():
     one with TP 1 drops them (nothing to split), all keep the DDP overlaps; the screen, which hides the
     distributed optimizer's reduce-scatter under the last backward and its gather under the next forward as the
     simulation does, is within 10% of the simulation for every confirmed layout."""
-    from simulator.study.layouts import Layout, carried
+    from simulator.study.layout import Layout, carried
 
     s = load_scenario("scenarios/published/mcore-h100-70b.yaml")
     r = plan(s, 768, top=4, options={"shardings": ("zero1",), "tp": (4, 8), "recompute": ("none",)})

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from simulator import load_scenario
 from simulator.api import simulate
 from simulator.cli import app
-from simulator.study.layouts import Layout
+from simulator.study.layout import Layout
 from simulator.study.stacks import stack_base, stack_of
 
 runner = CliRunner()

@@ -140,6 +140,23 @@ def plan(
             "that would run it.",
         ),
     ] = "auto",
+    switches: Annotated[
+        bool,
+        typer.Option(
+            "--switches",
+            help="Search the switches too, each on and off: sequence parallelism and TP communication overlap (TP > "
+            "1), the gradient reduction beside backward (DP > 1), the distributed optimizer's weight gather beside "
+            "forward (zero1). Default: the stack's (or --scenario's) switches for every layout.",
+        ),
+    ] = False,
+    mbs_max: Annotated[
+        int | None,
+        typer.Option(
+            "--mbs-max",
+            min=1,
+            help="Largest micro-batch size searched (default 16; every size dividing a rank's batch).",
+        ),
+    ] = None,
     dask: Annotated[
         str | None,
         typer.Option(
@@ -258,6 +275,10 @@ def plan(
                     options["stack"] = "auto"
                 if dask:
                     options["dask"] = dask
+                if switches:
+                    options["switches"] = True
+                if mbs_max is not None:
+                    options["max_micro_batch"] = mbs_max
                 result = run_plan(base, n, top=top, batch=global_batch_size, options=options)
         if own is not None:  # the file's own layout beside the pick, where it is the same job
             result["scenario_own"] = own_layout(own, n, global_batch_size, result)
@@ -339,8 +360,8 @@ def plan(
             else ""
         )
         c.print(
-            f"{result['collapsed']} near-duplicate layouts folded in: the same shape with another sharding or "
-            f"recompute, simulated within 0.5%{example}",
+            f"{result['collapsed']} near-duplicate layouts folded in: the same shape with another sharding, "
+            f"recompute or switch, simulated within 0.5%{example}",
             markup=False,
             highlight=False,
         )

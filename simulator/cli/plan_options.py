@@ -46,7 +46,7 @@ def stack_shardings(stack: str, given: tuple[str, ...] | None) -> tuple[str, ...
 
 def search_options(tp, pp, pp_max, cp, mbs, ep, sharding, no_zero3, recompute, max_memory_gib) -> dict:
     """plan's search constraints as layouts.candidates takes them; each list checked with one message."""
-    from simulator.study.layouts import FULL_SHARDINGS, RECOMPUTE, SHARDINGS
+    from simulator.study.layout import FULL_SHARDINGS, RECOMPUTE, SHARDINGS
 
     options: dict = {}
     for key, text, option in (("tp", tp, "--tp"), ("pp", pp, "--pp"), ("cp", cp, "--cp"), ("ep", ep, "--ep")):

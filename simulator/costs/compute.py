@@ -16,8 +16,7 @@ management trims).
 
 from __future__ import annotations
 
-from dataclasses import replace
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import numpy as np
 
@@ -144,6 +143,8 @@ class ComputeModel:
         self.slowest = slowest_gpu_factor(sd, gpus) / gpu.clock_scale
         self.low_precision_scale = low_precision_scale
         self.op_cost = lru_cache(maxsize=None)(self._op_cost)
+        # per shape: ops of one shape recur under other names (a layer's GEMMs in each workload a plan builds)
+        self.roofline_s = lru_cache(maxsize=None)(partial(shape_roofline_s, gpu))
 
     def op_time_s(self, op: Op) -> float:
         return self.op_cost(op)[0]
@@ -176,12 +177,12 @@ class ComputeModel:
         them (docs/measurements/h200-tp-split-gemm.json)."""
         m, n, k = op.whole
         scale = (m * n * k) / (op.m * op.n * op.k)
-        whole = replace(op, m=m, n=n, k=k, flops=op.flops * scale, bytes=op.bytes * scale, whole=())
+        whole = op.evolve(m=m, n=n, k=k, flops=op.flops * scale, bytes=op.bytes * scale, whole=())
         seconds, source = self.op_cost(whole)
         launch = op.launches * (self.gpu.kernel_launch_s + self.framework.kernel_overhead_s)
         dtype = op.dtype or self.precision
-        ratio = shape_roofline_s(self.gpu, op.kernel, op.direction, dtype, op.m, op.n, op.k, op.batch)
-        ratio /= shape_roofline_s(self.gpu, op.kernel, op.direction, dtype, m, n, k, op.batch)
+        ratio = self.roofline_s(op.kernel, op.direction, dtype, op.m, op.n, op.k, op.batch)
+        ratio /= self.roofline_s(op.kernel, op.direction, dtype, m, n, k, op.batch)
         return (seconds - launch) * ratio + launch, source
 
     def _peak(self, dtype: str) -> float:
@@ -193,14 +194,13 @@ class ComputeModel:
     def _table_s(self, op: Op) -> tuple[float, str] | None:
         """The table's time for ``op`` (None where it has none); a GEMM of a type the table lacks from its
         16-bit row, scaled by the rooflines' ratio."""
-        g = self.gpu
         dtype = op.dtype or self.precision
         shape = (op.kernel, op.direction, dtype, op.m, op.n, op.k, op.batch)
-        roof = shape_roofline_s(g, *shape) if op.kernel in SHAPED else 0.0
+        roof = self.roofline_s(*shape) if op.kernel in SHAPED else 0.0
         hit = self.kernels.cost(*shape, roof)
         if hit is None and dtype != self.precision and op.kernel in SHAPED:
             base = (op.kernel, op.direction, self.precision, op.m, op.n, op.k, op.batch)
-            base_roof = shape_roofline_s(g, *base)
+            base_roof = self.roofline_s(*base)
             hit = self.kernels.cost(*base, base_roof)
             if hit is not None:
                 # the recipe's GEMM kernels' share

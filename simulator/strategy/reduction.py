@@ -22,7 +22,7 @@ def ddp_settings(s: Scenario, w: Workload) -> tuple[bool, float | None]:
     return overlap, (cap_mb * 2**20 if cap_mb is not None else None)
 
 
-def bucket_copy(s: Scenario, w: Workload) -> bool:
+def bucket_copy(s: Scenario, w: Workload, overlap: bool | None = None) -> bool:
     """Does the DDP keep its reduction buckets as a second copy of the gradients? PyTorch DDP's default does: its
     Reducer allocates bucket storage for every gradient at construction and copies each gradient in as it is
     ready (torch/csrc/distributed/c10d/reducer.cpp; gradient_as_bucket_view=True makes the gradients views into
@@ -30,10 +30,14 @@ def bucket_copy(s: Scenario, w: Workload) -> bool:
     buckets. Only where buckets reduce during backward: a single all-reduce after backward is Megatron's local
     DDP, priced on its own (strategy/ddp.py); and not under DeepSpeed's 1-bit optimizers, whose engine reduces
     through flattened buckets of its own (engine.py ``buffered_allreduce_fallback``) that live only while they
-    are sent."""
+    are sent. ``overlap``: the reduction beside backward or not, where the caller decides it (a plan's layout)."""
     if s.training.optimizer in ONEBIT_OPTIMIZERS:
         return False
+    given = (
+        overlap  # a plan's layout may state the overlap its scenario's ddp section leaves to the framework
+    )
     overlap, cap = ddp_settings(s, w)
+    overlap = overlap if given is None else given
     view = s.parallelism.ddp.gradient_as_bucket_view
     view = w.framework.ddp.gradient_as_bucket_view if view is None else view
     return overlap and cap is not None and not view

@@ -35,7 +35,7 @@ import json
 import re
 from pathlib import Path
 
-from simulator.study.layouts import OFFLOAD, STAGES
+from simulator.study.layout import OFFLOAD, STAGES
 
 FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
 

@@ -17,7 +17,8 @@ from simulator.hardware.cluster import Cluster
 from simulator.hardware.topology import cluster_spec
 from simulator.metrics.error_bar import families
 from simulator.scenario.schema import Scenario
-from simulator.study.layouts import Layout, candidates, why_none
+from simulator.study.layout import Layout
+from simulator.study.layouts import candidates, why_none
 from simulator.study.screen import Screen
 from simulator.study.screen_check import accuracy_line, screen_accuracy  # noqa: F401  (plan's API)
 from simulator.study.stacks import screen_for
@@ -76,6 +77,7 @@ def plan(
     if budget_gib is not None:
         screen.capacity = min(screen.capacity, budget_gib * 2**30)
     capacity_gib = screen.capacity / 2**30
+    screen.prune = True  # what cannot fit is not timed
     layouts = candidates(base, gpus, gpn, o, batch)
     if not layouts:
         hsdp = (
@@ -186,7 +188,7 @@ def plan(
                 if twin is None:
                     confirmed.append(c)
                 else:  # simulated the same as a confirmed layout of its shape: named beside it
-                    twin.same_time.append(f"{e.layout.sharding_label()} rc:{e.layout.recompute}")
+                    twin.same_time.append(e.layout.variant_label())
                     folded += 1
     finally:
         if pool is not None:

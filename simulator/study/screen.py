@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import replace
 
 from simulator.costs.collectives import CollectiveModel
 from simulator.costs.compute import ComputeModel
@@ -22,26 +23,24 @@ from simulator.hardware.placement import Placement
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
 from simulator.strategy.reduction import bucket_copy, ddp_settings
-from simulator.strategy.runtime_memory import layout_runtime_bytes
 from simulator.strategy.sharded import FSDP_COPY_OUT_PER_BYTE
 from simulator.strategy.state_bytes import fsdp_reduce_bytes, grad_bytes, weight_bytes
 from simulator.strategy.steps import optimizer_step_bytes
-from simulator.strategy.zero import fetch_key, screen_buffer_bytes
+from simulator.strategy.zero import fetch_key
 from simulator.strategy.zero3_fetch import call_sizes
-from simulator.study.layouts import Estimate, Layout, carried, collective_span, pipeline_bubble, schedule_of
+from simulator.study.layout import Estimate, Layout, carried, collective_span, pipeline_bubble, schedule_of
 from simulator.study.offload import OffloadScreen
+from simulator.study.screen_memory import ScreenMemory
 from simulator.study.step_overhead import step_overhead_s
 from simulator.tables.select import resolve_tables
-from simulator.workload.cuda_graphs import mean_static_input_bytes
 from simulator.workload.fp8 import fp8_plan
-from simulator.workload.loss import head_activation_bytes
-from simulator.workload.memory import activation_bytes_per_layer, state_bytes_per_param
+from simulator.workload.memory import state_bytes_per_param
 from simulator.workload.transformer import build_workload
 
 MEMORY_HEADROOM = 0.9  # screen out what needs more than 90% of the GPU (allocator, context, NCCL buffers)
 
 
-class Screen:
+class Screen(ScreenMemory):
     """The closed-form estimate of one layout, from the simulator's cached costs."""
 
     def __init__(self, base: Scenario, cluster: Cluster, batch: int | None = None, gpus: int | None = None):
@@ -75,6 +74,11 @@ class Screen:
         self._clusters, self._workloads = {}, {}  # (cluster, measured) per node count; workloads per shape
         self._calls, self._rings = {}, {}  # ZeRO-3's calls and rings, (seconds, seconds moving bytes)
         self._layer_params, self._act = {}, {}  # parameters per workload; activation bytes per shape
+        self._scenarios, self._param_workloads = {}, {}  # per shape; per TP / CP / EP / ETP (``_shape``)
+        self._footprints: dict[
+            tuple, tuple
+        ] = {}  # per layout but its data-parallel overlaps (``_footprint``)
+        self.prune = False  # plan's screen: a layout that cannot fit is not timed (``estimate``)
         self.offload = OffloadScreen(cluster.spec)
         spec, gpu = cluster.spec.node, cluster.gpu
         self.nvlink = (spec.nvlink_bandwidth_GBps or gpu.nvlink_bandwidth_GBps) * 1e9
@@ -117,11 +121,21 @@ class Screen:
         ones). A layer's forward and backward ops do not depend on the recompute policy (workload/transformer.py:
         only what is re-run before backward does), so none and full recompute share one workload and its costs;
         selective (its module list) and activation offloading (copy sizes by policy) get their own."""
-        key = (lay.tp, lay.cp, lay.mbs, lay.recompute, lay.ep, lay.etp, collective_span(lay, self.gpn))
+        tp_comm = (lay.sp, lay.tp_overlap)  # searched switches that change a layer's ops (None: the base's)
+        key = (
+            lay.tp,
+            lay.cp,
+            lay.mbs,
+            lay.recompute,
+            lay.ep,
+            lay.etp,
+            tp_comm,
+            collective_span(lay, self.gpn),
+        )
         if key not in self._blocks:
-            s = self.scenario(lay)
+            s = self._shape(lay)[0]
             shared = lay.recompute != "selective" and not s.training.activation_offload_layers
-            wkey = (lay.tp, lay.cp, lay.mbs, "shared" if shared else lay.recompute, lay.ep, lay.etp)
+            wkey = (lay.tp, lay.cp, lay.mbs, "shared" if shared else lay.recompute, lay.ep, lay.etp, tp_comm)
             if wkey not in self._workloads:  # the same whatever nodes its collectives are costed on
                 self._workloads[wkey] = build_workload(s, self.framework, self.gpn, self.cluster.gpu)
             if (wkey, key[-1]) not in self._shapes:
@@ -208,53 +222,63 @@ class Screen:
         p = fastest(costs, volume / bw)
         return p.latency_s, volume / bw / p.bandwidth_factor
 
+    def _shape(self, lay: Layout) -> tuple[Scenario, object]:
+        """(scenario, workload) of ``lay``'s shape, no kernel costed: what its memory needs. The scenario is the
+        shape's (TP, CP, micro-batch, recompute, EP, ETP and the TP switches) with the base's data-parallel
+        overlaps (a layout's own are applied where the estimate uses them); the workload one of its TP / CP / EP /
+        ETP, whatever the micro-batch, for the parameters a rank holds."""
+        key = (lay.tp, lay.cp, lay.mbs, lay.recompute, lay.ep, lay.etp, lay.sp, lay.tp_overlap)
+        got = self._scenarios.get(key)
+        if got is None:
+            s = self.scenario(replace(lay, grad_overlap=None, param_overlap=None))
+            pkey = (lay.tp, lay.cp, lay.ep, lay.etp)
+            if pkey not in self._param_workloads:
+                self._param_workloads[pkey] = build_workload(s, self.framework, self.gpn, self.cluster.gpu)
+            got = self._scenarios[key] = (s, self._param_workloads[pkey])
+        return got
+
     def estimate(self, lay: Layout, bound: bool = False) -> Estimate:
         """The layout's iteration time, memory and their parts; ``bound``: for ZeRO-3, a lower bound without
-        replaying DeepSpeed's coordinator (every call hidden), which ``plan`` refines where it can matter."""
-        emb, f, b, rc, head, w, s, cost = self._block_times(lay)
+        replaying DeepSpeed's coordinator (every call hidden), which ``plan`` refines where it can matter. With
+        ``prune`` (plan's screen) a layout that cannot fit is not timed: its memory first, its time infinite."""
         gas = self.batch // (lay.mbs * lay.dp)
-        layers = max(lay.stage_layers(self.base.model.num_layers))
+        copies = (
+            2 if lay.schedule == "dualpipe" else 1
+        )  # DualPipe: each stage twice, each copy half the batch
+        s, w, layers, psi, experts, edp, memory = self._footprint(lay, copies)
+        w_b, g_b, k_b = self._state_bytes
+        grads = psi * g_b
+        # the layout's searched switches, else the scenario's, else the framework's, as simulated
+        overlap_reduce = ddp_settings(s, w)[0] if lay.grad_overlap is None else lay.grad_overlap
+        overlap_gather = (
+            s.parallelism.ddp.overlap_param_gather if lay.param_overlap is None else lay.param_overlap
+        )
+        # DDP's bucket copy
+        if lay.sharding == "ddp" and lay.pp == 1 and lay.dp > 1 and bucket_copy(s, w, overlap_reduce):
+            memory += grads
+        fits = memory <= MEMORY_HEADROOM * self.capacity
+        if self.prune and not fits:
+            return Estimate(lay, math.inf, memory / 2**30, 0.0, 0.0, 0.0, False)
+        emb, f, b, rc, head, w, s, cost = self._block_times(lay)
         per_layer = f + b + rc
         # each micro-batch's setup, pipeline re-gathers and blocking sends (step_overhead.py)
         link = self.nic_per_gpu if lay.tp * lay.cp * lay.dp >= self.gpn else self.nvlink
-        okey = (lay.tp, lay.cp, lay.mbs, lay.recompute, lay.ep, lay.etp, min(lay.pp, 2), lay.v, link)
+        okey = (lay.tp, lay.cp, lay.mbs, lay.recompute, lay.ep, lay.etp, min(lay.pp, 2), lay.v, link, lay.sp)
+        okey += (lay.tp_overlap,)
         if okey not in self._overheads:
             self._overheads[okey] = step_overhead_s(
                 s, w, cost, lay.pp, lay.v, link, schedule_of(self.base, lay)
             )
         step = lay.slowest_stage_s(self.base.model.num_layers, per_layer, emb, head) + self._overheads[okey]
-        copies = (
-            2 if lay.schedule == "dualpipe" else 1
-        )  # DualPipe: each stage twice, each copy half the batch
         compute = gas * (layers * per_layer + (emb + head) / lay.pp) / copies
         bubble = pipeline_bubble(lay, step)
         pipeline = gas * step / copies + bubble
         # data-parallel traffic per GPU: where the dp group's ranks sit (rank order tp-cp-dp-pp)
-        w_b, g_b, k_b = self._state_bytes
-        # parameters of one GPU's (first or last) stage
-        mean_layer = self._mean_layer(w)
-        # (DeepSeek's schedules: the first rank holds both ends)
-        ends = w.embedding.params + w.head.params if lay.schedule else max(w.embedding.params, w.head.params)
-        psi = w.params_per_rank if lay.pp == 1 else layers * mean_layer + ends
-        # a mixture-of-experts model's routed experts: reduced over expert data parallelism, states sharded there
-        experts = w.expert_params_per_rank / lay.pp * copies
-        edp = lay.tp * lay.cp * lay.dp // (lay.ep * lay.etp)
         per_node_e = max(1, min(edp, self.gpn // (lay.ep * lay.etp))) if lay.ep * lay.etp < self.gpn else 1
         inner = lay.tp * lay.cp
         per_node = max(1, min(lay.dp, self.gpn // inner)) if inner < self.gpn else 1
         n = lay.dp * lay.cp if lay.cp > 1 else lay.dp
-        grads = psi * g_b
-        copy = lay.sharding == "ddp" and lay.pp == 1 and lay.dp > 1 and bucket_copy(s, w)  # DDP's bucket copy
-        memory = self.memory(lay, psi, s, experts, edp) + (grads if copy else 0.0)
-        memory += screen_buffer_bytes(
-            s, self.framework, lay.kind, lay.pp, psi + experts
-        )  # DeepSpeed's buckets
-        # TE's FP8 weight copies unless FSDP / ZeRO-3 gathers them (``s``: this shape's first layout, not its sharding)
-        if w.fp8 is not None and lay.stage < 3:
-            memory += w.fp8.weight_copy_bytes * sum(w.fp8_params_per_rank) * layers / w.num_layers
         hbm = self.cluster.gpu.hbm_bytes_per_s * 0.8  # memory-bound work's rate (copies, the optimizer step)
-        ddp = s.parallelism.ddp
-        overlap_reduce = ddp_settings(s, w)[0]  # the scenario's switch, else the framework's, as simulated
         beside = 0.0  # data-parallel communication hidden beside compute
         if lay.sharding == "ddp":
             comm = self.ring_s("all_reduce", n, per_node, grads)
@@ -275,7 +299,7 @@ class Screen:
                 # forward (overlap_param_gather, Megatron-Core's): what is longer than that pass stays exposed
                 whole = per + gather
                 per = max(0.0, per - layers * (b + rc)) if overlap_reduce else per
-                gather = max(0.0, gather - layers * f) if ddp.overlap_param_gather else gather
+                gather = max(0.0, gather - layers * f) if overlap_gather else gather
                 beside = whole - per - gather
             exposed = per * (gas if lay.kind == "zero2" else 1) + gather
         elif lay.kind == "zero3":
@@ -330,7 +354,6 @@ class Screen:
             optimizer = self.offload.exposed_s(s, psi / lay.dp, gas, layers * (b + rc), held)
         # the compute beside that communication runs on the SMs NCCL leaves it (costs/contention.py)
         iteration = pipeline + exposed + optimizer + beside * (self.contention - 1.0)
-        fits = memory <= MEMORY_HEADROOM * self.capacity
         zero3_bound = bound and lay.kind == "zero3"
         return Estimate(lay, iteration, memory / 2**30, compute, bubble, exposed, fits, zero3_bound)
 
@@ -351,47 +374,3 @@ class Screen:
             rs = whole["reduce_scatter", "backward"]
             self._calls[memo] = (whole["all_gather", "forward"], whole["all_gather", "backward"] + rs, rs)
         return self._calls[memo]
-
-    def memory(self, lay: Layout, psi: float, s: Scenario, experts: float = 0.0, edp: int = 1) -> float:
-        w_b, _, k_b = self._state_bytes
-        g_b = grad_bytes(s, self.framework)  # as the simulation keeps them (Megatron's fp32 main grads)
-        stage = lay.stage
-        states = 0.0
-        for params, n in ((psi, lay.state_shards), (experts, edp)):
-            states += w_b * params / (n if stage >= 3 else 1)
-            # offloaded: the optimizer states and the gradient partition in host memory (strategy/offload.py)
-            if not lay.offload:
-                states += g_b * params / (n if stage >= 2 else 1) + k_b * params / (n if stage >= 1 else 1)
-        layers = max(lay.stage_layers(self.base.model.num_layers))
-        # micro-batches' activations the first stage holds: PP (1F1B), or interleaved 1F1B's warm-up of 2(PP - 1) +
-        # (v - 1) PP chunks and one more, each 1/v of the stage (Megatron-LM schedules.py); DualPipeV's PP + 1 halves
-        in_flight = (2 * (lay.pp - 1) + (lay.v - 1) * lay.pp + 1) / lay.v if lay.v > 1 else max(lay.pp, 1)
-        in_flight = {"dualpipev": lay.pp + 0.5, "dualpipe": (lay.pp + 1) / 2}.get(lay.schedule, in_flight)
-        per_layer, head, whole = self._activations(lay, s)
-        # the loss's working set and a recomputation's are never live together (strategy/memory.py)
-        act = per_layer * layers * in_flight + max(head, whole if lay.recompute == "full" else 0.0)
-        # what must fit, as the simulation counts it: with the allocator's stated reserve, the context, NCCL
-        runtime = layout_runtime_bytes(s, self.framework, (lay.tp, lay.cp, lay.dp, lay.ep, lay.etp), lay.pp)
-        return (states + act) * (1 + s.memory.allocator_fragmentation) + runtime
-
-    def _activations(self, lay: Layout, s: Scenario) -> tuple[float, float, float]:
-        """(bytes kept per layer, the output layer's, one layer's whole activations for its recomputation) of
-        ``lay``'s scenario ``s``, per shape (what sets them: TP, CP, micro-batch, recompute, EP, ETP)."""
-        key = (lay.tp, lay.cp, lay.mbs, lay.recompute, lay.ep, lay.etp)
-        if key not in self._act:
-            m = self.base.model
-            moe_share = m.moe_layers / m.num_layers if m.moe is not None else 0.0
-            per_layer = (1 - moe_share) * activation_bytes_per_layer(s) + (
-                moe_share * activation_bytes_per_layer(s, moe=True) if moe_share else 0.0
-            )
-            whole = activation_bytes_per_layer(s, recompute="none")
-            if m.hybrid_pattern:  # each kind of layer by its share of the stack
-                kinds = {k: m.layers_of(k) for k in set(map(m.layer_kind, range(m.num_layers)))}
-                per_layer = sum(
-                    n * activation_bytes_per_layer(s, moe=k == "moe", kind=k) for k, n in kinds.items()
-                )
-                per_layer /= m.num_layers
-                whole = max(activation_bytes_per_layer(s, "none", k == "moe", k) for k in kinds)
-            per_layer += mean_static_input_bytes(s)  # CUDA graphs' inputs, a set per layer in flight
-            self._act[key] = (per_layer, head_activation_bytes(s), whole)
-        return self._act[key]

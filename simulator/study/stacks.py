@@ -28,7 +28,7 @@ from simulator.frameworks import AUTO, megatron_profile
 from simulator.hardware.cluster import Cluster
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
-from simulator.study.layouts import Layout
+from simulator.study.layout import Layout
 from simulator.study.screen import Screen
 
 # the parallelism switches each stack's runs set (carried onto a layout where it has what they switch:
@@ -90,12 +90,13 @@ class ByStack:
         self.base, self.cluster, self.batch, self.gpus, self.stack = base, cluster, batch, gpus, stack
         self._screens: dict[str, Screen] = {}
         self._capacity = cluster.gpu.hbm_bytes
+        self.prune = False  # Screen.prune, for every stack's screen
 
     def screen(self, lay: Layout) -> Screen:
         name = stack_of(self.base, lay, self.cluster.gpu.architecture, self.stack)
         if name not in self._screens:
             s = Screen(stack_base(self.base, name), self.cluster, self.batch, self.gpus)
-            s.capacity = self._capacity
+            s.capacity, s.prune = self._capacity, self.prune
             self._screens[name] = s
         return self._screens[name]
 

@@ -20,7 +20,6 @@ FP8 shards and multiplies them chunk by chunk; nothing is cast per chunk (``deco
 
 from __future__ import annotations
 
-from dataclasses import replace
 from math import ceil
 
 from simulator.workload.block import Block
@@ -31,8 +30,7 @@ def chunk(g: Op, t: int, i: int, label: str = "async TP", columns: bool = False)
     """Chunk ``i`` of ``t`` of GEMM ``g`` along its rows (or its output features, ``columns``)."""
     m, n = (g.m, ceil(g.n / t)) if columns else (ceil(g.m / t), g.n)
     per_elem = g.bytes / (g.m * g.k + g.k * g.n + g.m * g.n) if g.bytes else 0.0
-    return replace(
-        g,
+    return g.evolve(
         name=f"{g.name} ({label} chunk {i + 1}/{t})",
         m=m,
         n=n,
@@ -45,9 +43,8 @@ def chunk(g: Op, t: int, i: int, label: str = "async TP", columns: bool = False)
 
 def copy(c: Op, t: int, i: int, label: str = "async TP") -> Op:
     """The copy of one TP-th of collective ``c``'s buffer to or from a peer, behind the next GEMM chunk."""
-    return replace(
-        collective_op(f"{c.name}: {label} copy {i}/{t - 1}", "send_recv", "tp", c.bytes / t, "next"),
-        direction=c.direction,
+    return collective_op(
+        f"{c.name}: {label} copy {i}/{t - 1}", "send_recv", "tp", c.bytes / t, "next", c.direction
     )
 
 
@@ -68,7 +65,7 @@ def matmul_reduce_scatter(g: Op, c: Op, t: int, e: int) -> list[Op]:
             out.append(copy(c, t, i + 1))  # this chunk's partial goes to its rank behind the next chunk
     rows = ceil(g.m / t)
     reduce = memory_op(f"{c.name}: async TP reduction", e * (t + 1) * rows * g.n, "elementwise", rows, g.n)
-    out.append(replace(reduce, direction=c.direction))
+    out.append(reduce.evolve(direction=c.direction))
     return out
 
 
@@ -110,11 +107,11 @@ def rewrite(
                 out += gather_matmul(op, ops[nxt])
                 i = nxt + 1
                 continue
-            out.append(replace(op, overlaps=alone[0]))
+            out.append(op.evolve(overlaps=alone[0]))
         elif out and out[-1].kind == "gemm":
             out += matmul_scatter(out.pop(), op)
         else:
-            out.append(replace(op, overlaps=alone[1]))
+            out.append(op.evolve(overlaps=alone[1]))
         i += 1
     return tuple(out)
 

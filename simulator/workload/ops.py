@@ -6,7 +6,7 @@ attention counted, as in Megatron's MFU formula). ``bytes`` is the HBM traffic o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from operator import attrgetter
 
 
@@ -71,14 +71,21 @@ class Op:
         state.pop("_hash", None)
         return state
 
-    def with_module(self, module: str) -> Op:
-        """This op tagged with ``module``: dataclasses.replace without re-running __init__ (Op has no
-        __post_init__), about 7x cheaper, as every op of every layer is tagged at every workload build
-        (workload/graph_modules.py); the cached hash is this op's, not the copy's."""
+    def evolve(self, **changes) -> Op:
+        """This op with ``changes``: dataclasses.replace without re-running __init__ (Op has no __post_init__),
+        about 7x cheaper; workload builds copy ops by the thousand (module tags, recomputation, TP overlap's
+        chunks). The names are not checked: only Op's fields may be passed. The cached hash is this op's, not
+        the copy's, so it is dropped."""
         new = object.__new__(Op)
-        new.__dict__.update(self.__dict__, module=module)
-        new.__dict__.pop("_hash", None)
+        state = new.__dict__
+        state.update(self.__dict__)
+        state.update(changes)
+        state.pop("_hash", None)
         return new
+
+    def with_module(self, module: str) -> Op:
+        """This op tagged with ``module`` (workload/graph_modules.py tags every op of every layer)."""
+        return self.evolve(module=module)
 
 
 _FIELD_VALUES = attrgetter(*(f.name for f in fields(Op)))  # an Op's fields as one tuple
@@ -116,7 +123,7 @@ def sync_op(name: str, seconds: float) -> Op:
 def recomputed(ops: tuple[Op, ...]) -> tuple[Op, ...]:
     """The forward ops as activation recomputation re-runs them: the same kernels, counted as hardware FLOPs
     only (MFU counts the model's FLOPs once; HFU counts the recompute too)."""
-    return tuple(replace(op, recompute=True) for op in ops)
+    return tuple(op.evolve(recompute=True) for op in ops)
 
 
 def gemm(
@@ -157,7 +164,7 @@ def memory_op(
 
 def routed_share(op: Op, share: float) -> Op:
     """A GEMM over padded rows (MoE experts) counts only its routed tokens' ``share`` as model FLOPs."""
-    return op if share >= 1.0 else replace(op, model_flops=op.model_flops * share)
+    return op if share >= 1.0 else op.evolve(model_flops=op.model_flops * share)
 
 
 def gemm_backward(op: Op, has_weight: bool = True) -> tuple[Op, Op]:

@@ -31,8 +31,6 @@ fewer SMs.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from simulator.workload.async_tp import all_gather_matmul, chunk, each_block, rewrite
 from simulator.workload.block import Block
 from simulator.workload.ops import Op
@@ -51,8 +49,7 @@ def matmul_reduce_scatter(g: Op, c: Op, t: int, parts: int = SPLITS) -> list[Op]
     for i in range(parts):
         out.append(chunk(g, parts, i, "TE pipeline", columns=True))
         out.append(
-            replace(
-                c,
+            c.evolve(
                 name=f"{c.name}: TE pipeline chunk {i + 1}/{parts} (userbuffers, one step)",
                 collective="send_recv",
                 bytes=c.bytes / parts * (t - 1) / t,
