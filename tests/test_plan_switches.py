@@ -13,7 +13,7 @@ from simulator.cli import app
 from simulator.hardware.cluster import Cluster
 from simulator.hardware.topology import cluster_spec
 from simulator.study.layout import Layout
-from simulator.study.layouts import NONE, candidates, switch_sets
+from simulator.study.layouts import NONE, candidates, offload_counts, switch_sets
 from simulator.study.plan import plan
 from simulator.study.screen import Screen
 from simulator.workload.memory import activation_bytes_per_layer
@@ -36,16 +36,22 @@ def test_candidates_with_switches_are_each_layout_times_its_switch_sets():
     b = megatron_2021_base()
     plain = candidates(b, 32, 8, {"shardings": ("ddp", "zero1")})
     switched = candidates(b, 32, 8, {"shardings": ("ddp", "zero1"), "switches": True})
-    assert (
-        len(switched)
-        == sum(len(switch_sets(x.tp, x.dp, x.sharding, False)) for x in plain)
-        > 4 * len(plain) / 2
-    )
+    each = [
+        len(switch_sets(x.tp, x.dp, x.sharding, False))
+        * len(offload_counts(b.model, x.pp, x.sharding, x.recompute))
+        for x in plain
+    ]
+    assert len(switched) == sum(each) > 2 * len(plain)
     assert {
-        dataclasses.replace(x, sp=None, tp_overlap=None, grad_overlap=None, param_overlap=None)
+        dataclasses.replace(
+            x, sp=None, tp_overlap=None, grad_overlap=None, param_overlap=None, act_offload=None
+        )
         for x in switched
     } == set(plain)
-    assert all((x.sp, x.tp_overlap, x.grad_overlap, x.param_overlap) == NONE[0] for x in plain)
+    assert all(
+        (x.sp, x.tp_overlap, x.grad_overlap, x.param_overlap, x.act_offload) == (*NONE[0], None)
+        for x in plain
+    )
 
 
 def test_a_switched_layout_s_scenario_states_its_switches():
@@ -61,6 +67,11 @@ def test_a_switched_layout_s_scenario_states_its_switches():
     off = dataclasses.replace(lay, sp=False, tp_overlap=False, grad_overlap=False, param_overlap=False)
     assert off.label().endswith("no-sp ovl:-")
     assert screen.scenario(off).parallelism.sequence_parallel is False
+    # off Megatron a searched TP overlap is PyTorch's async TP (torchtitan), not Transformer Engine's userbuffers
+    torch_base = load_scenario({**b.model_dump(mode="json", exclude_none=True), "framework": "pytorch-2024"})
+    torch_screen = Screen(torch_base, Cluster(cluster_spec(torch_base), 4))
+    assert torch_screen.scenario(lay).parallelism.tp_comm_overlap == "async"
+    assert screen.scenario(lay).parallelism.tp_comm_overlap is True
 
 
 def test_the_gradient_reduction_after_backward_exposes_its_whole_ring():
@@ -159,3 +170,37 @@ def test_cli_plan_switches_and_mbs_max():
     assert pick["mbs"] <= 2 and (pick["tp"] == 1 or pick["sp"] is not None)
     bad = runner.invoke(app, [*PLAN_ARGS, "--mbs-max", "0"])
     assert bad.exit_code == 2 and "--mbs-max" in bad.output
+
+
+def test_activation_offloading_holds_two_layers_on_the_gpu_as_the_simulation_does():
+    """Calculon's ``activations_offload``: every layer but the last offloaded (Megatron-Core --cpu-offloading);
+    Transformer Engine's double buffer keeps two offloaded layers' activations on the GPU (workload/offload.py),
+    so the screen's activations fall by 24 - 1 - 2 layers' worth, with the allocator's reserve; the simulation's
+    peak falls by as much, within 2%."""
+    b = megatron_2021_base()
+    screen = Screen(b, Cluster(cluster_spec(b), 4))
+    kept = Layout(1, 1, 1, 32, 1, 1, "zero1", "none", act_offload=0)
+    away = dataclasses.replace(kept, act_offload=23)
+    assert (
+        away.label().endswith("act-offload:23")
+        and screen.scenario(away).training.activation_offload_layers == 23
+    )
+    s = screen._shape(kept)[0]
+    per_layer = screen._activations(kept, s)[0]
+    drop = (screen.estimate(kept).memory_gib - screen.estimate(away).memory_gib) * 2**30
+    assert (
+        drop == pytest.approx(per_layer * 21 * (1 + s.memory.allocator_fragmentation), rel=1e-9) and drop > 0
+    )
+    runs = [simulate(screen.scenario(x)).metrics for x in (kept, away)]
+    assert runs[0].memory_gib["device"] - runs[1].memory_gib["device"] == pytest.approx(
+        drop / 2**30, rel=0.02
+    )
+    # the copies as the node's 8 GPUs make them at once over its PCIe: the screen's time is the simulation's
+    # (alone, one GPU's copies would take half as long: the screen had that at first)
+    assert screen.estimate(away).iteration_s == pytest.approx(runs[1].iteration_time_s, rel=0.02)
+    assert runs[1].iteration_time_s > 5 * runs[0].iteration_time_s  # 142 MB a layer each way, over PCIe
+    lays = candidates(
+        b, 32, 8, {"switches": True, "pp": (1,), "shardings": ("zero1",), "micro_batch_sizes": (1,)}
+    )
+    assert {x.act_offload for x in lays if x.recompute != "full"} == {0, 23}
+    assert {x.act_offload for x in lays if x.recompute == "full"} == {0}

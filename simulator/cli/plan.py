@@ -146,7 +146,8 @@ def plan(
             "--switches",
             help="Search the switches too, each on and off: sequence parallelism and TP communication overlap (TP > "
             "1), the gradient reduction beside backward (DP > 1), the distributed optimizer's weight gather beside "
-            "forward (zero1). Default: the stack's (or --scenario's) switches for every layout.",
+            "forward (zero1), activation offloading to the host (no PP). Default: the stack's (or --scenario's) "
+            "switches for every layout.",
         ),
     ] = False,
     mbs_max: Annotated[

@@ -58,6 +58,24 @@ class Layout:
     tp_overlap: bool | None = None
     grad_overlap: bool | None = None
     param_overlap: bool | None = None
+    # layers whose activations go to host memory and back (Megatron-Core --cpu-offloading-num-layers; Calculon's
+    # ``activations_offload``): without PP and full recompute, under DDP or ZeRO-1/2 (what the simulation runs)
+    act_offload: int | None = None
+
+    def shape_key(self) -> tuple:
+        """What sets a layer's ops, costs and activations: TP, CP, micro-batch, recompute, EP, ETP and the switches
+        that change a layer (SP, TP overlap, activation offloading); the screen caches its costs by it."""
+        return (
+            self.tp,
+            self.cp,
+            self.mbs,
+            self.recompute,
+            self.ep,
+            self.etp,
+            self.sp,
+            self.tp_overlap,
+            self.act_offload,
+        )
 
     def stage_layers(self, num_layers: int) -> tuple[int, int, int]:
         """Layers on the first, a middle and the last stage (DualPipe, DualPipeV: the first rank's, whose two chunks
@@ -161,6 +179,8 @@ class Layout:
         if self.grad_overlap is not None or self.param_overlap is not None:
             on = [k for k, v in (("grad", self.grad_overlap), ("param", self.param_overlap)) if v]
             text += " ovl:" + ("+".join(on) or "-")
+        if self.act_offload:
+            text += f" act-offload:{self.act_offload}"
         return text
 
     def sharding_label(self) -> str:

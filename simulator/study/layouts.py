@@ -83,30 +83,29 @@ def candidates(
                             flips = switch_sets(tp, dp, sh, moe is not None) if o.get("switches") else NONE
                             for ep, etp in _expert_layouts(moe, tp, cp, dp, o):
                                 for rc in recomputes:
+                                    offloads = (
+                                        offload_counts(m, pp, sh, rc) if o.get("switches") else OFFLOADS
+                                    )
+                                    head = (tp, pp, cp, dp, v, mbs, sh, rc, ep, etp)
                                     for shard in shards:
                                         for flip in flips:
-                                            out.append(
-                                                Layout(
-                                                    tp,
-                                                    pp,
-                                                    cp,
-                                                    dp,
-                                                    v,
-                                                    mbs,
-                                                    sh,
-                                                    rc,
-                                                    ep,
-                                                    etp,
-                                                    shard,
-                                                    *cut,
-                                                    schedule,
-                                                    *flip,
-                                                )
-                                            )
+                                            for n in offloads:
+                                                out.append(Layout(*head, shard, *cut, schedule, *flip, n))
     return out
 
 
 NONE = ((None, None, None, None),)  # no switch searched: each the base's (``carried``)
+OFFLOADS = (None,)  # activation offloading not searched: the base's
+
+
+def offload_counts(m, pp: int, sharding: str, recompute: str) -> tuple[int, ...]:
+    """Layers whose activations a plan with ``switches`` offloads: none, or every layer but the last (Calculon's
+    ``activations_offload`` on and off; Megatron-Core offloads the first N < layers), where the simulation runs it
+    (no PP, no full recompute, DDP or ZeRO-1/2: scenario/schema.py)."""
+    plain = sharding.removesuffix("-offload") in ("ddp", "zero1", "zero2")
+    if pp > 1 or recompute == "full" or m.num_layers < 2 or not plain:
+        return (0,)
+    return (0, m.num_layers - 1)
 
 
 def switch_sets(tp: int, dp: int, sharding: str, moe: bool) -> list[tuple]:

@@ -14,12 +14,12 @@ from simulator.costs.collectives import CollectiveModel
 from simulator.costs.compute import ComputeModel
 from simulator.costs.contention import sm_slowdown
 from simulator.costs.dispatch import task_cost
-from simulator.costs.nccl import fastest, protocol_costs, ring_plateau, tuning_of
+from simulator.costs.host import HOST_GROUPS
+from simulator.costs.nccl import tuning_of
 from simulator.costs.tables import table_lookups
 from simulator.engine.engine import TaskCost
 from simulator.frameworks import get_framework
 from simulator.hardware.cluster import Cluster
-from simulator.hardware.placement import Placement
 from simulator.scenario.loader import load_scenario
 from simulator.scenario.schema import Scenario
 from simulator.strategy.reduction import bucket_copy, ddp_settings
@@ -30,6 +30,7 @@ from simulator.strategy.zero import fetch_key
 from simulator.strategy.zero3_fetch import call_sizes
 from simulator.study.layout import Estimate, Layout, carried, collective_span, pipeline_bubble, schedule_of
 from simulator.study.offload import OffloadScreen
+from simulator.study.screen_comm import ScreenComm
 from simulator.study.screen_memory import ScreenMemory
 from simulator.study.step_overhead import step_overhead_s
 from simulator.tables.select import resolve_tables
@@ -40,7 +41,7 @@ from simulator.workload.transformer import build_workload
 MEMORY_HEADROOM = 0.9  # screen out what needs more than 90% of the GPU (allocator, context, NCCL buffers)
 
 
-class Screen(ScreenMemory):
+class Screen(ScreenComm, ScreenMemory):
     """The closed-form estimate of one layout, from the simulator's cached costs."""
 
     def __init__(self, base: Scenario, cluster: Cluster, batch: int | None = None, gpus: int | None = None):
@@ -75,9 +76,8 @@ class Screen(ScreenMemory):
         self._calls, self._rings = {}, {}  # ZeRO-3's calls and rings, (seconds, seconds moving bytes)
         self._layer_params, self._act = {}, {}  # parameters per workload; activation bytes per shape
         self._scenarios, self._param_workloads = {}, {}  # per shape; per TP / CP / EP / ETP (``_shape``)
-        self._footprints: dict[
-            tuple, tuple
-        ] = {}  # per layout but its data-parallel overlaps (``_footprint``)
+        # per layout but its data-parallel overlaps (``_footprint``); host copies' costs per node-wide placement
+        self._footprints, self._hosts = {}, {}
         self.prune = False  # plan's screen: a layout that cannot fit is not timed (``estimate``)
         self.offload = OffloadScreen(cluster.spec)
         spec, gpu = cluster.spec.node, cluster.gpu
@@ -99,6 +99,10 @@ class Screen(ScreenMemory):
         par = carried(data["parallelism"], lay)
         for k, v in lay.parallelism().items():  # the layout's FSDP section over the base's FSDP switches
             par[k] = {**par[k], **v} if isinstance(v, dict) and isinstance(par.get(k), dict) else v
+        if lay.tp_overlap and not self.framework.name.startswith("megatron"):
+            par["tp_comm_overlap"] = (
+                "async"  # a searched TP overlap off Megatron: PyTorch's async TP (torchtitan)
+            )
         data["parallelism"] = par
         if self.base.model.moe is not None:  # Megatron-Core's MoE needs sequence parallelism with TP
             data["parallelism"].update(
@@ -110,6 +114,8 @@ class Screen(ScreenMemory):
             "micro_batch_size": lay.mbs,
             "activation_recompute": lay.recompute,
         }
+        if lay.act_offload is not None:
+            data["training"]["activation_offload_layers"] = lay.act_offload
         if lay.recompute != "selective":  # Megatron's recompute modules belong to selective recompute only
             data["training"].get("recompute", {}).pop("modules", None)
         data["name"] = lay.label()
@@ -121,17 +127,8 @@ class Screen(ScreenMemory):
         ones). A layer's forward and backward ops do not depend on the recompute policy (workload/transformer.py:
         only what is re-run before backward does), so none and full recompute share one workload and its costs;
         selective (its module list) and activation offloading (copy sizes by policy) get their own."""
-        tp_comm = (lay.sp, lay.tp_overlap)  # searched switches that change a layer's ops (None: the base's)
-        key = (
-            lay.tp,
-            lay.cp,
-            lay.mbs,
-            lay.recompute,
-            lay.ep,
-            lay.etp,
-            tp_comm,
-            collective_span(lay, self.gpn),
-        )
+        tp_comm = (lay.sp, lay.tp_overlap, lay.act_offload)  # searched switches that change a layer's ops
+        key = (lay.shape_key(), collective_span(lay, self.gpn))
         if key not in self._blocks:
             s = self._shape(lay)[0]
             shared = lay.recompute != "selective" and not s.training.activation_offload_layers
@@ -140,12 +137,16 @@ class Screen(ScreenMemory):
                 self._workloads[wkey] = build_workload(s, self.framework, self.gpn, self.cluster.gpu)
             if (wkey, key[-1]) not in self._shapes:
                 w, comm = self._workloads[wkey], self._comm(lay)
+                host = self._host(lay, s)
 
                 def cost(ops) -> TaskCost:
                     return task_cost(
                         ops,
                         self.compute,
-                        lambda op: comm.standalone_time_s(op.collective, op.group, op.bytes),
+                        # host copies (activation offloading) on the host's links, as the simulation costs them
+                        lambda op: (host if op.group in HOST_GROUPS else comm).standalone_time_s(
+                            op.collective, op.group, op.bytes
+                        ),
                         self.framework.host,
                         s.training.graph_capture,
                     )
@@ -180,54 +181,12 @@ class Screen(ScreenMemory):
             self._layer_params[key] = sum(x.params for x in w.layers) / w.num_layers
         return self._layer_params[key]
 
-    def _comm(self, lay: Layout) -> CollectiveModel:
-        """The collectives inside a layer (TP, CP, the experts' EP / ETP), on as many nodes as their groups span."""
-        dp, pp = collective_span(lay, self.gpn)
-        key = (lay.tp, lay.cp, lay.ep, lay.etp, dp, pp)
-        if key not in self._tp_comm:
-            nodes = max(1, math.ceil(lay.tp * lay.cp * dp * pp / self.gpn))
-            if nodes not in self._clusters:  # one per node count: its routes are cached on it
-                one = Cluster(self.cluster.spec, nodes)
-                tables = resolve_tables(self.base.kernels, one.gpu.lineage, self.base.kernels_only)
-                self._clusters[nodes] = one, table_lookups(tables, one)[1]
-            one, measured = self._clusters[nodes]
-            placement = Placement(lay.tp, lay.cp, dp, pp, ep=lay.ep, etp=lay.etp)
-            self._tp_comm[key] = CollectiveModel(one, placement, "auto", measured)
-        return self._tp_comm[key]
-
-    def ring_s(self, op: str, n: int, per_node: int, nbytes: float) -> float:
-        """An NCCL ring over ``n`` ranks, ``per_node`` per node, with NCCL's latencies (``costs/nccl.py``)."""
-        return sum(self.ring_parts(op, n, per_node, nbytes))
-
-    def ring_parts(self, op: str, n: int, per_node: int, nbytes: float) -> tuple[float, float]:
-        """(latency, seconds at the bottleneck's bandwidth) of ``ring_s``'s ring; cached, the screen asks the same
-        rings again and again."""
-        if n <= 1 or nbytes <= 0:
-            return 0.0, 0.0
-        key = (op, n, per_node, nbytes)
-        if key not in self._rings:
-            self._rings[key] = self._ring_parts(op, n, per_node, nbytes)
-        return self._rings[key]
-
-    def _ring_parts(self, op: str, n: int, per_node: int, nbytes: float) -> tuple[float, float]:
-        nodes = max(1, n // max(per_node, 1))
-        steps = 2 * (n - 1) if op == "all_reduce" else n - 1
-        volume = (2 if op == "all_reduce" else 1) * (n - 1) / n * nbytes
-        bw = self.nvlink if nodes == 1 else min(self.nvlink, per_node * self.nic_per_gpu)
-        inter = 0 if nodes == 1 else (2 * nodes if op == "all_reduce" else nodes - 1)
-        plateau = ring_plateau(op, n, nodes, nbytes, self.architecture, self.tuning["version"])
-        costs = protocol_costs(
-            "ring", steps - min(inter, steps), min(inter, steps), self.intra, self.tuning, bw, plateau=plateau
-        )
-        p = fastest(costs, volume / bw)
-        return p.latency_s, volume / bw / p.bandwidth_factor
-
     def _shape(self, lay: Layout) -> tuple[Scenario, object]:
         """(scenario, workload) of ``lay``'s shape, no kernel costed: what its memory needs. The scenario is the
         shape's (TP, CP, micro-batch, recompute, EP, ETP and the TP switches) with the base's data-parallel
         overlaps (a layout's own are applied where the estimate uses them); the workload one of its TP / CP / EP /
         ETP, whatever the micro-batch, for the parameters a rank holds."""
-        key = (lay.tp, lay.cp, lay.mbs, lay.recompute, lay.ep, lay.etp, lay.sp, lay.tp_overlap)
+        key = lay.shape_key()
         got = self._scenarios.get(key)
         if got is None:
             s = self.scenario(replace(lay, grad_overlap=None, param_overlap=None))
@@ -263,8 +222,7 @@ class Screen(ScreenMemory):
         per_layer = f + b + rc
         # each micro-batch's setup, pipeline re-gathers and blocking sends (step_overhead.py)
         link = self.nic_per_gpu if lay.tp * lay.cp * lay.dp >= self.gpn else self.nvlink
-        okey = (lay.tp, lay.cp, lay.mbs, lay.recompute, lay.ep, lay.etp, min(lay.pp, 2), lay.v, link, lay.sp)
-        okey += (lay.tp_overlap,)
+        okey = (lay.shape_key(), min(lay.pp, 2), lay.v, link)
         if okey not in self._overheads:
             self._overheads[okey] = step_overhead_s(
                 s, w, cost, lay.pp, lay.v, link, schedule_of(self.base, lay)

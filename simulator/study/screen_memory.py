@@ -12,6 +12,7 @@ from simulator.study.layout import Layout
 from simulator.workload.cuda_graphs import mean_static_input_bytes
 from simulator.workload.loss import head_activation_bytes
 from simulator.workload.memory import activation_bytes_per_layer
+from simulator.workload.offload import BUFFERS
 
 
 class ScreenMemory:
@@ -23,7 +24,7 @@ class ScreenMemory:
         expert data-parallel ranks, bytes per GPU but DDP's bucket copy) of ``lay``, cached for the layouts that
         differ only in their data-parallel overlaps (plan's searched switches)."""
         key = (lay.tp, lay.pp, lay.cp, lay.dp, lay.v, lay.mbs, lay.sharding, lay.recompute, lay.ep, lay.etp)
-        key += (lay.shard, lay.first, lay.last, lay.schedule, lay.sp, lay.tp_overlap)
+        key += (lay.shard, lay.first, lay.last, lay.schedule, lay.sp, lay.tp_overlap, lay.act_offload)
         got = self._footprints.get(key)
         if got is not None:
             return got
@@ -62,7 +63,10 @@ class ScreenMemory:
         in_flight = {"dualpipev": lay.pp + 0.5, "dualpipe": (lay.pp + 1) / 2}.get(lay.schedule, in_flight)
         per_layer, head, whole = self._activations(lay, s)
         # the loss's working set and a recomputation's are never live together (strategy/memory.py)
-        act = per_layer * layers * in_flight + max(head, whole if lay.recompute == "full" else 0.0)
+        # offloaded layers (no pipeline): at most BUFFERS of them on the GPU at once (strategy/memory.py)
+        away = s.training.activation_offload_layers
+        held = layers - away + min(BUFFERS, away)
+        act = per_layer * held * in_flight + max(head, whole if lay.recompute == "full" else 0.0)
         # what must fit, as the simulation counts it: with the allocator's stated reserve, the context, NCCL
         runtime = layout_runtime_bytes(s, self.framework, (lay.tp, lay.cp, lay.dp, lay.ep, lay.etp), lay.pp)
         return (states + act) * (1 + s.memory.allocator_fragmentation) + runtime
