@@ -204,3 +204,19 @@ def test_activation_offloading_holds_two_layers_on_the_gpu_as_the_simulation_doe
     )
     assert {x.act_offload for x in lays if x.recompute != "full"} == {0, 23}
     assert {x.act_offload for x in lays if x.recompute == "full"} == {0}
+
+
+def test_emit_names_activation_offloading_for_megatron():
+    """Megatron-LM has the option from core_v0.16.0 only (arguments.py there: --cpu-offloading-num-layers N sets
+    cpu_offloading); the emitted arguments, checked against core_v0.15.0's parser, say it as a note."""
+    from simulator.study.emit import megatron
+    from simulator.study.plan import Confirmed
+
+    b = megatron_2021_base()
+    screen = Screen(b, Cluster(cluster_spec(b), 4))
+    lay = Layout(1, 1, 1, 32, 1, 1, "zero1", "none", act_offload=23)
+    sc = screen.scenario(lay).model_dump(mode="json", exclude_defaults=True)
+    row = Confirmed(lay, 1.0, 1.0, 0.5, 9.0, 0.0, 0.0, 1.0, "ok", scenario=sc).to_dict()
+    text = megatron(row)
+    assert "# activation offloading: --cpu-offloading-num-layers 23" in text
+    assert "\n--cpu-offloading" not in text

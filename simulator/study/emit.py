@@ -72,6 +72,7 @@ def _common(row: dict) -> dict:
         "a2a_overlap": s.get("parallelism", {}).get("moe", {}).get("overlap_a2a", False),
         "compile": training.get("compile", False),
         "modules": training.get("recompute", {}).get("modules"),
+        "act_offload": training.get("activation_offload_layers", 0),
     }
 
 
@@ -143,6 +144,13 @@ def megatron(row: dict) -> str:
         args.append("--recompute-granularity selective")
         if c["modules"]:
             args.append("--recompute-modules " + " ".join(c["modules"]))
+    if c[
+        "act_offload"
+    ]:  # a CLI option from core_v0.16.0 (arguments.py: a positive count sets cpu_offloading)
+        notes.append(
+            f"# activation offloading: --cpu-offloading-num-layers {c['act_offload']} (Megatron-Core 0.16+; before, "
+            "TransformerConfig.cpu_offloading_num_layers, as NeMo sets it)"
+        )
     if c["tp_overlap"] in (True, "te") and row["tp"] > 1:
         args.append("--tp-comm-overlap")
     elif c["tp_overlap"] == "async":
