@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import json
 import time
+from itertools import product
 from pathlib import Path
+
+from calculon_speed import exe
 
 from simulator import load_scenario, simulate
 from simulator.study.plan import plan
@@ -152,33 +155,39 @@ def calculon_scorer(name: str):
     def score(t: dict, batch: int) -> tuple[float, float] | None:
         """(Calculon's seconds, its GiB) of plan row ``t``, or None where Calculon refuses every variant."""
         sp, tpo = bool(t["sp"]), bool(t["tp_overlap"])
+        base = exe(
+            gpus, t["tp"], t["pp"], batch, t["mbs"], RECOMPUTE_BACK[t["recompute"]], "float16", t["v"], sp
+        )
+        base.update(
+            optimizer_sharding=t["sharding"] == "zero1",
+            data_par_overlap=bool(t["grad_overlap"]),
+            activations_offload=bool(t["act_offload"]),  # refused: this system has no second tier
+        )
         best = None
-        for tn in (0, 1) if t["tp"] > 1 else (0,):
-            for pn in (0, 1) if t["pp"] > 1 else (0,):
-                for dn in (0, 1) if t["dp"] > 1 else (0,):
-                    for overlap in ("ring", "pipe") if tpo else ("none",):
-                        for redo in (True, False) if sp and t["recompute"] != "full" else (False,):
-                            exe = {
-                                "num_procs": gpus, "tensor_par": t["tp"], "pipeline_par": t["pp"],
-                                "data_par": t["dp"], "tensor_par_net": tn, "pipeline_par_net": pn,
-                                "data_par_net": dn, "batch_size": batch, "microbatch_size": t["mbs"],
-                                "datatype": "float16", "fused_activation": True, "attention_type": "multihead",
-                                "activation_recompute": RECOMPUTE_BACK[t["recompute"]],
-                                "pipeline_interleaving": t["v"], "optimizer_sharding": t["sharding"] == "zero1",
-                                "tensor_par_comm_type": "rs_ag" if sp else "ar", "tensor_par_overlap": overlap,
-                                "seq_par_ag_redo": redo, "data_par_overlap": bool(t["grad_overlap"]),
-                                "weight_offload": False, "activations_offload": False, "optimizer_offload": False,
-                                "training": True,
-                            }  # fmt: skip
-                            try:
-                                model = Llm(app, logging.Logger("calculon"))
-                                model.compile(syst, Llm.Execution.from_json(exe))
-                                model.run(syst)
-                            except Llm.Error:
-                                continue
-                            stats = model.get_stats_json(False)
-                            got = (stats["total_time"], stats["proc_mem_tier1_cap_req"] / 2**30)
-                            best = got if best is None or got[0] < best[0] else best
+        for tn, pn, dn, overlap, redo in product(
+            (0, 1) if t["tp"] > 1 else (0,),
+            (0, 1) if t["pp"] > 1 else (0,),
+            (0, 1) if t["dp"] > 1 else (0,),
+            ("ring", "pipe") if tpo else ("none",),
+            (True, False) if sp and t["recompute"] != "full" else (False,),
+        ):
+            execution = {
+                **base,
+                "tensor_par_net": tn,
+                "pipeline_par_net": pn,
+                "data_par_net": dn,
+                "tensor_par_overlap": overlap,
+                "seq_par_ag_redo": redo,
+            }
+            try:
+                model = Llm(app, logging.Logger("calculon"))
+                model.compile(syst, Llm.Execution.from_json(execution))
+                model.run(syst)
+            except Llm.Error:
+                continue
+            stats = model.get_stats_json(False)
+            got = (stats["total_time"], stats["proc_mem_tier1_cap_req"] / 2**30)
+            best = got if best is None or got[0] < best[0] else best
         return best
 
     return score

@@ -33,11 +33,8 @@ def bucket_copy(s: Scenario, w: Workload, overlap: bool | None = None) -> bool:
     are sent. ``overlap``: the reduction beside backward or not, where the caller decides it (a plan's layout)."""
     if s.training.optimizer in ONEBIT_OPTIMIZERS:
         return False
-    given = (
-        overlap  # a plan's layout may state the overlap its scenario's ddp section leaves to the framework
-    )
-    overlap, cap = ddp_settings(s, w)
-    overlap = overlap if given is None else given
+    configured, cap = ddp_settings(s, w)
+    overlap = configured if overlap is None else overlap
     view = s.parallelism.ddp.gradient_as_bucket_view
     view = w.framework.ddp.gradient_as_bucket_view if view is None else view
     return overlap and cap is not None and not view

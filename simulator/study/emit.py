@@ -144,9 +144,8 @@ def megatron(row: dict) -> str:
         args.append("--recompute-granularity selective")
         if c["modules"]:
             args.append("--recompute-modules " + " ".join(c["modules"]))
-    if c[
-        "act_offload"
-    ]:  # a CLI option from core_v0.16.0 (arguments.py: a positive count sets cpu_offloading)
+    # a CLI option from core_v0.16.0 only (arguments.py: a positive count sets cpu_offloading)
+    if c["act_offload"]:
         notes.append(
             f"# activation offloading: --cpu-offloading-num-layers {c['act_offload']} (Megatron-Core 0.16+; before, "
             "TransformerConfig.cpu_offloading_num_layers, as NeMo sets it)"

@@ -100,9 +100,8 @@ class Screen(ScreenComm, ScreenMemory):
         for k, v in lay.parallelism().items():  # the layout's FSDP section over the base's FSDP switches
             par[k] = {**par[k], **v} if isinstance(v, dict) and isinstance(par.get(k), dict) else v
         if lay.tp_overlap and not self.framework.name.startswith("megatron"):
-            par["tp_comm_overlap"] = (
-                "async"  # a searched TP overlap off Megatron: PyTorch's async TP (torchtitan)
-            )
+            # a searched TP overlap off Megatron: PyTorch's async TP (torchtitan)
+            par["tp_comm_overlap"] = "async"
         data["parallelism"] = par
         if self.base.model.moe is not None:  # Megatron-Core's MoE needs sequence parallelism with TP
             data["parallelism"].update(
@@ -127,12 +126,12 @@ class Screen(ScreenComm, ScreenMemory):
         ones). A layer's forward and backward ops do not depend on the recompute policy (workload/transformer.py:
         only what is re-run before backward does), so none and full recompute share one workload and its costs;
         selective (its module list) and activation offloading (copy sizes by policy) get their own."""
-        tp_comm = (lay.sp, lay.tp_overlap, lay.act_offload)  # searched switches that change a layer's ops
+        switched = (lay.sp, lay.tp_overlap, lay.act_offload)  # searched switches that change a layer's ops
         key = (lay.shape_key(), collective_span(lay, self.gpn))
         if key not in self._blocks:
             s = self._shape(lay)[0]
             shared = lay.recompute != "selective" and not s.training.activation_offload_layers
-            wkey = (lay.tp, lay.cp, lay.mbs, "shared" if shared else lay.recompute, lay.ep, lay.etp, tp_comm)
+            wkey = (lay.tp, lay.cp, lay.mbs, "shared" if shared else lay.recompute, lay.ep, lay.etp, switched)
             if wkey not in self._workloads:  # the same whatever nodes its collectives are costed on
                 self._workloads[wkey] = build_workload(s, self.framework, self.gpn, self.cluster.gpu)
             if (wkey, key[-1]) not in self._shapes:
@@ -201,9 +200,8 @@ class Screen(ScreenComm, ScreenMemory):
         replaying DeepSpeed's coordinator (every call hidden), which ``plan`` refines where it can matter. With
         ``prune`` (plan's screen) a layout that cannot fit is not timed: its memory first, its time infinite."""
         gas = self.batch // (lay.mbs * lay.dp)
-        copies = (
-            2 if lay.schedule == "dualpipe" else 1
-        )  # DualPipe: each stage twice, each copy half the batch
+        # DualPipe: each stage twice, each copy half the batch
+        copies = 2 if lay.schedule == "dualpipe" else 1
         s, w, layers, psi, experts, edp, memory = self._footprint(lay, copies)
         w_b, g_b, k_b = self._state_bytes
         grads = psi * g_b

@@ -23,8 +23,17 @@ class ScreenMemory:
         """(scenario, workload, layers on the fullest stage, its parameters, its routed experts' parameters,
         expert data-parallel ranks, bytes per GPU but DDP's bucket copy) of ``lay``, cached for the layouts that
         differ only in their data-parallel overlaps (plan's searched switches)."""
-        key = (lay.tp, lay.pp, lay.cp, lay.dp, lay.v, lay.mbs, lay.sharding, lay.recompute, lay.ep, lay.etp)
-        key += (lay.shard, lay.first, lay.last, lay.schedule, lay.sp, lay.tp_overlap, lay.act_offload)
+        key = (
+            lay.shape_key(),
+            lay.pp,
+            lay.dp,
+            lay.v,
+            lay.sharding,
+            lay.shard,
+            lay.first,
+            lay.last,
+            lay.schedule,
+        )
         got = self._footprints.get(key)
         if got is not None:
             return got
@@ -73,8 +82,8 @@ class ScreenMemory:
 
     def _activations(self, lay: Layout, s: Scenario) -> tuple[float, float, float]:
         """(bytes kept per layer, the output layer's, one layer's whole activations for its recomputation) of
-        ``lay``'s scenario ``s``, per shape (what sets them: TP, CP, micro-batch, recompute, EP, ETP)."""
-        key = (lay.tp, lay.cp, lay.mbs, lay.recompute, lay.ep, lay.etp, lay.sp)
+        ``lay``'s scenario ``s``, per shape (``Layout.shape_key``)."""
+        key = lay.shape_key()
         if key not in self._act:
             m = self.base.model
             moe_share = m.moe_layers / m.num_layers if m.moe is not None else 0.0

@@ -90,13 +90,13 @@ class ByStack:
         self.base, self.cluster, self.batch, self.gpus, self.stack = base, cluster, batch, gpus, stack
         self._screens: dict[str, Screen] = {}
         self._capacity = cluster.gpu.hbm_bytes
-        self.prune = False  # Screen.prune, for every stack's screen
+        self._prune = False
 
     def screen(self, lay: Layout) -> Screen:
         name = stack_of(self.base, lay, self.cluster.gpu.architecture, self.stack)
         if name not in self._screens:
             s = Screen(stack_base(self.base, name), self.cluster, self.batch, self.gpus)
-            s.capacity, s.prune = self._capacity, self.prune
+            s.capacity, s.prune = self._capacity, self._prune
             self._screens[name] = s
         return self._screens[name]
 
@@ -109,6 +109,17 @@ class ByStack:
         self._capacity = value
         for s in self._screens.values():
             s.capacity = value
+
+    @property
+    def prune(self) -> bool:
+        """Screen.prune, for every stack's screen."""
+        return self._prune
+
+    @prune.setter
+    def prune(self, value: bool) -> None:
+        self._prune = value
+        for s in self._screens.values():
+            s.prune = value
 
     def estimate(self, lay: Layout, bound: bool = False):
         return self.screen(lay).estimate(lay, bound)
