@@ -15,8 +15,6 @@ import time
 from itertools import product
 from pathlib import Path
 
-from calculon_speed import exe
-
 from simulator import load_scenario, simulate
 from simulator.study.plan import plan
 
@@ -145,6 +143,8 @@ def calculon_scorer(name: str):
         from calculon.system import System
     except ImportError:
         return None
+    from calculon_speed import exe  # beside this file: on the path when the benchmark runs as a script
+
     root = Path(calculon.__file__).resolve().parents[1]
     app = Llm.Application(calculon.io.read_json_file(str(root / CALCULON_MODELS[name])))
     system = calculon.io.read_json_file(str(root / "systems/a100_80g.json"))
